@@ -1,0 +1,329 @@
+"""Typed configuration for every role, loaded from YAML with dotted overrides.
+
+One file describes the whole fleet (each role reads the section it needs), so
+``rlfleet up`` and docker compose hand the same file to every process. Precedence:
+YAML file < ``RLFLEET_*`` environment variables < command-line ``a.b.c=value`` overrides.
+Every field carries a docstring (shown by ``rlfleet <verb> --help-config``); cross-field
+rules are checked at load time so a bad config fails before any model loads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, model_validator
+
+log = logging.getLogger(__name__)
+
+
+class Section(BaseModel):
+    """Base: unknown keys are errors (typos must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class ModelConfig(Section):
+    path: str = "models/tiny-qwen2-arith"
+    """Hugging Face causal-LM directory (local; nothing is downloaded)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for the actor, reference, critic and rollout engines."""
+
+
+class DataConfig(Section):
+    train_files: list[str] = ["data/arith/train.jsonl"]
+    """JSONL or Parquet files in verl's schema (prompt, data_source, reward_model.ground_truth)."""
+    val_files: list[str] = ["data/arith/test.jsonl"]
+    """Held-out files for greedy accuracy before/after training."""
+    train_batch_size: int = 16
+    """Prompts per training step (each gets ``rollout.n`` samples)."""
+    val_size: int = 500
+    """At most this many held-out prompts are evaluated."""
+    max_prompt_length: int = 32
+    """Prompts longer than this (in tokens) are rejected at load time."""
+    seed: int = 0
+    """Shuffling seed for the training data."""
+
+
+class EndpointsConfig(Section):
+    router: str = "127.0.0.1:50051"
+    """Address of the router (Rollout.Generate + Router)."""
+    reward: str = "127.0.0.1:50061"
+    """Address of the reward service."""
+    refcritic: str = "127.0.0.1:50071"
+    """Address of the refcritic service."""
+    trainer: str = "127.0.0.1:50081"
+    """Address of the trainer's control service."""
+
+
+class RolloutConfig(Section):
+    backend: Literal["vllm", "hf"] = "vllm"
+    """Inference engine: vLLM (AsyncLLM) or the transformers ``generate`` fallback."""
+    n: int = 8
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling for training rollouts."""
+    max_tokens: int = 8
+    """Maximum new tokens per response."""
+    host: str = "127.0.0.1"
+    """Interface the replica's gRPC server binds to."""
+    port: int = 0
+    """Replica gRPC port (0 = pick a free one)."""
+    advertise_host: str | None = None
+    """Host other services use to reach this replica (default: ``host``; set in containers)."""
+    replica_id: str | None = None
+    """Stable replica name (default: generated). A restarted replica with the same id resumes its queue."""
+    max_concurrency: int = 64
+    """Requests a replica works on at once."""
+    flush_cache_on_update: bool = True
+    """Flush the KV/prefix cache after each weight update (stale KV otherwise mixes weights)."""
+    kv_cache_space_gib: float = 1.0
+    """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE)."""
+    gpu_memory_utilization: float = 0.3
+    """vLLM GPU memory fraction per replica (GPU only)."""
+    max_model_len: int = 64
+    """Longest prompt + response the engine supports."""
+    heartbeat_interval_s: float = 1.0
+    """How often a replica refreshes its registry entry."""
+    heartbeat_ttl_s: float = 5.0
+    """A replica whose heartbeat is older than this is considered dead."""
+    hf_batch_wait_ms: float = 5.0
+    """HF backend: how long to gather concurrent requests into one batch."""
+
+
+class RouterConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the router binds to."""
+    port: int = 50051
+    """Router gRPC port."""
+    sticky_ttl_s: float = 300.0
+    """How long a session stays pinned to its replica after its last request."""
+    max_inflight_per_replica: int = 256
+    """Load cap: a sticky replica above this many in-flight requests is not reused."""
+    request_timeout_s: float = 120.0
+    """Default time a Generate call waits for its result."""
+    janitor_interval_s: float = 1.0
+    """How often the router looks for dead replicas and migrates their queued work."""
+
+
+class UserScorerConfig(Section):
+    path: str
+    """Python file defining the function."""
+    name: str = "compute_score"
+    """Function name, with verl's signature (data_source, solution_str, ground_truth, extra_info)."""
+    reward_kwargs: dict[str, Any] = {}
+    """Extra keyword arguments passed on every call."""
+    data_sources: list[str] = []
+    """data_source values routed to this scorer (empty = it is the default for unknown ones)."""
+
+
+class RewardConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the reward gRPC server binds to."""
+    port: int = 50061
+    """Reward gRPC port."""
+    http_port: int | None = None
+    """Port of the HTTP (FastAPI) front door; None = off."""
+    workers: int = 1
+    """Reward worker tasks started inside the service process."""
+    custom: UserScorerConfig | None = None
+    """A user scoring function (verl ``compute_score`` signature)."""
+    request_timeout_s: float = 60.0
+    """How long a scoring request waits for a worker."""
+
+
+class RefCriticConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the refcritic binds to."""
+    port: int = 50071
+    """Refcritic gRPC port."""
+    critic_lr: float = 1e-4
+    """Critic learning rate."""
+    cliprange_value: float = 0.5
+    """Value clipping range for the critic loss."""
+    critic_epochs: int = 1
+    """Passes over each batch per UpdateCritic."""
+    micro_batch_size: int = 64
+    """Sequences per forward pass."""
+
+
+class AlgorithmConfig(Section):
+    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "gae"] = "grpo"
+    """Advantage estimator; ``gae`` needs the critic."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide by the group's std (False = Dr. GRPO style)."""
+    gamma: float = 1.0
+    """Discount (GAE / REINFORCE++)."""
+    lam: float = 1.0
+    """GAE lambda."""
+
+
+class TrainerConfig(Section):
+    total_steps: int = 200
+    """Training steps (one batch of prompts each)."""
+    lr: float = 1e-4
+    """Actor learning rate (AdamW)."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up steps."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    ppo_mini_batch_size: int = 0
+    """Sequences per optimizer step (0 = the whole batch in one step)."""
+    clip_ratio_low: float = 0.2
+    """PPO lower clip."""
+    clip_ratio_high: float = 0.2
+    """PPO upper clip."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    """How per-token losses become one number."""
+    use_kl_loss: bool = True
+    """Add a KL(actor || reference) term to the loss (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    """KL estimator."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight."""
+    grad_clip: float = 1.0
+    """Max gradient norm."""
+    save_freq: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    val_before_train: bool = True
+    """Measure held-out accuracy before training."""
+    host: str = "127.0.0.1"
+    """Trainer control server interface."""
+    port: int = 50081
+    """Trainer control gRPC port."""
+    seed: int = 0
+    """Torch seed."""
+    torch_threads: int = 1
+    """Intra-op threads for the trainer's torch."""
+
+
+class RlfleetConfig(Section):
+    cluster: str = "default"
+    """Namespace for Redis keys (rlfleet:{cluster}:...), so runs can share a server."""
+    redis_url: str | None = None
+    """Redis URL; None = ``rlfleet up`` starts an embedded Valkey."""
+    api_key: str | None = None
+    """If set, every RPC must carry ``authorization: Bearer <key>`` (health checks excepted)."""
+    run_dir: str = "runs/default"
+    """Where logs, metrics.jsonl, plots and checkpoints go."""
+    log_level: str = "INFO"
+    """Logging level for every role."""
+    max_message_mb: int = 64
+    """gRPC send/receive message size limit (weights travel in chunks below this)."""
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    endpoints: EndpointsConfig = EndpointsConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    router: RouterConfig = RouterConfig()
+    reward: RewardConfig = RewardConfig()
+    refcritic: RefCriticConfig = RefCriticConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> RlfleetConfig:
+        if self.rollout.n < 1:
+            raise ValueError("rollout.n must be >= 1")
+        if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
+            raise ValueError(f"{self.algorithm.adv_estimator} needs rollout.n >= 2 (a group)")
+        if self.data.train_batch_size < 1 or self.trainer.total_steps < 0:
+            raise ValueError("data.train_batch_size must be >= 1 and trainer.total_steps >= 0")
+        mini = self.trainer.ppo_mini_batch_size
+        batch = self.data.train_batch_size * self.rollout.n
+        if mini and batch % mini:
+            raise ValueError(f"trainer.ppo_mini_batch_size={mini} must divide {batch} sequences")
+        if self.data.max_prompt_length + self.rollout.max_tokens > self.rollout.max_model_len:
+            raise ValueError("data.max_prompt_length + rollout.max_tokens > rollout.max_model_len")
+        return self
+
+
+ENV_OVERRIDES = {
+    "RLFLEET_REDIS_URL": "redis_url",
+    "RLFLEET_CLUSTER": "cluster",
+    "RLFLEET_API_KEY": "api_key",
+    "RLFLEET_RUN_DIR": "run_dir",
+    "RLFLEET_MODEL_PATH": "model.path",
+    "RLFLEET_ROLLOUT_BACKEND": "rollout.backend",
+    "RLFLEET_ROUTER_ADDR": "endpoints.router",
+    "RLFLEET_REWARD_ADDR": "endpoints.reward",
+    "RLFLEET_REFCRITIC_ADDR": "endpoints.refcritic",
+    "RLFLEET_TRAINER_ADDR": "endpoints.trainer",
+    "RLFLEET_ADVERTISE_HOST": "rollout.advertise_host",
+}
+
+
+def parse_value(text: str) -> Any:
+    """Read an override value as YAML (``3``, ``true``, ``[a, b]``, ``null``) or a plain string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    """Set ``tree["a"]["b"]["c"] = value`` for ``dotted = "a.b.c"``, creating dicts."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {dotted!r}: {part!r} is not a section")
+    node[leaf] = value
+
+
+def split_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ValueError(f"override {item!r} must look like section.field=value")
+    key, _, raw = item.partition("=")
+    return key.strip(), parse_value(raw)
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> RlfleetConfig:
+    """Load YAML, apply ``RLFLEET_*`` variables, then dotted overrides, and validate."""
+    tree: dict = {}
+    if path is not None:
+        tree = yaml.safe_load(Path(path).read_text()) or {}
+    env = os.environ if env is None else env
+    for var, dotted in ENV_OVERRIDES.items():
+        if env.get(var):
+            set_dotted(tree, dotted, env[var])
+    for item in overrides or []:
+        set_dotted(tree, *split_override(item))
+    return RlfleetConfig.model_validate(tree)
+
+
+def log_config(config: RlfleetConfig, role: str) -> None:
+    """Log the fully resolved config once at start-up (secrets masked)."""
+    data = config.model_dump()
+    if data.get("api_key"):
+        data["api_key"] = "***"
+    log.info("%s resolved config:\n%s", role, json.dumps(data, indent=1, default=str))
+
+
+def describe_fields(model: type[BaseModel] = RlfleetConfig, prefix: str = "") -> list[str]:
+    """``dotted.name (type, default): docstring`` lines for every field, for --help-config."""
+    lines = []
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            lines.extend(describe_fields(annotation, f"{dotted}."))
+            continue
+        lines.append(f"{dotted} = {field.default!r}: {field.description or ''}")
+    return lines

@@ -1,0 +1,116 @@
+"""Every Redis key name rlfleet uses, in one place.
+
+Several runs may share one Redis server, so every key lives under ``rlfleet:<cluster>:``.
+Building names here (and nowhere else) keeps the layout greppable and stops two roles from
+disagreeing about a key's spelling. All methods are pure: they only format strings.
+
+Layout (``P`` = ``rlfleet:<cluster>``)::
+
+    P:replicas                     set   ids of registered rollout replicas
+    P:replica:<id>                 hash  a replica's address, weight version, state
+    P:replica:<id>:heartbeat       str   liveness marker, expires (TTL) when a replica dies
+    P:sticky:<session>             str   session -> replica id, with TTL
+    P:inflight                     hash  replica id -> requests in flight
+    P:stream:rollout:<id>          stream  one replica's generation requests
+    P:stream:reward                stream  scoring jobs
+    P:stream:refcritic             stream  reference log-prob / value jobs
+    P:result:<request id>          str   the one answer to a request (with TTL)
+    P:notify:<request id>          list  wake-up tokens for waiters on that result
+    <stream>:dead                  stream  entries given up on after too many deliveries
+    P:lock:janitor                 str   lock held by whoever migrates dead replicas' work
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_FORBIDDEN = set(": \t\r\n{}")
+
+
+def _check_part(kind: str, value: str) -> str:
+    """Reject names that would blur the namespace (``a:b`` could alias another key)."""
+    if not value or _FORBIDDEN & set(value):
+        raise ValueError(f"invalid {kind} {value!r}: must be non-empty, no ':', '{{}}' or spaces")
+    return value
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Key names for one cluster (one training run or one deployment)."""
+
+    cluster: str
+
+    def __post_init__(self) -> None:
+        _check_part("cluster name", self.cluster)
+
+    @property
+    def prefix(self) -> str:
+        """Common prefix of every key of this cluster; ``SCAN prefix:*`` finds them all."""
+        return f"rlfleet:{self.cluster}"
+
+    @property
+    def replicas(self) -> str:
+        """Set of registered replica ids (membership, not liveness: see ``heartbeat``)."""
+        return f"{self.prefix}:replicas"
+
+    def replica(self, replica_id: str) -> str:
+        """Hash describing one replica: address, weight version, state."""
+        return f"{self.prefix}:replica:{_check_part('replica id', replica_id)}"
+
+    def heartbeat(self, replica_id: str) -> str:
+        """Key a live replica keeps refreshing with a TTL; its absence means the replica died."""
+        return f"{self.replica(replica_id)}:heartbeat"
+
+    def sticky(self, session_id: str) -> str:
+        """Session -> replica id, so one GRPO group or conversation keeps its prefix cache.
+
+        Session ids come from users, so they are not validated beyond being non-empty.
+        """
+        if not session_id:
+            raise ValueError("empty session id")
+        return f"{self.prefix}:sticky:{session_id}"
+
+    @property
+    def inflight(self) -> str:
+        """Hash replica id -> number of requests in flight, for least-loaded routing."""
+        return f"{self.prefix}:inflight"
+
+    def rollout_stream(self, replica_id: str) -> str:
+        """Request stream of one rollout replica (the router picks the replica)."""
+        return f"{self.prefix}:stream:rollout:{_check_part('replica id', replica_id)}"
+
+    @property
+    def reward_stream(self) -> str:
+        """Scoring jobs, shared by every reward worker."""
+        return f"{self.prefix}:stream:reward"
+
+    @property
+    def refcritic_stream(self) -> str:
+        """Reference log-prob and value jobs, shared by refcritic workers."""
+        return f"{self.prefix}:stream:refcritic"
+
+    def result(self, request_id: str) -> str:
+        """The stored answer to a request; request ids must be unique within the cluster."""
+        return f"{self.prefix}:result:{_request(request_id)}"
+
+    def notify(self, request_id: str) -> str:
+        """List a completer pushes to so that waiters blocked in BLPOP wake up at once."""
+        return f"{self.prefix}:notify:{_request(request_id)}"
+
+    def dead_letter(self, stream: str) -> str:
+        """Where a stream's poison entries go; only streams of this cluster have one."""
+        if not stream.startswith(self.prefix + ":stream:"):
+            raise ValueError(f"stream {stream!r} is not a stream of cluster {self.cluster!r}")
+        return f"{stream}:dead"
+
+    @property
+    def janitor_lock(self) -> str:
+        """Lock so only one process at a time migrates a dead replica's queued work."""
+        return f"{self.prefix}:lock:janitor"
+
+
+def _request(request_id: str) -> str:
+    """Request ids are caller-chosen; they only need to be non-empty and single-line."""
+    if not request_id or "\n" in request_id:
+        raise ValueError(f"invalid request id {request_id!r}")
+    return request_id

@@ -1,0 +1,113 @@
+"""Loading models and tokenizers, turning prompts into token ids, and measuring greedy accuracy.
+
+Why one module: the trainer, refcritic, the hf rollout backend, the model build script and the
+tests must agree on how a prompt becomes token ids (chat template or not, special tokens or
+not); a mismatch silently changes what the policy is trained on. Models load from local files
+only, so a run never reaches the network. torch and transformers are imported inside functions
+so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from services.common.arith import Problem, parse_answer
+
+log = logging.getLogger(__name__)
+
+Messages = list[dict[str, str]]
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved in `path` (a Hugging Face directory), read from local files only."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def load_causal_lm(path: str | Path, dtype: str = "float32") -> Any:
+    """The causal LM saved in `path`, in `dtype`, in eval mode, read from local files only."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=getattr(torch, dtype), local_files_only=True
+    )
+    log.info("loaded %s (%s, %d parameters)", path, dtype, model.num_parameters())
+    return model.eval()
+
+
+def prompt_text(tokenizer: Any, prompt: str | Messages) -> str:
+    """The text the model sees for `prompt`: the chat template if there is one, else the contents.
+
+    Tiny models without a chat template (like the default job's) see the bare message contents,
+    which is what they were trained on.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return "".join(message["content"] for message in prompt)
+
+
+def encode_prompt(tokenizer: Any, prompt: str | Messages) -> list[int]:
+    """Token ids for `prompt` (a string or chat messages), with the tokenizer's special tokens.
+
+    When a chat template already starts with the BOS token, the tokenizer is not asked to add
+    it again, so the ids never hold a doubled BOS.
+    """
+    text = prompt_text(tokenizer, prompt)
+    bos = getattr(tokenizer, "bos_token", None)
+    templated = not isinstance(prompt, str) and bool(getattr(tokenizer, "chat_template", None))
+    add_special = not (templated and bos and text.startswith(bos))
+    return list(tokenizer(text, add_special_tokens=add_special).input_ids)
+
+
+def _left_padded(tokenizer: Any, rows: list[list[int]]) -> tuple[Any, Any]:
+    """A left-padded id tensor and its attention mask, so generation starts in the same column."""
+    import torch
+
+    width = max(len(row) for row in rows)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(row)) + row for row in rows], dtype=torch.long)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+    return ids, mask
+
+
+def greedy_completions(
+    model: Any, tokenizer: Any, prompts: Sequence[str | Messages], max_new_tokens: int = 4,
+    batch_size: int = 256,
+) -> list[str]:
+    """Greedy completions (decoded, special tokens dropped) for `prompts`, batched."""
+    import torch
+
+    texts: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        rows = [encode_prompt(tokenizer, p) for p in prompts[start : start + batch_size]]
+        ids, mask = _left_padded(tokenizer, rows)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+        new = out[:, ids.shape[1] :]
+        texts.extend(tokenizer.batch_decode(new, skip_special_tokens=True))
+    return texts
+
+
+def greedy_accuracy(
+    model: Any, tokenizer: Any, problems: Sequence[Problem], max_new_tokens: int = 4,
+    batch_size: int = 256,
+) -> float:
+    """Fraction of `problems` whose greedy completion starts with the right sum."""
+    if not problems:
+        return 0.0
+    completions = greedy_completions(
+        model, tokenizer, [p.prompt for p in problems], max_new_tokens, batch_size
+    )
+    hits = sum(parse_answer(text) == int(p.answer) for text, p in zip(completions, problems))
+    return hits / len(problems)

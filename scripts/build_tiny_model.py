@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps-max", type=int, default=600, help="give up after this many")
     parser.add_argument("--target-acc-low", type=float, default=0.30)
     parser.add_argument("--target-acc-high", type=float, default=0.40)
-    parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations")
+    parser.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)

@@ -95,6 +95,14 @@ class RolloutConfig(Section):
     """A replica whose heartbeat is older than this is considered dead."""
     hf_batch_wait_ms: float = 5.0
     """HF backend: how long to gather concurrent requests into one batch."""
+    torch_threads: int = 1
+    """Intra-op threads for the HF backend's torch (vLLM manages its own)."""
+    drain_timeout_s: float = 30.0
+    """On a weight update, how long in-flight requests may finish before being aborted back
+    onto the replica's stream (they are re-delivered, never lost)."""
+    debug_generate_delay_s: float = 0.0
+    """Chaos/testing aid: sleep this long inside every queued request before generating, so
+    tests can kill a replica mid-request. Keep 0 in real runs."""
 
 
 class RouterConfig(Section):
@@ -151,6 +159,10 @@ class RefCriticConfig(Section):
     """Passes over each batch per UpdateCritic."""
     micro_batch_size: int = 64
     """Sequences per forward pass."""
+    critic_enabled: bool = True
+    """Load the critic (value head). Off saves memory when the estimator needs no values."""
+    torch_threads: int = 1
+    """Intra-op threads for the refcritic's torch."""
 
 
 class AlgorithmConfig(Section):
@@ -207,6 +219,10 @@ class TrainerConfig(Section):
     """Torch seed."""
     torch_threads: int = 1
     """Intra-op threads for the trainer's torch."""
+    min_replicas: int = 1
+    """Rollout replicas that must be serving before training starts (``rlfleet up`` sets N)."""
+    replica_wait_s: float = 600.0
+    """How long to wait for ``min_replicas`` at start-up before failing."""
 
 
 class RlfleetConfig(Section):

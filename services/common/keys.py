@@ -18,6 +18,7 @@ Layout (``P`` = ``rlfleet:<cluster>``)::
     P:notify:<request id>          list  wake-up tokens for waiters on that result
     <stream>:dead                  stream  entries given up on after too many deliveries
     P:lock:janitor                 str   lock held by whoever migrates dead replicas' work
+    P:draining                     set   replica ids that routers no longer send new work to
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ class Keys:
     def janitor_lock(self) -> str:
         """Lock so only one process at a time migrates a dead replica's queued work."""
         return f"{self.prefix}:lock:janitor"
+
+    @property
+    def draining(self) -> str:
+        """Set of replica ids being drained: routers send them no new work, they finish their queue."""
+        return f"{self.prefix}:draining"
 
 
 def _request(request_id: str) -> str:

@@ -9,6 +9,7 @@ so that importing this module stays cheap.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,10 +22,30 @@ log = logging.getLogger(__name__)
 Messages = list[dict[str, str]]
 
 
-def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer saved in `path` (a Hugging Face directory), read from local files only."""
-    from transformers import AutoTokenizer
+_GENERIC_FAST = {"PreTrainedTokenizerFast", "TokenizersBackend"}
 
+
+def _saved_as_generic_fast(path: Path) -> bool:
+    """True when `path` holds a tokenizer.json saved as a plain fast tokenizer."""
+    config = path / "tokenizer_config.json"
+    if not (path / "tokenizer.json").is_file() or not config.is_file():
+        return False
+    return json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in _GENERIC_FAST
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved in `path` (a Hugging Face directory), read from local files only.
+
+    transformers 5's AutoTokenizer swaps in Qwen2Tokenizer (byte-level pre-tokenizer and
+    decoder) for every qwen2 model, whatever tokenizer.json says. A tokenizer saved as a plain
+    fast tokenizer (like the default job's character tokenizer) is therefore loaded directly,
+    exactly as its tokenizer.json defines it.
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(path)
+    if _saved_as_generic_fast(path):
+        return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 

@@ -20,8 +20,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import redis
-
 log = logging.getLogger(__name__)
 
 RESERVED_PORT = 6379
@@ -123,7 +121,9 @@ class EmbeddedRedis:
             try:
                 proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                log.warning("Redis pid %d ignored SIGTERM for %.0fs, killing it", proc.pid, timeout_s)
+                log.warning(
+                    "Redis pid %d ignored SIGTERM for %.0fs, killing it", proc.pid, timeout_s
+                )
                 proc.kill()
                 proc.wait()
         log.info("embedded Redis on port %d stopped", self.port)
@@ -177,13 +177,14 @@ class EmbeddedRedis:
         return False
 
     def _answers_ping(self) -> bool:
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=0.5)
+        """One raw PING with a short timeout: no client retries stretching start-up checks,
+        and a server still loading its data (``-LOADING``) does not count as ready."""
         try:
-            return bool(client.ping())
-        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(64).startswith(b"+PONG")
+        except OSError:
             return False
-        finally:
-            client.close()
 
     def _fail(self, why: str) -> None:
         self._proc = None

@@ -156,12 +156,12 @@ def gae_advantage(
     last_gae = torch.zeros_like(values[:, 0])
     raw = torch.zeros_like(values)
     for t in reversed(range(values.shape[1])):
-        m = response_mask[:, t]
+        m = response_mask[:, t].bool()
         delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
         gae_t = delta + gamma * lam * last_gae
         raw[:, t] = gae_t
-        next_value = m * values[:, t] + (1 - m) * next_value
-        last_gae = m * gae_t + (1 - m) * last_gae
+        next_value = torch.where(m, values[:, t], next_value)
+        last_gae = torch.where(m, gae_t, last_gae)
     returns = (raw + values) * response_mask
     return masked_whiten(raw, response_mask), returns
 

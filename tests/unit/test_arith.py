@@ -95,4 +95,6 @@ def test_committed_data_matches_generator():
     want_train, want_test = split_problems(1234, 4000, 500)
     assert [from_verl_record(r) for r in train] == want_train
     assert [from_verl_record(r) for r in test] == want_test
-    assert all(score(r["reward_model"]["ground_truth"], r["reward_model"]["ground_truth"]) for r in test)
+    assert all(
+        score(r["reward_model"]["ground_truth"], r["reward_model"]["ground_truth"]) for r in test
+    )

@@ -111,6 +111,14 @@ def test_gae_hand_computed_and_padding_value_does_not_leak() -> None:
     close(adv, [[-0.3552281, -0.7738899], [1.1291180, 0]])
 
 
+def test_gae_accepts_bool_mask() -> None:
+    rewards, values = t([[0, 1], [2, 0]]), t([[0.2, 0.5], [1.0, 7.0]])
+    as_float = ca.gae_advantage(rewards, values, t([[1, 1], [1, 0]]), gamma=0.9, lam=0.8)
+    as_bool = ca.gae_advantage(rewards, values, as_float[1] != 0, gamma=0.9, lam=0.8)
+    close(as_bool[0], as_float[0].tolist())
+    close(as_bool[1], as_float[1].tolist())
+
+
 def test_compute_advantage_dispatches_by_name() -> None:
     adv, _ = ca.compute_advantage(
         "rloo",

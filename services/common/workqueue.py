@@ -1,0 +1,307 @@
+"""The one work queue behind rollout, reward and refcritic: Redis Streams with consumer groups.
+
+Why streams: an entry stays pending until a worker acks it, so a worker dying mid-job loses
+nothing, and ``XAUTOCLAIM`` lets a live worker take it over. An entry delivered more than
+``max_deliveries`` times is poison: it goes to a dead-letter stream and its request gets an
+error answer, so a bad input cannot crash workers forever nor leave a waiter hanging.
+Answers are stored with ``SET NX`` under ``Keys.result(request_id)``: the first answer wins, so
+a retried request is answered once. Completed entries are acked *and* deleted, so a stream
+holds only outstanding work, which ``move_to`` can hand from a dead replica to a live one.
+
+Request ids are idempotency keys: unique within a cluster for ``result_ttl_s``. The Redis
+client must not decode responses (payloads are bytes); its socket timeout, if any, must exceed
+``poll_s`` and ``block_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from services.common.keys import Keys
+
+log = logging.getLogger(__name__)
+
+NOTIFY_TTL_S = 60  # only waiters blocked right now need the token; later ones read the result
+_BATCH = 500
+
+# Add unless already answered, atomically: a retried request is never queued after its answer.
+_SUBMIT_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'payload', ARGV[2], 'prior', ARGV[3])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One delivery of a request to a consumer; ``deliveries`` counts this one too."""
+
+    entry_id: str
+    request_id: str
+    payload: bytes
+    deliveries: int
+
+
+@dataclass(frozen=True)
+class Result:
+    """The answer to a request: a payload, or an error message (then payload is usually b"")."""
+
+    request_id: str
+    payload: bytes
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def encode_result(payload: bytes, error: str | None) -> bytes:
+    """Status byte; for errors a 4-byte length and the UTF-8 message; then the payload."""
+    if error is None:
+        return b"\x00" + payload
+    message = error.encode()
+    return b"\x01" + struct.pack(">I", len(message)) + message + payload
+
+
+def decode_result(request_id: str, raw: bytes) -> Result:
+    if raw[:1] == b"\x00":
+        return Result(request_id, raw[1:])
+    (size,) = struct.unpack_from(">I", raw, 1)
+    return Result(request_id, raw[5 + size :], raw[5 : 5 + size].decode(errors="replace"))
+
+
+class WorkQueue:
+    """Producer and consumer side of one stream, read by one consumer group."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        stream: str,
+        group: str,
+        max_deliveries: int = 3,
+        result_ttl_s: int = 3600,
+        poll_s: float = 0.5,
+    ) -> None:
+        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("WorkQueue needs a Redis client with decode_responses=False")
+        if max_deliveries < 1 or result_ttl_s < 1 or poll_s <= 0:
+            raise ValueError("max_deliveries, result_ttl_s and poll_s must be positive")
+        self.redis, self.keys, self.stream, self.group = redis, keys, stream, group
+        self.max_deliveries, self.result_ttl_s, self.poll_s = max_deliveries, result_ttl_s, poll_s
+        self.dead_stream = keys.dead_letter(stream)
+        self._submit_script = redis.register_script(_SUBMIT_LUA)
+        self._replay_from: dict[str, str | None] = {}  # consumer -> own-pending cursor, None=done
+        self._claim_cursor = "0-0"
+        self._notify_ttl_s = min(NOTIFY_TTL_S, result_ttl_s)
+
+    async def ensure_group(self) -> None:
+        """Create the group (and stream); from id 0 so entries queued before it are served."""
+        try:
+            await self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def submit(self, request_id: str, payload: bytes, prior_deliveries: int = 0) -> bool:
+        """Queue a request; False (and nothing queued) when it has been answered already."""
+        keys = [self.stream, self.keys.result(request_id)]
+        added = await self._submit_script(keys=keys, args=[request_id, payload, prior_deliveries])
+        return bool(added)
+
+    async def get_result(self, request_id: str) -> Result | None:
+        raw = await self.redis.get(self.keys.result(request_id))
+        return None if raw is None else decode_result(request_id, raw)
+
+    async def wait_result(self, request_id: str, timeout_s: float) -> Result | None:
+        """The answer, or None after ``timeout_s``.
+
+        Blocks on the notify list for at most ``poll_s`` at a time and re-reads the result key
+        in between, so a lost or stolen wake-up only delays a waiter, never strands it.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        notify = self.keys.notify(request_id)
+        while (result := await self.get_result(request_id)) is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            # BLPOP timeout 0 would block forever, hence the floor.
+            if await self.redis.blpop([notify], timeout=max(0.01, min(self.poll_s, remaining))):
+                await self._pass_token_on(notify)
+        return result
+
+    async def read(self, consumer: str, count: int = 1, block_ms: int = 1000) -> list[Job]:
+        """Jobs for ``consumer``: first its own never-acked entries (a restart under the same
+        name), once per WorkQueue object; then new entries, waiting up to ``block_ms``
+        (``<= 0``: no wait). Over-delivered entries are dead-lettered instead of returned.
+        """
+        start = self._replay_from.get(consumer, "0")
+        if start is not None:
+            entries = await self._xread(consumer, start, count, block_ms=0)
+            self._replay_from[consumer] = entries[-1][0] if entries else None
+            if entries:
+                return await self._to_jobs(entries, await self._counts(entries))
+        return await self._to_jobs(await self._xread(consumer, ">", count, block_ms))
+
+    async def complete(self, job: Job, result_payload: bytes, error: str | None = None) -> bool:
+        """Answer a job and drop it from the stream; True if this was the first answer."""
+        return await self._finish(job, encode_result(result_payload, error))
+
+    async def reclaim(self, consumer: str, min_idle_ms: int, count: int = 10) -> list[Job]:
+        """Take over entries other (likely dead) consumers have held for ``min_idle_ms``."""
+        reply = await self._group_call(
+            lambda: self.redis.xautoclaim(
+                self.stream, self.group, consumer, min_idle_ms, self._claim_cursor, count=count
+            )
+        )
+        if not reply:
+            return []
+        self._claim_cursor = _text(reply[0])
+        entries = [(_text(eid), fields) for eid, fields in reply[1]]
+        return await self._to_jobs(entries, await self._counts(entries))
+
+    async def pending_count(self) -> int:
+        """Entries delivered to some consumer and not yet completed."""
+        summary = await self._group_call(lambda: self.redis.xpending(self.stream, self.group))
+        return int(summary["pending"]) if summary else 0
+
+    async def length(self) -> int:
+        """Outstanding entries, delivered or not (completed ones are deleted)."""
+        return int(await self.redis.xlen(self.stream))
+
+    async def drain_entries(self) -> list[tuple[str, bytes]]:
+        """Take every outstanding entry (pending or unread) out of this stream."""
+        taken: list[tuple[str, bytes]] = []
+        async for batch in self._batches():
+            await self._remove(batch)
+            taken.extend((job.request_id, job.payload) for job in batch)
+        return taken
+
+    async def move_to(self, other: WorkQueue) -> int:
+        """Move outstanding work to ``other``; returns how many entries were queued there.
+
+        Each batch is copied before it is deleted here, so a crash mid-move can duplicate work
+        (answered once anyway) but never lose it. Delivery counts travel with the entries, so a
+        job that kills every replica it lands on still ends in the dead-letter stream.
+        """
+        moved = 0
+        async for batch in self._batches():
+            for job in batch:
+                moved += await other.submit(job.request_id, job.payload, job.deliveries)
+            await self._remove(batch)
+        if moved:
+            log.info("moved %d entries from %s to %s", moved, self.stream, other.stream)
+        return moved
+
+    async def _xread(self, consumer: str, start: str, count: int, block_ms: int) -> list[_Entry]:
+        block = block_ms if block_ms > 0 else None  # BLOCK 0 would mean "forever"
+        streams = {self.stream: start}
+        reply = await self._group_call(
+            lambda: self.redis.xreadgroup(self.group, consumer, streams, count=count, block=block)
+        )
+        return _stream_entries(reply)
+
+    async def _to_jobs(self, entries: list[_Entry], counts: _Counts | None = None) -> list[Job]:
+        """Jobs (``counts`` from the PEL; None: first delivery). Entries deleted meanwhile are
+        acked away; over-delivered ones are dead-lettered instead of returned."""
+        stale = [eid for eid, fields in entries if not fields]
+        if stale:
+            await self.redis.xack(self.stream, self.group, *stale)
+        jobs = [_job(eid, fields, (counts or {}).get(eid, 1)) for eid, fields in entries if fields]
+        for job in jobs:
+            if job.deliveries > self.max_deliveries:
+                await self._dead_letter(job, f"delivered {job.deliveries} times")
+        return [job for job in jobs if job.deliveries <= self.max_deliveries]
+
+    async def _counts(self, entries: list[_Entry]) -> _Counts:
+        """How often each entry was delivered so far (absent: never, or no group)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for eid, _ in entries:
+                pipe.xpending_range(self.stream, self.group, eid, eid, 1)
+            replies = await pipe.execute(raise_on_error=False)
+        pel = [p for reply in replies if isinstance(reply, list) for p in reply]
+        return {_text(p["message_id"]): int(p["times_delivered"]) for p in pel}
+
+    async def _dead_letter(self, job: Job, reason: str) -> None:
+        log.warning("dead-lettering request %s from %s: %s", job.request_id, self.stream, reason)
+        fields = {"id": job.request_id, "payload": job.payload, "reason": reason,
+                  "stream": self.stream, "deliveries": job.deliveries}  # fmt: skip
+        error = encode_result(b"", f"dead-lettered after too many deliveries: {reason}")
+        await self._finish(job, error, dead_letter=fields)
+
+    async def _finish(self, job: Job, answer: bytes, dead_letter: dict | None = None) -> bool:
+        """One transaction: store the answer unless one exists (True if stored), wake waiters,
+        ack and delete the entry, and file it as dead if asked."""
+        notify = self.keys.notify(job.request_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(self.keys.result(job.request_id), answer, nx=True, ex=self.result_ttl_s)
+            pipe.rpush(notify, b"1").expire(notify, self._notify_ttl_s)
+            self._queue_removal(pipe, job.entry_id)
+            if dead_letter:
+                pipe.xadd(self.dead_stream, dead_letter, maxlen=10_000, approximate=True)
+            return bool((await pipe.execute())[0])
+
+    async def _pass_token_on(self, notify: str) -> None:
+        """A waiter that popped the wake-up token puts it back for the next waiter."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            await pipe.rpush(notify, b"1").expire(notify, self._notify_ttl_s).execute()
+
+    async def _batches(self) -> AsyncIterator[list[Job]]:
+        """Outstanding entries in id order; ``deliveries`` = deliveries so far (0 if unread)."""
+        start = "-"
+        while raw := await self.redis.xrange(self.stream, start, "+", count=_BATCH):
+            entries = [(_text(eid), fields) for eid, fields in raw]
+            counts = await self._counts(entries)
+            yield [_job(eid, fields, counts.get(eid, 0)) for eid, fields in entries]
+            start = "(" + entries[-1][0]
+
+    async def _remove(self, jobs: list[Job]) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            self._queue_removal(pipe, *[job.entry_id for job in jobs])
+            await pipe.execute(raise_on_error=False)  # XACK fails harmlessly without a group
+
+    def _queue_removal(self, pipe: Any, *entry_ids: str) -> None:
+        """Ack and delete: a stream holds only outstanding work, the PEL only live deliveries."""
+        pipe.xack(self.stream, self.group, *entry_ids).xdel(self.stream, *entry_ids)
+
+    async def _group_call(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a group command; if the stream or group vanished, recreate it and return None."""
+        try:
+            return await call()
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("group %s on %s missing, recreating it", self.group, self.stream)
+            await self.ensure_group()
+            return None
+
+
+_Entry = tuple[str, dict[bytes, bytes]]
+_Counts = dict[str, int]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _job(entry_id: str, fields: dict[bytes, bytes], deliveries: int) -> Job:
+    prior = int(fields.get(b"prior", 0))
+    return Job(entry_id, _text(fields[b"id"]), fields[b"payload"], deliveries + prior)
+
+
+def _stream_entries(reply: Any) -> list[_Entry]:
+    """XREADGROUP's reply for our one stream: a list by default, a dict with
+    ``legacy_responses=False``."""
+    if not reply:
+        return []
+    per_stream = list(reply.values()) if isinstance(reply, dict) else [pair[1] for pair in reply]
+    return [(_text(eid), fields or {}) for eid, fields in per_stream[0]]

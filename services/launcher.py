@@ -1,0 +1,210 @@
+"""``rlfleet up``: the whole fleet as local processes.
+
+Starts an embedded Redis (unless ``RLFLEET_REDIS_URL`` is set), the router, N rollout
+replicas, reward, refcritic and the trainer; streams each one's output with a
+``[name]`` prefix (and into ``run_dir/logs``); and leaves nothing behind: when the
+trainer finishes, on Ctrl-C, or when any service dies (then it says which one and
+why), every process it started is stopped, by its own process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.config import RlfleetConfig, load_config
+
+STOP_GRACE_S = 10.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    tail: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        """Copy output to our stdout with a prefix; keep the last lines for error reports."""
+        prefix = f"[{self.name}] ".encode()
+        with self.log_path.open("ab") as log:
+            for piece in _pieces(self.proc.stdout):
+                log.write(piece)
+                log.flush()
+                sys.stdout.buffer.write(prefix + piece)
+                sys.stdout.buffer.flush()
+                self.tail = (self.tail + [piece.decode(errors="replace").rstrip()])[-15:]
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)  # its own session: reaches vLLM's engine children
+            except ProcessLookupError:
+                pass
+
+
+def _pieces(stream):
+    """Lines split on \\n or \\r, so progress bars come through line by line."""
+    buffer = b""
+    while chunk := stream.read1(4096):
+        buffer += chunk
+        while (cut := _first_break(buffer)) >= 0:
+            yield buffer[: cut + 1].replace(b"\r", b"\n")
+            buffer = buffer[cut + 1 :]
+    if buffer:
+        yield buffer + b"\n"
+
+
+def _first_break(buffer: bytes) -> int:
+    hits = [i for i in (buffer.find(b"\n"), buffer.find(b"\r")) if i >= 0]
+    return min(hits) if hits else -1
+
+
+def free_port() -> int:
+    from services.common.redis_server import free_port as pick
+
+    return pick()
+
+
+def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) -> list[Child]:
+    """Every process to start, in start order, with ports and endpoints filled in."""
+    ports = {role: free_port() for role in ("router", "reward", "refcritic", "trainer")}
+    common = [
+        f"redis_url={redis_url}",
+        f"endpoints.router=127.0.0.1:{ports['router']}",
+        f"endpoints.reward=127.0.0.1:{ports['reward']}",
+        f"endpoints.refcritic=127.0.0.1:{ports['refcritic']}",
+        f"endpoints.trainer=127.0.0.1:{ports['trainer']}",
+        *args.overrides,
+    ]
+    base = [sys.executable, "-m", "services.cli"]
+    config_args = ["--config", args.config] if args.config else []
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_REDIS_URL": redis_url}
+
+    def child(name, verb, *extra, env_extra=None):
+        argv = [*base, verb, *config_args, *common, *extra]
+        return Child(name, argv, {**env, **(env_extra or {})}, log_dir / f"{name}.log")
+
+    cores = os.cpu_count() or 1
+    children = [child("router", "router", f"router.port={ports['router']}")]
+    children += [
+        child(f"rollout-{i}", "rollout", f"rollout.replica_id=rollout-{i}",
+              env_extra={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
+                  "VLLM_CPU_OMP_THREADS_BIND", str(i % cores))})
+        for i in range(args.rollout_replicas)
+    ]
+    children.append(child("reward", "reward", f"reward.port={ports['reward']}"))
+    from services.trainer.fleet import needs_refcritic
+
+    if needs_refcritic(config):
+        children.append(child("refcritic", "refcritic", f"refcritic.port={ports['refcritic']}"))
+    if not args.no_trainer:
+        children.append(child("trainer", "trainer", f"trainer.port={ports['trainer']}",
+                              f"trainer.min_replicas={args.rollout_replicas}"))
+    return children
+
+
+def stop_all(children: list[Child]) -> None:
+    for child in reversed(children):
+        child.signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    for child in children:
+        while child.exited() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child.signal(signal.SIGKILL)
+        if child.proc is not None:
+            child.proc.wait()
+
+
+def supervise(children: list[Child]) -> int:
+    """Wait for the trainer (or any failure); return the exit code for ``rlfleet up``."""
+    trainer = next((c for c in children if c.name == "trainer"), None)
+    while True:
+        if trainer is not None and (code := trainer.exited()) is not None:
+            if code:
+                report_failure(trainer, code)
+            return code
+        for child in children:
+            code = child.exited()
+            if child is not trainer and code is not None:
+                report_failure(child, code)
+                return 1
+        time.sleep(0.2)
+
+
+def report_failure(child: Child, code: int) -> None:
+    tail = "\n".join(f"    {line}" for line in child.tail[-10:])
+    print(f"\nrlfleet up: service '{child.name}' exited with code {code}; stopping the "
+          f"fleet. Last output:\n{tail}\n(full log: {child.log_path})", file=sys.stderr)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="rlfleet up", description="Run the whole fleet (and the training job) locally."
+    )
+    parser.add_argument("--config", help="YAML config shared by every role")
+    parser.add_argument("--rollout-replicas", type=int, default=2, help="replicas (default 2)")
+    parser.add_argument("--no-trainer", action="store_true", help="serve only, until Ctrl-C")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for every role")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rollout_replicas < 1:
+        raise SystemExit("rlfleet up: --rollout-replicas must be >= 1")
+    config = load_config(args.config, args.overrides)
+    run_dir = Path(config.run_dir)
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    redis = start_redis(config, run_dir)
+    children: list[Child] = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        children = plan_children(config, args, redis.url if redis else config.redis_url, log_dir)
+        for child in children:
+            child.start()
+        return supervise(children)
+    except KeyboardInterrupt:
+        print("\nrlfleet up: interrupted, stopping the fleet", file=sys.stderr)
+        return 130
+    finally:
+        stop_all(children)
+        if redis is not None:
+            redis.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def start_redis(config: RlfleetConfig, run_dir: Path):
+    """Embedded Valkey when no Redis URL is configured; None otherwise."""
+    if config.redis_url:
+        return None
+    from services.common.redis_server import EmbeddedRedis
+
+    server = EmbeddedRedis(run_dir / "redis")
+    server.start()
+    print(f"rlfleet up: embedded Redis at {server.url}", flush=True)
+    return server
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The batch one training step works on: sampled sequences, their scores, and tensors.
+
+``RolloutBatch`` is filled in stages by the trainer (generate -> score -> log-probs ->
+advantages); ``tensors()`` turns the ragged lists into padded ``[B, R]`` tensors with a
+response mask, the layout every function in ``core_algos`` expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.trainer.data import PromptRecord
+
+
+@dataclass
+class RolloutBatch:
+    records: list[PromptRecord] = field(default_factory=list)
+    """One entry per sequence (a prompt repeated n times)."""
+    prompts: list[list[int]] = field(default_factory=list)
+    responses: list[list[int]] = field(default_factory=list)
+    group_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    replica_ids: list[str] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    score_errors: int = 0
+    old_logprobs: list[list[float]] = field(default_factory=list)
+    ref_logprobs: list[list[float]] = field(default_factory=list)
+    values: list[list[float]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    def add_group(self, record: PromptRecord, group_id: int, result) -> None:
+        """Append the n completions of one GenerateResult as one group."""
+        for completion in result.completions:
+            self.records.append(record)
+            self.prompts.append(list(record.token_ids))
+            self.responses.append(list(completion.token_ids))
+            self.group_ids.append(group_id)
+            self.weight_versions.append(result.weight_version)
+            self.replica_ids.append(result.replica_id)
+            self.finish_reasons.append(completion.finish_reason)
+
+    def response_lengths(self) -> list[int]:
+        return [len(r) for r in self.responses]
+
+
+def response_mask(lengths: list[int]):
+    """``[B, R]`` float mask, 1 on response tokens."""
+    import torch
+
+    width = max(lengths)
+    positions = torch.arange(width).unsqueeze(0)
+    return (positions < torch.tensor(lengths).unsqueeze(1)).float()
+
+
+def token_level_rewards(scores: list[float], lengths: list[int]):
+    """Outcome reward placed on each sequence's last response token: ``[B, R]``."""
+    import torch
+
+    rewards = torch.zeros(len(scores), max(lengths))
+    for i, (score, length) in enumerate(zip(scores, lengths, strict=True)):
+        rewards[i, length - 1] = score
+    return rewards

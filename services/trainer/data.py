@@ -1,0 +1,82 @@
+"""Prompt data in verl's schema: JSONL or Parquet rows with ``prompt`` (chat messages or a
+string), ``data_source``, ``reward_model.ground_truth`` and optional ``extra_info``.
+
+Prompts are tokenized once at load time with the policy's tokenizer (the same function the
+tests and the model build script use) and too-long prompts are rejected loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from services.common.errors import InvalidArgument
+
+
+@dataclass
+class PromptRecord:
+    prompt: Any
+    """Chat messages (list of {role, content}) or a plain string."""
+    data_source: str
+    ground_truth: str
+    extra_info: dict = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Rows of one JSONL or Parquet file."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict(orient="records")
+    with path.open(encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def to_record(row: dict, where: str) -> PromptRecord:
+    try:
+        prompt = row["prompt"]
+        truth = row["reward_model"]["ground_truth"]
+    except (KeyError, TypeError) as exc:
+        raise InvalidArgument(f"{where}: missing field {exc} (verl schema expected)") from exc
+    prompt = list(prompt) if not isinstance(prompt, str) else prompt
+    extra = row.get("extra_info") or {}
+    return PromptRecord(prompt, str(row.get("data_source", "")), str(truth), dict(extra))
+
+
+def load_records(files: list[str], tokenizer, max_prompt_length: int) -> list[PromptRecord]:
+    """Read, validate and tokenize every row of ``files``."""
+    from services.common.model_io import encode_prompt
+
+    records = []
+    for file in files:
+        for index, row in enumerate(read_rows(file)):
+            record = to_record(row, f"{file}:{index + 1}")
+            record.token_ids = list(encode_prompt(tokenizer, record.prompt))
+            if len(record.token_ids) > max_prompt_length:
+                raise InvalidArgument(
+                    f"{file}:{index + 1}: prompt has {len(record.token_ids)} tokens "
+                    f"> data.max_prompt_length={max_prompt_length}"
+                )
+            records.append(record)
+    if not records:
+        raise InvalidArgument(f"no prompts found in {files}")
+    return records
+
+
+def batches(records: list[PromptRecord], batch_size: int, seed: int) -> Iterator[list]:
+    """Endless shuffled batches; each epoch reshuffles with ``seed + epoch``."""
+    if not 1 <= batch_size <= len(records):
+        raise InvalidArgument(f"batch size {batch_size} must be in [1, {len(records)} prompts]")
+    epoch = 0
+    while True:
+        order = list(range(len(records)))
+        random.Random(seed + epoch).shuffle(order)
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            yield [records[i] for i in order[start : start + batch_size]]
+        epoch += 1

@@ -1,0 +1,112 @@
+"""Step metrics under verl's names, written one JSON line per step, plus the reward curve.
+
+Names follow verl (``critic/score/mean``, ``actor/pg_loss``, ``timing_s/gen`` ...) so
+dashboards and scripts written for verl read our ``metrics.jsonl`` unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def _stats(prefix: str, values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    return {
+        f"{prefix}/mean": sum(values) / len(values),
+        f"{prefix}/max": float(max(values)),
+        f"{prefix}/min": float(min(values)),
+    }
+
+
+def batch_metrics(batch, max_response_length: int) -> dict[str, float]:
+    """Score, length and version metrics of one rollout batch."""
+    lengths = [float(n) for n in batch.response_lengths()]
+    prompt_lengths = [float(len(p)) for p in batch.prompts]
+    clipped = sum(1 for n in lengths if n >= max_response_length)
+    metrics = {
+        **_stats("critic/score", batch.scores),
+        **_stats("response_length", lengths),
+        **_stats("prompt_length", prompt_lengths),
+        "response_length/clip_ratio": clipped / max(1, len(lengths)),
+        "reward/errors": float(batch.score_errors),
+        "rollout/replicas_used": float(len(set(batch.replica_ids))),
+    }
+    return metrics
+
+
+def tensor_stats(prefix: str, tensor, mask) -> dict[str, float]:
+    """Mean/max/min of a ``[B, R]`` tensor over its response mask."""
+    selected = tensor[mask.bool()]
+    if selected.numel() == 0:
+        return {}
+    return {
+        f"{prefix}/mean": selected.mean().item(),
+        f"{prefix}/max": selected.max().item(),
+        f"{prefix}/min": selected.min().item(),
+    }
+
+
+class Timer:
+    """Collects ``timing_s/<name>`` for the phases of a step."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.metrics[f"timing_s/{name}"] = time.perf_counter() - started
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to ``metrics.jsonl``; keeps history for the plot."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.history: list[dict] = []
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self.history.append(record)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def plot_reward_curve(history: list[dict], path: Path, val: dict[str, float]) -> Path | None:
+    """Mean sampled reward per step (and a moving average); None if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib not installed: no reward curve")
+        return None
+    steps = [r["step"] for r in history if "critic/score/mean" in r]
+    scores = [r["critic/score/mean"] for r in history if "critic/score/mean" in r]
+    window = max(1, len(scores) // 20)
+    smooth = [sum(scores[max(0, i - window + 1) : i + 1]) / len(scores[max(0, i - window + 1) : i + 1])
+              for i in range(len(scores))]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, scores, alpha=0.3, label="critic/score/mean")
+    ax.plot(steps, smooth, label=f"moving average ({window})")
+    title = "rlfleet GRPO: mean sampled reward"
+    if val:
+        title += " · held-out acc " + " → ".join(f"{v:.2f}" for v in val.values())
+    ax.set(xlabel="step", ylabel="reward", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,135 @@
+"""Running a whole training job: load, connect, validate, loop, checkpoint, report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+
+from services.common.config import RlfleetConfig
+from services.trainer.data import batches, load_records
+from services.trainer.evaluate import accuracy_by_source, greedy_responses
+from services.trainer.metrics import MetricsWriter, plot_reward_curve
+from services.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def build_actor(config: RlfleetConfig):
+    """Tokenizer, actor (model + optimizer); torch threads set from config."""
+    import torch
+
+    from services.common.model_io import load_causal_lm, load_tokenizer
+    from services.trainer.actor import Actor
+
+    torch.set_num_threads(config.trainer.torch_threads)
+    torch.manual_seed(config.trainer.seed)
+    tokenizer = load_tokenizer(config.model.path)
+    model = load_causal_lm(config.model.path, config.model.dtype)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return tokenizer, Actor(config, model, pad_id)
+
+
+async def validate(trainer: Trainer, records) -> dict[str, float]:
+    """Greedy accuracy of what the replicas serve now, per data source."""
+    responses = await greedy_responses(
+        trainer.fleet.rollout, records, trainer.config.rollout.max_tokens, trainer.version
+    )
+    from services.trainer.batch import RolloutBatch
+
+    batch = RolloutBatch(records=list(records), responses=responses)
+    batch.texts = [trainer.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
+    await trainer.score(batch)
+    return accuracy_by_source(records, batch.scores)
+
+
+def progress(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="GRPO steps", unit="step", dynamic_ncols=True)
+
+
+async def train_loop(trainer: Trainer, train_records, writer: MetricsWriter) -> None:
+    cfg = trainer.config
+    data = batches(train_records, cfg.data.train_batch_size, cfg.data.seed)
+    bar = progress(cfg.trainer.total_steps)
+    while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
+        await trainer.wait_if_paused()
+        await trainer.push_weights(only_stale=True)  # replicas that joined mid-run
+        metrics = await trainer.train_step(next(data))
+        trainer.step += 1
+        metrics["training/global_step"] = float(trainer.step)
+        writer.write(trainer.step, metrics)
+        bar.update(1)
+        bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0):.3f}",
+                        s_per_step=f"{metrics['timing_s/step']:.2f}")
+        if cfg.trainer.save_freq and trainer.step % cfg.trainer.save_freq == 0:
+            save_checkpoint(trainer, Path(cfg.run_dir) / "checkpoints" / f"global_step_{trainer.step}")
+    bar.close()
+
+
+def save_checkpoint(trainer: Trainer, path: Path) -> Path:
+    trainer.actor.save_hf(path, trainer.tokenizer)
+    trainer.actor.save_training_state(path, {"step": trainer.step, "version": trainer.version})
+    log.info("checkpoint saved to %s", path)
+    return path
+
+
+async def run_training(config: RlfleetConfig, control_server_factory=None) -> dict:
+    """The whole job; returns the summary also written to ``run_dir/summary.json``."""
+    from services.trainer.fleet import connect_fleet
+
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer, actor = await asyncio.to_thread(build_actor, config)
+    train = load_records(config.data.train_files, tokenizer, config.data.max_prompt_length)
+    val = load_records(config.data.val_files, tokenizer, config.data.max_prompt_length)[
+        : config.data.val_size
+    ]
+    fleet = await connect_fleet(config)
+    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    trainer = Trainer(config, fleet, actor, tokenizer)
+    server = control_server_factory(trainer, writer) if control_server_factory else None
+    if server is not None:
+        await server.start()
+    try:
+        return await _run(trainer, train, val, writer, run_dir)
+    finally:
+        if server is not None:
+            await server.stop(1.0)
+        await fleet.close()
+
+
+async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
+    config = trainer.config
+    started = time.perf_counter()
+    log.info("waiting for rollout replicas")
+    await trainer.start(config.trainer.min_replicas, config.trainer.replica_wait_s)
+    before = await validate(trainer, val) if config.trainer.val_before_train else {}
+    log.info("held-out before training: %s", before)
+    await train_loop(trainer, train, writer)
+    after = await validate(trainer, val)
+    log.info("held-out after training: %s", after)
+    checkpoint = save_checkpoint(trainer, run_dir / "checkpoints" / "final")
+    accuracy = {"before": _first(before), "after": _first(after)}
+    plot = plot_reward_curve(writer.history, run_dir / "reward_curve.png",
+                             {k: v for k, v in accuracy.items() if v is not None})
+    trainer.state = "done"
+    summary = {
+        "steps": trainer.step,
+        "weight_version": trainer.version,
+        "wall_time_s": round(time.perf_counter() - started, 1),
+        "val_before": before,
+        "val_after": after,
+        "metrics_file": str(writer.path),
+        "reward_curve": str(plot) if plot else None,
+        "checkpoint": str(checkpoint),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _first(values: dict[str, float]) -> float | None:
+    return next(iter(values.values()), None)

@@ -1,0 +1,184 @@
+"""The controller loop: one synchronous, on-policy step at a time (ARCHITECTURE.md).
+
+generate (router) -> score (reward) -> old/ref log-probs -> advantages -> critic update
+-> actor update -> push weights (version + 1) -> metrics / checkpoint.
+
+The trainer is blind to the algorithm's details: advantages and losses come from
+``core_algos`` selected by config, and the actor owns the optimizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from services.common.config import RlfleetConfig
+from services.common.errors import FailedPrecondition
+from services.rollout.types import GenerateRequest, SamplingParams
+from services.trainer import core_algos
+from services.common.sequences import pad_rows
+from services.trainer.batch import RolloutBatch, response_mask, token_level_rewards
+from services.trainer.data import PromptRecord
+from services.trainer.fleet import Fleet
+from services.trainer.metrics import Timer, batch_metrics, tensor_stats
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(self, config: RlfleetConfig, fleet: Fleet, actor, tokenizer) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.actor = actor
+        self.tokenizer = tokenizer
+        self.version = 0
+        self.step = 0
+        self.run_tag = uuid.uuid4().hex[:8]
+        self.state = "starting"
+        self._resume = asyncio.Event()
+        self._resume.set()
+        self.stop_requested = False
+
+    # --- control (used by the Trainer gRPC service) ---------------------------------
+    def pause(self) -> None:
+        self._resume.clear()
+        self.state = "paused"
+
+    def resume(self) -> None:
+        self._resume.set()
+        self.state = "running"
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+        self._resume.set()
+
+    async def wait_if_paused(self) -> None:
+        await self._resume.wait()
+
+    # --- weights ------------------------------------------------------------------------
+    async def push_weights(self, only_stale: bool = False) -> dict[str, float]:
+        """Send the actor's weights as ``self.version`` to replicas."""
+        state = self.actor.state_dict_for_rollout()
+        flush = self.config.rollout.flush_cache_on_update
+        return await self.fleet.weight_sync.push(state, self.version, flush, only_stale)
+
+    async def start(self, n_replicas: int, timeout_s: float) -> None:
+        """Wait for replicas, then push the initial weights as version 1."""
+        await self.fleet.weight_sync.wait_for_replicas(n_replicas, timeout_s)
+        self.version = 1
+        await self.push_weights()
+        self.state = "running"
+
+    # --- one step --------------------------------------------------------------------------
+    async def generate(self, prompts: list[PromptRecord]) -> RolloutBatch:
+        """One Generate per prompt with n samples; the group id is the sticky session."""
+        cfg = self.config.rollout
+        sampling = SamplingParams(
+            n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens
+        )
+        requests = [
+            GenerateRequest(
+                request_id=f"{self.run_tag}-s{self.step}-p{i}",
+                sampling=sampling,
+                prompt_token_ids=record.token_ids,
+                session_id=f"{self.run_tag}-s{self.step}-g{i}",
+                min_weight_version=self.version,
+            )
+            for i, record in enumerate(prompts)
+        ]
+        results = await asyncio.gather(*(self.fleet.rollout.generate(r) for r in requests))
+        batch = RolloutBatch()
+        for group_id, (record, result) in enumerate(zip(prompts, results, strict=True)):
+            batch.add_group(record, group_id, result)
+        batch.texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in batch.responses]
+        return batch
+
+    def check_versions(self, batch: RolloutBatch) -> None:
+        """Every trained response must come from the weights the trainer holds now."""
+        stale = {v for v in batch.weight_versions if v != self.version}
+        if stale:
+            raise FailedPrecondition(
+                f"responses from weight versions {sorted(stale)} != current {self.version}"
+            )
+
+    async def score(self, batch: RolloutBatch) -> None:
+        from services.reward.types import ScoreRequest
+
+        requests = [
+            ScoreRequest(
+                id=f"{self.run_tag}-s{self.step}-r{i}",
+                data_source=record.data_source,
+                solution_str=text,
+                ground_truth=record.ground_truth,
+                extra_info=record.extra_info,
+            )
+            for i, (record, text) in enumerate(zip(batch.records, batch.texts, strict=True))
+        ]
+        results = await self.fleet.reward.score_batch(requests)
+        batch.scores = [0.0 if r.error else float(r.score) for r in results]
+        batch.score_errors = sum(1 for r in results if r.error)
+        if batch.score_errors:
+            log.warning("step %d: %d responses could not be scored", self.step, batch.score_errors)
+
+    async def reference_and_values(self, batch: RolloutBatch) -> None:
+        if self.config.trainer.use_kl_loss:
+            batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(batch.prompts, batch.responses)
+        if self.config.algorithm.adv_estimator == "gae":
+            batch.values = await self.fleet.refcritic.values(batch.prompts, batch.responses)
+
+    def advantages(self, batch: RolloutBatch):
+        """``(advantages, returns, mask)`` as ``[B, R]`` tensors."""
+        lengths = batch.response_lengths()
+        mask = response_mask(lengths)
+        rewards = token_level_rewards(batch.scores, lengths)
+        algo = self.config.algorithm
+        name = algo.adv_estimator
+        kwargs = {"token_level_rewards": rewards, "response_mask": mask}
+        if name in ("grpo", "rloo"):
+            kwargs["group_index"] = batch.group_ids
+        if name == "grpo":
+            kwargs["norm_by_std"] = algo.norm_adv_by_std_in_grpo
+        if name in ("gae", "reinforce_plus_plus"):
+            kwargs["gamma"] = algo.gamma
+        if name == "gae":
+            kwargs.update(values=pad_rows(batch.values, mask.shape[1]), lam=algo.lam)
+        advantages, returns = core_algos.compute_advantage(name, **kwargs)
+        return advantages, returns, mask
+
+    async def update_critic(self, batch: RolloutBatch, returns, mask) -> dict[str, float]:
+        rows = [returns[i, : int(mask[i].sum())].tolist() for i in range(len(batch))]
+        return await self.fleet.refcritic.update_critic(
+            batch.prompts, batch.responses, rows, batch.values
+        )
+
+    async def train_step(self, prompts: list[PromptRecord]) -> dict[str, float]:
+        timer = Timer()
+        with timer.phase("step"):
+            with timer.phase("gen"):
+                batch = await self.generate(prompts)
+            self.check_versions(batch)
+            with timer.phase("reward"):
+                await self.score(batch)
+            with timer.phase("old_log_prob"):
+                batch.old_logprobs = await asyncio.to_thread(
+                    self.actor.logprobs, batch.prompts, batch.responses
+                )
+            with timer.phase("ref"):
+                await self.reference_and_values(batch)
+            with timer.phase("adv"):
+                advantages, returns, mask = self.advantages(batch)
+            metrics = {}
+            if self.config.algorithm.adv_estimator == "gae":
+                with timer.phase("update_critic"):
+                    metrics.update(await self.update_critic(batch, returns, mask))
+            with timer.phase("update_actor"):
+                metrics.update(await asyncio.to_thread(self.actor.update, batch, advantages, mask))
+            self.version += 1
+            metrics.update(await self.push_weights())
+        metrics.update(batch_metrics(batch, self.config.rollout.max_tokens))
+        metrics.update(tensor_stats("critic/advantages", advantages, mask))
+        metrics.update(tensor_stats("critic/returns", returns, mask))
+        metrics.update(timer.metrics)
+        metrics["training/weight_version"] = float(self.version)
+        return metrics

@@ -1,0 +1,265 @@
+"""The Redis Streams work queue, against a real (embedded) Redis server.
+
+Every test runs with redis-py's default response shapes, with RESP2, and with
+``legacy_responses=False``, because callers may hand the queue any of these clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from services.common.keys import Keys
+from services.common.redis_server import EmbeddedRedis
+from services.common.workqueue import Result, WorkQueue
+
+MakeQueue = Callable[..., Awaitable[WorkQueue]]
+
+
+@pytest.fixture(params=["default", "resp2", "unified"])
+async def client(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    options = {"default": {}, "resp2": {"protocol": 2}, "unified": {"legacy_responses": False}}
+    client = aioredis.Redis.from_url(redis_url, **options[request.param])
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def make_queue(client: aioredis.Redis, keys: Keys) -> MakeQueue:
+    """A fresh WorkQueue object (a new one per call, like a restarted process)."""
+
+    async def make(stream: str | None = None, **options: object) -> WorkQueue:
+        queue = WorkQueue(client, keys, stream or keys.reward_stream, "workers", **options)
+        await queue.ensure_group()
+        return queue
+
+    return make
+
+
+async def test_complete_acks_deletes_and_answers(make_queue: MakeQueue) -> None:
+    queue = await make_queue()
+    assert await queue.submit("r1", b'{"x": 1}')
+    [job] = await queue.read("w1", count=10, block_ms=100)
+    assert (job.request_id, job.payload, job.deliveries) == ("r1", b'{"x": 1}', 1)
+    assert await queue.pending_count() == 1
+
+    assert await queue.complete(job, b"answer")
+    assert await queue.pending_count() == 0
+    assert await queue.length() == 0
+    assert await queue.get_result("r1") == Result("r1", b"answer", None)
+    assert await queue.wait_result("r1", timeout_s=1) == Result("r1", b"answer", None)
+
+
+async def test_error_result_round_trips(make_queue: MakeQueue) -> None:
+    queue = await make_queue()
+    await queue.submit("r1", b"in")
+    [job] = await queue.read("w1", block_ms=100)
+    await queue.complete(job, b"partial", error="bad input: \nline two")
+    result = await queue.get_result("r1")
+    assert result == Result("r1", b"partial", "bad input: \nline two")
+    assert not result.ok
+
+
+async def test_all_waiters_wake_on_completion_without_polling(make_queue: MakeQueue) -> None:
+    queue = await make_queue(poll_s=5.0)  # a wake-up by polling would take seconds
+    await queue.submit("r1", b"in")
+    waiters = [asyncio.create_task(queue.wait_result("r1", timeout_s=10)) for _ in range(3)]
+    await asyncio.sleep(0.1)  # let every waiter block in BLPOP
+    [job] = await queue.read("w1", block_ms=100)
+    started = time.monotonic()
+    await queue.complete(job, b"done")
+    results = await asyncio.gather(*waiters)
+    assert time.monotonic() - started < 1.0
+    assert [r.payload for r in results] == [b"done"] * 3
+
+
+async def test_wait_result_times_out_with_none(make_queue: MakeQueue) -> None:
+    queue = await make_queue(poll_s=0.05)
+    await queue.submit("r1", b"in")
+    started = time.monotonic()
+    assert await queue.wait_result("r1", timeout_s=0.3) is None
+    assert 0.25 <= time.monotonic() - started < 1.5
+    assert await queue.wait_result("never-submitted", timeout_s=0) is None
+
+
+async def test_unacked_entry_is_redelivered_after_its_consumer_dies(make_queue: MakeQueue) -> None:
+    queue = await make_queue()
+    await queue.submit("r1", b"in")
+    waiter = asyncio.create_task(queue.wait_result("r1", timeout_s=10))
+    [lost] = await queue.read("A", block_ms=100)  # A dies holding the job
+
+    assert await queue.reclaim("B", min_idle_ms=200) == []  # not idle long enough yet
+    await asyncio.sleep(0.25)
+    [job] = await queue.reclaim("B", min_idle_ms=200)
+    assert (job.entry_id, job.payload, job.deliveries) == (lost.entry_id, b"in", 2)
+    assert await queue.complete(job, b"from B")
+    assert await waiter == Result("r1", b"from B", None)
+
+    assert not await queue.complete(lost, b"from A, too late")  # first answer wins
+    assert (await queue.get_result("r1")).payload == b"from B"
+    assert await queue.pending_count() == 0
+
+
+async def test_restart_under_same_name_replays_own_pending_once(make_queue: MakeQueue) -> None:
+    before = await make_queue()
+    await before.submit("r1", b"in")
+    [job] = await before.read("A", block_ms=100)
+    assert await before.read("A", block_ms=0) == []  # still in progress: not handed out again
+
+    after = await make_queue()  # the process restarted with the same consumer name
+    [again] = await after.read("A", block_ms=0)
+    assert (again.entry_id, again.deliveries) == (job.entry_id, 2)
+    assert await after.read("A", block_ms=0) == []
+    await after.complete(again, b"ok")
+    assert await after.pending_count() == 0
+
+
+async def test_dead_letter_after_max_deliveries(make_queue: MakeQueue, keys: Keys) -> None:
+    queue = await make_queue(max_deliveries=2)
+    await queue.submit("poison", b"crashes workers")
+    assert len(await queue.read("A", block_ms=100)) == 1  # delivery 1
+    assert len(await queue.reclaim("B", min_idle_ms=0)) == 1  # delivery 2
+    assert await queue.reclaim("C", min_idle_ms=0) == []  # delivery 3: given up
+
+    result = await queue.wait_result("poison", timeout_s=1)
+    assert result is not None and result.payload == b""
+    assert "dead-lettered" in result.error and "3 times" in result.error
+    assert await queue.length() == 0 and await queue.pending_count() == 0
+    [(_, fields)] = await queue.redis.xrange(keys.dead_letter(keys.reward_stream))
+    assert fields[b"id"] == b"poison" and fields[b"payload"] == b"crashes workers"
+    assert fields[b"reason"] == b"delivered 3 times"
+
+
+async def test_restart_loop_on_poison_also_dead_letters(make_queue: MakeQueue) -> None:
+    queue = await make_queue(max_deliveries=1)
+    await queue.submit("poison", b"in")
+    assert len(await queue.read("A", block_ms=100)) == 1
+    restarted = await make_queue(max_deliveries=1)
+    assert await restarted.read("A", block_ms=0) == []
+    assert (await restarted.get_result("poison")).error is not None
+
+
+async def test_retried_request_is_answered_once(make_queue: MakeQueue) -> None:
+    queue = await make_queue()
+    assert await queue.submit("r1", b"try 1")
+    assert await queue.submit("r1", b"try 2")  # not answered yet: both attempts queued
+    first, second = await queue.read("w1", count=10, block_ms=100)
+    assert await queue.complete(first, b"answer 1")
+    assert not await queue.complete(second, b"answer 2")
+    assert (await queue.get_result("r1")).payload == b"answer 1"
+
+    assert not await queue.submit("r1", b"try 3")  # answered: nothing queued
+    assert await queue.length() == 0
+    assert await queue.read("w1", block_ms=0) == []
+
+
+async def test_drain_entries_takes_pending_and_unread_work(make_queue: MakeQueue) -> None:
+    queue = await make_queue()
+    for i in range(3):
+        await queue.submit(f"r{i}", f"p{i}".encode())
+    [in_progress] = await queue.read("A", count=1, block_ms=100)
+
+    assert await queue.drain_entries() == [("r0", b"p0"), ("r1", b"p1"), ("r2", b"p2")]
+    assert await queue.length() == 0 and await queue.pending_count() == 0
+    assert await queue.reclaim("B", min_idle_ms=0) == []
+    assert await queue.read("B", block_ms=0) == []
+    assert await queue.drain_entries() == []
+    assert await queue.complete(in_progress, b"late")  # the dead consumer's answer still lands
+
+
+async def test_move_to_requeues_work_with_its_delivery_history(
+    make_queue: MakeQueue, keys: Keys
+) -> None:
+    dead = await make_queue(keys.rollout_stream("replica-a"))
+    alive = await make_queue(keys.rollout_stream("replica-b"))
+    await dead.submit("answered", b"a")
+    await dead.submit("started", b"s")
+    await dead.submit("answered", b"a")  # a retry of a request answered below
+    await dead.submit("queued", b"q")
+    answered, _started = await dead.read("replica-a", count=2, block_ms=100)
+    await dead.complete(answered, b"done")
+
+    assert await dead.move_to(alive) == 2
+    assert await dead.length() == 0 and await dead.pending_count() == 0
+    moved = await alive.read("replica-b", count=10, block_ms=100)
+    assert [(j.request_id, j.payload, j.deliveries) for j in moved] == [
+        ("started", b"s", 2),
+        ("queued", b"q", 1),
+    ]
+
+
+async def test_delivery_history_survives_moves_into_dead_letter(
+    make_queue: MakeQueue, keys: Keys
+) -> None:
+    streams = [keys.rollout_stream(f"r{i}") for i in range(3)]
+    queues = [await make_queue(stream, max_deliveries=2) for stream in streams]
+    await queues[0].submit("poison", b"kills replicas")
+    assert len(await queues[0].read("r0", block_ms=100)) == 1
+    await queues[0].move_to(queues[1])
+    assert [j.deliveries for j in await queues[1].read("r1", block_ms=100)] == [2]
+    await queues[1].move_to(queues[2])
+    assert await queues[2].read("r2", block_ms=100) == []
+    assert "dead-lettered" in (await queues[2].get_result("poison")).error
+
+
+async def test_group_is_recreated_when_the_stream_vanishes(make_queue: MakeQueue) -> None:
+    queue = await make_queue()
+    await queue.redis.delete(queue.stream)
+    assert await queue.read("w1", block_ms=0) == []
+    assert await queue.pending_count() == 0
+    await queue.submit("r1", b"in")
+    assert [j.request_id for j in await queue.read("w1", block_ms=100)] == ["r1"]
+
+
+async def test_rejects_a_client_that_decodes_responses(redis_url: str, keys: Keys) -> None:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        with pytest.raises(ValueError, match="decode_responses"):
+            WorkQueue(client, keys, keys.reward_stream, "workers")
+    finally:
+        await client.aclose()
+
+
+# ---- what the queue stands on: key names and the embedded server --------------------------
+
+
+def test_keys_are_namespaced_by_cluster() -> None:
+    keys = Keys("run1")
+    assert keys.result("abc") == "rlfleet:run1:result:abc"
+    assert keys.rollout_stream("r0") == "rlfleet:run1:stream:rollout:r0"
+    assert keys.dead_letter(keys.reward_stream) == "rlfleet:run1:stream:reward:dead"
+    with pytest.raises(ValueError):
+        keys.dead_letter("rlfleet:other:stream:reward")
+    with pytest.raises(ValueError):
+        Keys("a:b")
+
+
+def test_embedded_server_persists_and_stops(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path, appendonly=True) as server:
+        assert server.port != 6379
+        redis.Redis.from_url(server.url).set("k", b"v")
+        port = server.port
+    assert not server.running
+    with EmbeddedRedis(tmp_path, port=port, appendonly=True) as server:
+        assert redis.Redis.from_url(server.url).get("k") == b"v"
+    with pytest.raises(ValueError):
+        EmbeddedRedis(tmp_path, port=6379)
+
+
+def test_embedded_server_start_failure_shows_its_log(tmp_path: Path) -> None:
+    with socket.socket() as taken:  # the server cannot bind a port we already listen on
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = EmbeddedRedis(tmp_path, port=taken.getsockname()[1])
+        with pytest.raises(RuntimeError, match="exited with code") as failure:
+            server.start()
+    assert "Address already in use" in str(failure.value) and not server.running

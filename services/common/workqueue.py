@@ -32,12 +32,9 @@ log = logging.getLogger(__name__)
 NOTIFY_TTL_S = 60  # only waiters blocked right now need the token; later ones read the result
 _BATCH = 500
 
-# Add unless already answered, atomically: a retried request is never queued after its answer.
-_SUBMIT_LUA = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+_SUBMIT_LUA = """if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'payload', ARGV[2], 'prior', ARGV[3])
-return 1
-"""
+return 1"""
 
 
 @dataclass(frozen=True)
@@ -64,18 +61,16 @@ class Result:
 
 
 def encode_result(payload: bytes, error: str | None) -> bytes:
-    """Status byte; for errors a 4-byte length and the UTF-8 message; then the payload."""
-    if error is None:
-        return b"\x00" + payload
-    message = error.encode()
-    return b"\x01" + struct.pack(">I", len(message)) + message + payload
+    """A 4-byte error length (-1: no error), the UTF-8 error message, then the payload."""
+    message = b"" if error is None else error.encode()
+    return struct.pack(">i", -1 if error is None else len(message)) + message + payload
 
 
 def decode_result(request_id: str, raw: bytes) -> Result:
-    if raw[:1] == b"\x00":
-        return Result(request_id, raw[1:])
-    (size,) = struct.unpack_from(">I", raw, 1)
-    return Result(request_id, raw[5 + size :], raw[5 : 5 + size].decode(errors="replace"))
+    (size,) = struct.unpack_from(">i", raw)
+    if size < 0:
+        return Result(request_id, raw[4:])
+    return Result(request_id, raw[4 + size :], raw[4 : 4 + size].decode(errors="replace"))
 
 
 class WorkQueue:
@@ -112,7 +107,9 @@ class WorkQueue:
                 raise
 
     async def submit(self, request_id: str, payload: bytes, prior_deliveries: int = 0) -> bool:
-        """Queue a request; False (and nothing queued) when it has been answered already."""
+        """Queue a request; False (and nothing queued) when it has been answered already.
+
+        Check and add are one Lua script, so a retry can never be queued after its answer."""
         keys = [self.stream, self.keys.result(request_id)]
         added = await self._submit_script(keys=keys, args=[request_id, payload, prior_deliveries])
         return bool(added)
@@ -125,18 +122,18 @@ class WorkQueue:
         """The answer, or None after ``timeout_s``.
 
         Blocks on the notify list for at most ``poll_s`` at a time and re-reads the result key
-        in between, so a lost or stolen wake-up only delays a waiter, never strands it.
+        in between, so a lost or stolen wake-up only delays a waiter, never strands it. A waiter
+        woken by the token puts it back for the next one; a stale token is swallowed.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        notify = self.keys.notify(request_id)
+        deadline, notify, woken = loop.time() + timeout_s, self.keys.notify(request_id), False
         while (result := await self.get_result(request_id)) is None:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
+            if (remaining := deadline - loop.time()) <= 0:
                 return None
-            # BLPOP timeout 0 would block forever, hence the floor.
-            if await self.redis.blpop([notify], timeout=max(0.01, min(self.poll_s, remaining))):
-                await self._pass_token_on(notify)
+            timeout = max(0.01, min(self.poll_s, remaining))  # BLPOP 0 would block forever
+            woken = bool(await self.redis.blpop([notify], timeout=timeout))
+        if woken:
+            await self._pass_token_on(notify)
         return result
 
     async def read(self, consumer: str, count: int = 1, block_ms: int = 1000) -> list[Job]:
@@ -158,11 +155,8 @@ class WorkQueue:
 
     async def reclaim(self, consumer: str, min_idle_ms: int, count: int = 10) -> list[Job]:
         """Take over entries other (likely dead) consumers have held for ``min_idle_ms``."""
-        reply = await self._group_call(
-            lambda: self.redis.xautoclaim(
-                self.stream, self.group, consumer, min_idle_ms, self._claim_cursor, count=count
-            )
-        )
+        args = (self.stream, self.group, consumer, min_idle_ms, self._claim_cursor)
+        reply = await self._group_call(lambda: self.redis.xautoclaim(*args, count=count))
         if not reply:
             return []
         self._claim_cursor = _text(reply[0])
@@ -193,13 +187,14 @@ class WorkQueue:
         (answered once anyway) but never lose it. Delivery counts travel with the entries, so a
         job that kills every replica it lands on still ends in the dead-letter stream.
         """
+        if other.stream == self.stream:
+            raise ValueError(f"cannot move {self.stream} onto itself")
         moved = 0
         async for batch in self._batches():
             for job in batch:
                 moved += await other.submit(job.request_id, job.payload, job.deliveries)
             await self._remove(batch)
-        if moved:
-            log.info("moved %d entries from %s to %s", moved, self.stream, other.stream)
+        log.info("moved %d entries from %s to %s", moved, self.stream, other.stream)
         return moved
 
     async def _xread(self, consumer: str, start: str, count: int, block_ms: int) -> list[_Entry]:
@@ -236,18 +231,18 @@ class WorkQueue:
         fields = {"id": job.request_id, "payload": job.payload, "reason": reason,
                   "stream": self.stream, "deliveries": job.deliveries}  # fmt: skip
         error = encode_result(b"", f"dead-lettered after too many deliveries: {reason}")
-        await self._finish(job, error, dead_letter=fields)
+        await self._finish(job, error, dead=fields)
 
-    async def _finish(self, job: Job, answer: bytes, dead_letter: dict | None = None) -> bool:
+    async def _finish(self, job: Job, answer: bytes, dead: dict[str, Any] | None = None) -> bool:
         """One transaction: store the answer unless one exists (True if stored), wake waiters,
         ack and delete the entry, and file it as dead if asked."""
         notify = self.keys.notify(job.request_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.result(job.request_id), answer, nx=True, ex=self.result_ttl_s)
             pipe.rpush(notify, b"1").expire(notify, self._notify_ttl_s)
-            self._queue_removal(pipe, job.entry_id)
-            if dead_letter:
-                pipe.xadd(self.dead_stream, dead_letter, maxlen=10_000, approximate=True)
+            pipe.xack(self.stream, self.group, job.entry_id).xdel(self.stream, job.entry_id)
+            if dead:
+                pipe.xadd(self.dead_stream, dead, maxlen=10_000, approximate=True)
             return bool((await pipe.execute())[0])
 
     async def _pass_token_on(self, notify: str) -> None:
@@ -265,13 +260,11 @@ class WorkQueue:
             start = "(" + entries[-1][0]
 
     async def _remove(self, jobs: list[Job]) -> None:
+        """Ack and delete (XACK fails harmlessly when the stream never had a group)."""
+        ids = [job.entry_id for job in jobs]
         async with self.redis.pipeline(transaction=True) as pipe:
-            self._queue_removal(pipe, *[job.entry_id for job in jobs])
-            await pipe.execute(raise_on_error=False)  # XACK fails harmlessly without a group
-
-    def _queue_removal(self, pipe: Any, *entry_ids: str) -> None:
-        """Ack and delete: a stream holds only outstanding work, the PEL only live deliveries."""
-        pipe.xack(self.stream, self.group, *entry_ids).xdel(self.stream, *entry_ids)
+            pipe.xack(self.stream, self.group, *ids).xdel(self.stream, *ids)
+            await pipe.execute(raise_on_error=False)
 
     async def _group_call(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """Run a group command; if the stream or group vanished, recreate it and return None."""
@@ -299,8 +292,7 @@ def _job(entry_id: str, fields: dict[bytes, bytes], deliveries: int) -> Job:
 
 
 def _stream_entries(reply: Any) -> list[_Entry]:
-    """XREADGROUP's reply for our one stream: a list by default, a dict with
-    ``legacy_responses=False``."""
+    """XREADGROUP's reply for our stream (a list; a dict with ``legacy_responses=False``)."""
     if not reply:
         return []
     per_stream = list(reply.values()) if isinstance(reply, dict) else [pair[1] for pair in reply]

@@ -35,13 +35,12 @@ ROUTE_WAIT_S = 3.0  # how long a request waits for an eligible replica (registra
 ROUTE_POLL_S = 0.1
 LOCK_TTL_MS = 30_000
 
-# Decrement a count but never below zero (a replica deregistered meanwhile has no field).
+# Decrement, never below zero (a replica deregistered meanwhile has no field); unlock if ours.
 _RELEASE_LUA = """
 local n = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if n > 0 then return redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
 return 0
 """
-# Release the janitor lock only if we still hold it.
 _UNLOCK_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -245,16 +244,13 @@ class RouterCore:
             await self._forget(dead_id)
             return 0
         self._suspects.add(dead_id)
-        if not entries:
-            return 0
         snap = await self._snapshot(None)
-        moved = 0
-        for request_id, payload in entries:
-            moved += await self._reroute(snap, dead_id, request_id, payload)
-        log.warning(
-            "replica %s is dead: re-routed %d of its %d queued requests (%d wait for an eligible replica)",
-            dead_id, moved, len(entries), len(entries) - moved,
-        )  # fmt: skip
+        moved = sum([await self._reroute(snap, dead_id, *entry) for entry in entries])
+        if entries:
+            log.warning(
+                "replica %s is dead: re-routed %d of its %d queued requests (%d wait for an eligible replica)",
+                dead_id, moved, len(entries), len(entries) - moved,
+            )  # fmt: skip
         return moved
 
     async def _reroute(self, snap: Snapshot, dead_id: str, request_id: str, payload: bytes) -> int:

@@ -263,3 +263,17 @@ def test_embedded_server_start_failure_shows_its_log(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="exited with code") as failure:
             server.start()
     assert "Address already in use" in str(failure.value) and not server.running
+
+
+async def test_stale_wakeup_token_is_swallowed_not_spun_on(make_queue: MakeQueue) -> None:
+    queue = await make_queue(poll_s=0.05)
+    notify = queue.keys.notify("r1")
+    await queue.redis.rpush(notify, b"1")  # e.g. its answer expired before the token did
+    assert await queue.wait_result("r1", timeout_s=0.3) is None
+    assert await queue.redis.llen(notify) == 0
+
+
+async def test_move_to_refuses_its_own_stream(make_queue: MakeQueue) -> None:
+    queue = await make_queue()
+    with pytest.raises(ValueError):
+        await queue.move_to(await make_queue())

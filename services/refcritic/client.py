@@ -1,0 +1,118 @@
+"""Async client for the refcritic, on plain lists, plus the list <-> proto codec both sides use.
+
+Why plain lists: the trainer keeps per-sequence Python lists (token ids in, one float per
+response token out) and should not see protobuf types. Failed calls raise gRPC's ``AioRpcError``
+with the server's status code (INVALID_ARGUMENT for a bad batch, FAILED_PRECONDITION when the
+critic is disabled, NOT_FOUND for a missing checkpoint); UNAVAILABLE is retried by the channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.common.grpc_client import auth_metadata, make_channel, wait_ready
+from services.common.proto.rlfleet.v1 import common_pb2, refcritic_pb2, refcritic_pb2_grpc
+
+
+def rows_to_proto(rows: list[list[float]]) -> common_pb2.FloatRows:
+    return common_pb2.FloatRows(rows=[common_pb2.FloatRow(values=row) for row in rows])
+
+
+def rows_from_proto(message: common_pb2.FloatRows) -> list[list[float]]:
+    return [list(row.values) for row in message.rows]
+
+
+def sequences_to_proto(
+    prompts: list[list[int]], responses: list[list[int]]
+) -> refcritic_pb2.SequenceBatch:
+    if len(prompts) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+    sequences = [
+        refcritic_pb2.Sequence(prompt_token_ids=p, response_token_ids=r)
+        for p, r in zip(prompts, responses)
+    ]
+    return refcritic_pb2.SequenceBatch(sequences=sequences)
+
+
+@dataclass
+class CheckpointInfo:
+    """Where the critic checkpoint is (absolute, on the refcritic's machine) and its step."""
+
+    path: str
+    step: int
+
+
+class RefCriticClient:
+    """One channel to a refcritic; every method is one RPC with a deadline of ``timeout_s``."""
+
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        max_message_mb: int = 64,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self._channel = make_channel(address, max_message_mb)
+        self._stub = refcritic_pb2_grpc.RefCriticStub(self._channel)
+        self._metadata = auth_metadata(api_key)
+        self._timeout_s = timeout_s
+        self.critic_step = 0
+        """Critic optimizer steps reported by the last update/save/load."""
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        await wait_ready(self._channel, timeout_s)
+
+    async def _call(self, method, request):
+        return await method(request, timeout=self._timeout_s, metadata=self._metadata)
+
+    async def ref_logprobs(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> list[list[float]]:
+        """Reference log-prob of every response token, one list per sequence."""
+        reply = await self._call(self._stub.ComputeRefLogProbs, sequences_to_proto(prompts, responses))
+        return rows_from_proto(reply)
+
+    async def values(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+        """Critic value of the state before every response token, one list per sequence."""
+        reply = await self._call(self._stub.ComputeValues, sequences_to_proto(prompts, responses))
+        return rows_from_proto(reply)
+
+    async def update_critic(
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        returns: list[list[float]],
+        old_values: list[list[float]],
+        epochs: int = 0,
+        micro_batch_size: int = 0,
+    ) -> dict[str, float]:
+        """One critic update (0 = the server's default); verl-named metrics (critic/vf_loss, ...)."""
+        request = refcritic_pb2.CriticUpdateRequest(
+            batch=sequences_to_proto(prompts, responses),
+            returns=rows_to_proto(returns),
+            old_values=rows_to_proto(old_values),
+            epochs=epochs,
+            micro_batch_size=micro_batch_size,
+        )
+        reply = await self._call(self._stub.UpdateCritic, request)
+        self.critic_step = reply.step
+        return dict(reply.metrics)
+
+    async def save_checkpoint(self, path: str) -> CheckpointInfo:
+        reply = await self._call(self._stub.SaveCheckpoint, refcritic_pb2.CheckpointRequest(path=path))
+        self.critic_step = reply.step
+        return CheckpointInfo(reply.path, reply.step)
+
+    async def load_checkpoint(self, path: str) -> CheckpointInfo:
+        reply = await self._call(self._stub.LoadCheckpoint, refcritic_pb2.CheckpointRequest(path=path))
+        self.critic_step = reply.step
+        return CheckpointInfo(reply.path, reply.step)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> RefCriticClient:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()

@@ -1,0 +1,105 @@
+"""Python client of the reward service: plain objects in and out, rlfleet errors on failure.
+
+``RewardClient`` is async (the trainer's loop); ``SyncRewardClient`` wraps it for evaluation
+scripts and notebooks that have no event loop. Failed calls raise ``InvalidArgument``,
+``NotFound``, ``Unavailable``, ... (the gRPC error is the ``__cause__``), so callers never need
+grpc themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from services.common.grpc_client import auth_metadata, make_channel, wait_ready
+from services.common.proto.rlfleet.v1 import reward_pb2, reward_pb2_grpc
+from services.reward import server as glue
+from services.reward.types import ScoreRequest, ScoreResult, ScorerInfo
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class RewardClient:
+    """Async client; use ``async with RewardClient(addr) as client`` or call ``close()``."""
+
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_message_mb: int = 64,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = make_channel(address, max_message_mb)
+        self._stub = reward_pb2_grpc.RewardStub(self._channel)
+        self._metadata = auth_metadata(api_key)
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        await wait_ready(self._channel, timeout_s)
+
+    async def score(self, request: ScoreRequest) -> ScoreResult:
+        reply = await self._call(self._stub.Score, glue.request_to_proto(request))
+        return glue.result_from_proto(reply)
+
+    async def score_batch(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        """Results in the order of ``requests``; per-item failures are in ``result.error``."""
+        message = reward_pb2.ScoreBatchRequest(
+            requests=[glue.request_to_proto(r) for r in requests]
+        )
+        reply = await self._call(self._stub.ScoreBatch, message)
+        return [glue.result_from_proto(item) for item in reply.results]
+
+    async def list_scorers(self) -> list[ScorerInfo]:
+        reply = await self._call(self._stub.ListScorers, glue.empty())
+        return [glue.scorer_info_from_proto(info) for info in reply.scorers]
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> RewardClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _call(self, method: Callable[..., Awaitable[T]], message: Any) -> T:
+        try:
+            return await method(message, metadata=self._metadata, timeout=self.timeout_s)
+        except glue.RpcError as exc:
+            raise glue.error_from_rpc(exc) from exc
+
+
+class SyncRewardClient:
+    """Blocking wrapper with its own event loop; not for use inside a running loop."""
+
+    def __init__(self, address: str, api_key: str | None = None, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._client = self._loop.run_until_complete(_make(address, api_key, kwargs))
+
+    def score(self, request: ScoreRequest) -> ScoreResult:
+        return self._loop.run_until_complete(self._client.score(request))
+
+    def score_batch(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        return self._loop.run_until_complete(self._client.score_batch(requests))
+
+    def list_scorers(self) -> list[ScorerInfo]:
+        return self._loop.run_until_complete(self._client.list_scorers())
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self._client.close())
+            self._loop.close()
+
+    def __enter__(self) -> SyncRewardClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _make(address: str, api_key: str | None, kwargs: dict[str, Any]) -> RewardClient:
+    """Build the async client inside the wrapper's loop (channels bind to their loop)."""
+    return RewardClient(address, api_key, **kwargs)

@@ -1,0 +1,99 @@
+"""The reward service's HTTP front door (FastAPI), for tools that do not speak gRPC.
+
+Same core and same validation as gRPC; only the transport differs. When the fleet has an API
+key, every route except ``/healthz`` needs ``Authorization: Bearer <key>``: reward servers
+reachable from a network must not score for anyone who asks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from fastapi import Body, Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse
+
+from services.common import errors
+from services.reward.service import RewardService
+from services.reward.types import ScoreRequest
+
+log = logging.getLogger(__name__)
+
+STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
+    (errors.Unauthenticated, 401),
+    (errors.NotFound, 404),
+    (errors.FailedPrecondition, 409),
+    (errors.InvalidArgument, 400),
+    (errors.Unavailable, 503),
+    (TimeoutError, 504),
+]
+
+
+def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
+    """The FastAPI app; ``api_key`` None leaves it open (loopback use)."""
+    app = FastAPI(title="rlfleet reward", version="1")
+    auth = [Depends(_auth_checker(api_key))]
+
+    @app.post("/score", dependencies=auth)
+    async def score(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        return (await service.score(ScoreRequest.from_dict(body))).to_dict()
+
+    @app.post("/score_batch", dependencies=auth)
+    async def score_batch(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+        results = await service.score_batch(_batch_items(body))
+        return {"results": [result.to_dict() for result in results]}
+
+    @app.get("/scorers", dependencies=auth)
+    async def scorers() -> dict[str, Any]:
+        return {"scorers": [info.to_dict() for info in service.list_scorers()]}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        if not await service.healthy():
+            raise errors.Unavailable("Redis does not answer")
+        return {"status": "ok"}
+
+    app.add_exception_handler(errors.RlfleetError, _error_response)
+    app.add_exception_handler(TimeoutError, _error_response)
+    return app
+
+
+def _batch_items(body: dict[str, Any]) -> list[ScoreRequest]:
+    items = body.get("requests")
+    if not isinstance(items, list) or set(body) != {"requests"}:
+        raise errors.InvalidArgument('body must be {"requests": [ScoreRequest, ...]}')
+    return [ScoreRequest.from_dict(item) for item in items]
+
+
+def _auth_checker(api_key: str | None) -> Any:
+    async def check(authorization: str | None = Header(default=None)) -> None:
+        if api_key is None:
+            return
+        if not secrets.compare_digest(authorization or "", f"Bearer {api_key}"):
+            raise errors.Unauthenticated("missing or wrong API key (Authorization: Bearer <key>)")
+
+    return check
+
+
+async def _error_response(request: Request, exc: Exception) -> JSONResponse:
+    status = next((code for kind, code in STATUS_BY_ERROR if isinstance(exc, kind)), 500)
+    log.warning("HTTP %s %s -> %d: %s", request.method, request.url.path, status, exc)
+    return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=status)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn inside our own loop: the role owns SIGTERM/SIGINT, not uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def make_http_server(app: FastAPI, host: str, port: int) -> uvicorn.Server:
+    """A uvicorn server to ``await server.serve()``; set ``should_exit`` to stop it."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    return _Server(config)

@@ -1,0 +1,158 @@
+"""``rlfleet reward``: the reward service (gRPC, optional HTTP, and its workers) in one process.
+
+``--worker-only`` runs just workers against the same Redis stream, so scoring scales out by
+starting more processes; the front door does not need to know about them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from services.common.config import RlfleetConfig
+from services.common.entry import base_parser, resolve
+from services.common.grpc_server import GrpcServer, install_stop_signals
+from services.common.keys import Keys
+from services.reward.scorers import ScorerRegistry, build_registry
+from services.reward.server import registration
+from services.reward.service import RewardService, reward_queue
+from services.reward.worker import RewardWorker, consumer_name
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ITEM_TIMEOUT_S = 10.0
+DEFAULT_RECLAIM_IDLE_S = 30.0
+GRPC_GRACE_S = 5.0
+WORKER_STOP_S = 5.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = base_parser("reward", "Score responses: gRPC + HTTP front doors and workers.")
+    parser.add_argument("--port", type=int, help="gRPC port (overrides reward.port)")
+    parser.add_argument("--worker-only", action="store_true", help="run only reward workers")
+    parser.add_argument(
+        "--item-timeout-s", type=float, default=DEFAULT_ITEM_TIMEOUT_S,
+        help="longest a user scoring function may run on one item",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reclaim-idle-s", type=float, default=DEFAULT_RECLAIM_IDLE_S,
+        help="a job pending this long on another worker is taken over (that worker died)",
+    )  # fmt: skip
+    config, args = resolve(parser, "reward", argv)
+    if not config.redis_url:
+        parser.error("reward needs Redis: set redis_url=... or RLFLEET_REDIS_URL")
+    if args.port is not None:
+        config.reward.port = args.port
+    if not asyncio.run(serve(config, args)):
+        raise SystemExit(1)
+
+
+async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
+    """Run until SIGTERM/SIGINT (or a worker crash); False if a worker crashed.
+
+    The front doors stop first, so in-flight calls can still be answered by the workers.
+    """
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    keys = Keys(config.cluster)
+    registry = build_registry(config.reward)
+    worker_redis = Redis.from_url(config.redis_url)
+    pool = WorkerPool(worker_redis, keys, registry, args)
+    pool.start(config.reward.workers, on_crash=stop.set)
+    front = None if args.worker_only else await start_front_doors(config, keys, registry)
+    await stop.wait()
+    log.info("stopping reward %s", "workers" if front is None else "service")
+    if front is not None:
+        await front.stop()
+    await pool.stop()
+    await worker_redis.aclose()
+    return not pool.crashed
+
+
+class WorkerPool:
+    """``count`` RewardWorker tasks in this process, each its own consumer of the stream."""
+
+    def __init__(
+        self, redis: Redis, keys: Keys, registry: ScorerRegistry, args: argparse.Namespace
+    ) -> None:
+        self.redis, self.keys, self.registry, self.args = redis, keys, registry, args
+        self.tasks: list[asyncio.Task] = []
+        self.crashed = False
+        self._stop = asyncio.Event()
+
+    def start(self, count: int, on_crash: Any) -> None:
+        for index in range(count):
+            worker = RewardWorker(
+                reward_queue(self.redis, self.keys),
+                self.registry,
+                consumer_name(index),
+                item_timeout_s=self.args.item_timeout_s,
+                reclaim_idle_s=self.args.reclaim_idle_s,
+            )
+            task = asyncio.create_task(worker.run(self._stop), name=worker.consumer)
+            task.add_done_callback(lambda t: self._on_done(t, on_crash))
+            self.tasks.append(task)
+        log.info("%d reward worker(s) running", count)
+
+    def _on_done(self, task: asyncio.Task, on_crash: Any) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("reward worker %s crashed", task.get_name(), exc_info=task.exception())
+            self.crashed = True
+            on_crash()
+
+    async def stop(self) -> None:
+        """Let workers finish their current batch; cancel any still busy after WORKER_STOP_S."""
+        self._stop.set()
+        if not self.tasks:
+            return
+        _, pending = await asyncio.wait(self.tasks, timeout=WORKER_STOP_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+@dataclass
+class FrontDoors:
+    """The gRPC server, the optional HTTP server, and the Redis client they share."""
+
+    grpc_server: GrpcServer
+    http_server: Any
+    http_task: asyncio.Task | None
+    redis: Redis
+
+    async def stop(self) -> None:
+        await self.grpc_server.stop(GRPC_GRACE_S)
+        if self.http_server is not None and self.http_task is not None:
+            self.http_server.should_exit = True
+            await self.http_task
+        await self.redis.aclose()
+
+
+async def start_front_doors(
+    config: RlfleetConfig, keys: Keys, registry: ScorerRegistry
+) -> FrontDoors:
+    redis = Redis.from_url(config.redis_url)
+    service = RewardService(redis, keys, config.reward, registry)
+    await service.start()
+    rc = config.reward
+    grpc_server = GrpcServer(
+        [registration(service)], rc.host, rc.port, config.max_message_mb, config.api_key
+    )
+    await grpc_server.start()
+    http_server = http_task = None
+    if rc.http_port is not None:
+        from services.reward.http import create_app, make_http_server
+
+        http_server = make_http_server(create_app(service, config.api_key), rc.host, rc.http_port)
+        http_task = asyncio.create_task(http_server.serve(), name="reward-http")
+        log.info("reward HTTP on %s:%d", rc.host, rc.http_port)
+    return FrontDoors(grpc_server, http_server, http_task, redis)
+
+
+if __name__ == "__main__":
+    main()

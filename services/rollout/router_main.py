@@ -1,0 +1,58 @@
+"""``rlfleet router``: the generation front door, until SIGTERM/SIGINT.
+
+The router holds no state of its own (it all lives in Redis), so it needs ``redis_url`` and
+can be restarted or run several times side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.common.config import RlfleetConfig
+from services.common.entry import base_parser, resolve
+
+log = logging.getLogger(__name__)
+
+
+async def serve(config: RlfleetConfig, port: int) -> None:
+    """Run the gRPC server and the janitor until a stop signal arrives."""
+    from redis.asyncio import Redis
+
+    from services.common.grpc_server import GrpcServer, install_stop_signals
+    from services.common.keys import Keys
+    from services.rollout.router import RouterCore
+    from services.rollout.router_server import registrations
+
+    redis = Redis.from_url(config.redis_url)
+    core = RouterCore(redis, Keys(config.cluster), config)
+    server = GrpcServer(
+        registrations(core), config.router.host, port, config.max_message_mb, config.api_key
+    )
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    await server.start()
+    core.start()
+    log.info("router ready on %s:%d (cluster %s)", config.router.host, server.port, config.cluster)
+    try:
+        await stop.wait()
+        log.info("router stopping")
+    finally:
+        await server.stop()
+        await core.close()
+        await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("router", "Route Generate calls to rollout replicas (least in-flight, sticky).")
+    parser.add_argument("--port", type=int, help="gRPC port (overrides router.port; 0 = any free)")
+    config, args = resolve(parser, "router", argv)
+    if not config.redis_url:
+        parser.error("the router needs redis_url (set RLFLEET_REDIS_URL or redis_url=...)")
+    port = config.router.port if args.port is None else args.port
+    asyncio.run(serve(config, port))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

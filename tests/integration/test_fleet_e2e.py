@@ -1,0 +1,70 @@
+"""A short GRPO run through the whole fleet, started the way users start it (`rlfleet up`):
+embedded Redis, router, two rollout replicas, reward, refcritic and trainer, each a real
+process talking gRPC. The trainer refuses any response whose weight version differs from
+its own, so a completed run means every trained response carried the current version."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "models" / "tiny-qwen2-arith"
+
+pytestmark = pytest.mark.slow
+
+
+def run_up(run_dir: Path, backend: str, steps: int = 3) -> subprocess.CompletedProcess:
+    argv = [
+        sys.executable, "-m", "services.cli", "up", "--config", str(ROOT / "configs" / "default.yaml"),
+        "--rollout-replicas", "2", f"run_dir={run_dir}", f"cluster=e2e{backend}",
+        f"rollout.backend={backend}", f"trainer.total_steps={steps}", "data.val_size=16",
+        "data.train_batch_size=4", "trainer.replica_wait_s=240",
+    ]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "RLFLEET_REDIS_URL"}
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_three_grpo_steps_through_every_service(tmp_path, backend):
+    run_dir = tmp_path / "run"
+    result = run_up(run_dir, backend)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    # version 1 is pushed at start; each step trains on version k and then pushes k + 1
+    assert [m["training/weight_version"] for m in metrics] == [2.0, 3.0, 4.0]
+    for m in metrics:
+        assert 0.0 <= m["critic/score/mean"] <= 1.0
+        assert m["weight_sync/replicas"] == 2.0
+        assert "actor/pg_loss" in m and "actor/kl_loss" in m and "timing_s/gen" in m
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == 3
+    assert (Path(summary["checkpoint"]) / "model.safetensors").is_file()
+    assert Path(summary["reward_curve"]).is_file()
+    assert "held-out" in result.stdout
+
+
+def test_up_stops_everything_and_names_the_failed_service(tmp_path):
+    """A fleet whose services cannot start stops as a whole, says which one failed and why,
+    and leaves no process behind."""
+    marker = tmp_path / "failing-run"
+    argv = [
+        sys.executable, "-m", "services.cli", "up", "--rollout-replicas", "1",
+        f"run_dir={marker}", "rollout.backend=hf", f"model.path={tmp_path / 'no-such-model'}",
+        "trainer.total_steps=1",
+    ]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "exited with code" in result.stderr and "stopping the fleet" in result.stderr
+    leftover = subprocess.run(["pgrep", "-f", str(marker)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", f"processes left behind: {leftover.stdout}"

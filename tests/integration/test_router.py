@@ -1,0 +1,193 @@
+"""The router against a real Redis.
+
+First the core with in-process stand-in replicas (a replica reduced to its Redis contract:
+registry entry, heartbeat, its own stream), which pins down routing, migration and accounting
+quickly; then (slow) the real thing: router and replicas as subprocesses, called over gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from services.common.config import load_config
+from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.common.keys import Keys
+from services.common.workqueue import WorkQueue
+from services.rollout.registry import ReplicaInfo, ReplicaRegistry
+from services.rollout.router import RouterCore
+from services.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
+
+TTL_S = 0.6
+
+
+class StandIn:
+    """Registers, heartbeats and answers its stream like a replica, without a model.
+
+    ``answer=False`` takes jobs and never completes them (a replica stuck mid-request);
+    ``error`` completes every job with that error message.
+    """
+
+    def __init__(self, redis, keys, replica_id, version=0, answer=True, error=None):
+        self.replica_id, self.version, self.answer, self.error = replica_id, version, answer, error
+        self.registry = ReplicaRegistry(redis, keys, TTL_S)
+        self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), "rollout")
+        self.seen: list[str] = []
+        self.tasks: list[asyncio.Task] = []
+
+    async def start(self) -> StandIn:
+        await self.queue.ensure_group()
+        info = ReplicaInfo(self.replica_id, "stand-in:0", self.version, "serving", "none")
+        await self.registry.register(info)
+        self.tasks = [asyncio.create_task(self._beat()), asyncio.create_task(self._serve())]
+        return self
+
+    async def kill(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(TTL_S / 4)
+            await self.registry.heartbeat(self.replica_id)
+
+    async def _serve(self) -> None:
+        while True:
+            for job in await self.queue.read(self.replica_id, count=16, block_ms=50):
+                self.seen.append(job.request_id)
+                if self.answer:
+                    await self.queue.complete(job, self._result(job.payload), self.error)
+
+    def _result(self, payload: bytes) -> bytes:
+        request = GenerateRequest.from_json(payload)
+        done = Completion([3, 4], [-0.1, -0.2], "34", "stop")
+        return GenerateResult(request.request_id, [done], self.version, self.replica_id).to_json()
+
+
+def make_request(request_id: str, session: str = "", min_version: int = 0, timeout_s=0.0):
+    return GenerateRequest(
+        request_id, SamplingParams(max_tokens=2), prompt_text="1+2=", session_id=session,
+        min_weight_version=min_version, timeout_s=timeout_s,
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def router(redis_client: aioredis.Redis, keys: Keys):
+    overrides = ["router.janitor_interval_s=0.1", "router.max_inflight_per_replica=4"]
+    core = RouterCore(redis_client, keys, load_config(overrides=overrides, env={}))
+    core.start()
+    yield core
+    await core.close()
+
+
+@pytest.fixture
+async def spawn(redis_client: aioredis.Redis, keys: Keys):
+    """Start stand-in replicas; all are stopped at the end of the test."""
+    started: list[StandIn] = []
+
+    async def start(replica_id: str, **options) -> StandIn:
+        started.append(await StandIn(redis_client, keys, replica_id, **options).start())
+        return started[-1]
+
+    yield start
+    for stand_in in started:
+        await stand_in.kill()
+
+
+async def inflight(redis_client, keys) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in (await redis_client.hgetall(keys.inflight)).items()}
+
+
+async def test_one_session_sticks_and_sessions_spread(router, spawn):
+    await spawn("a"), await spawn("b")
+    served = {(await router.generate(make_request(f"s-{i}", "s"))).replica_id for i in range(6)}
+    assert len(served) == 1
+    spread = [router.generate(make_request(f"g{i}", f"group{i}")) for i in range(16)]
+    assert {r.replica_id for r in await asyncio.gather(*spread)} == {"a", "b"}
+
+
+async def test_load_cap_breaks_stickiness_and_counts_return_to_zero(router, spawn, redis_client, keys):
+    await spawn("a"), await spawn("b")
+    burst = [router.generate(make_request(f"r{i}", "one-group")) for i in range(12)]
+    results = await asyncio.gather(*burst)
+    assert {r.replica_id for r in results} == {"a", "b"}  # cap 4 spills the group over
+    assert set((await inflight(redis_client, keys)).values()) == {0}
+
+
+async def test_answer_is_idempotent_on_request_id(router, spawn):
+    a = await spawn("a")
+    first = await router.generate(make_request("same", "s"))
+    again = await router.generate(make_request("same", "other-session"))
+    assert first == again
+    assert a.seen == ["same"]
+
+
+async def test_version_gate_refuses_quickly_with_reason(router, spawn):
+    await spawn("a", version=1)
+    began = time.monotonic()
+    with pytest.raises(Unavailable, match=r"version >= 5 \(newest is 1\)"):
+        await router.generate(make_request("v", min_version=5))
+    assert time.monotonic() - began < 5
+    assert (await router.generate(make_request("v1", min_version=1))).weight_version == 1
+
+
+async def test_request_waits_for_a_replica_to_register(router, spawn):
+    pending = asyncio.create_task(router.generate(make_request("early")))
+    await asyncio.sleep(0.5)
+    await spawn("late")
+    assert (await pending).replica_id == "late"
+
+
+async def test_dead_replicas_queued_work_is_answered_by_another(router, spawn, redis_client, keys):
+    stuck = await spawn("stuck", answer=False)
+    pending = asyncio.create_task(router.generate(make_request("rescued", "s")))
+    queued = [router.generate(make_request(f"q{i}")) for i in range(3)]
+    queued_tasks = [asyncio.create_task(call) for call in queued]
+    while len(stuck.seen) < 4:
+        await asyncio.sleep(0.02)
+    await spawn("healthy")
+    await stuck.kill()  # its heartbeat expires; the janitor moves its stream
+    assert (await pending).replica_id == "healthy"
+    assert {r.replica_id for r in await asyncio.gather(*queued_tasks)} == {"healthy"}
+    for _ in range(50):  # deregistered once its stream stays empty
+        if [v.info.replica_id for v in await router.list_replicas()] == ["healthy"]:
+            break
+        await asyncio.sleep(0.1)
+    assert [v.info.replica_id for v in await router.list_replicas()] == ["healthy"]
+    assert await inflight(redis_client, keys) == {"healthy": 0}
+    assert (await router.generate(make_request("after", "s"))).replica_id == "healthy"
+
+
+async def test_drained_replica_gets_no_new_work(router, spawn):
+    await spawn("a"), await spawn("b")
+    home = (await router.generate(make_request("d0", "s"))).replica_id
+    view = await router.drain_replica(home)
+    assert (view.state, view.draining) == ("draining", True)
+    others = {(await router.generate(make_request(f"d{i}", "s"))).replica_id for i in range(1, 5)}
+    assert home not in others and len(others) == 1
+    with pytest.raises(NotFound):
+        await router.drain_replica("nope")
+    await router.drain_replica(others.pop())
+    with pytest.raises(Unavailable, match="being drained"):
+        await router.generate(make_request("none-left", timeout_s=0.5))
+
+
+async def test_replica_errors_keep_their_meaning(router, spawn):
+    await spawn("bad", error="InvalidArgument: prompt longer than max_model_len")
+    with pytest.raises(InvalidArgument, match="max_model_len"):
+        await router.generate(make_request("e1"))
+    with pytest.raises(InvalidArgument):  # the stored error answers a retry, too
+        await router.generate(make_request("e1"))
+
+
+async def test_invalid_request_and_timeout(router, spawn, redis_client, keys):
+    with pytest.raises(InvalidArgument):
+        await router.generate(make_request(""))
+    await spawn("slow", answer=False)
+    with pytest.raises(TimeoutError, match="routed to slow"):
+        await router.generate(make_request("t", timeout_s=0.3))
+    assert await inflight(redis_client, keys) == {"slow": 0}

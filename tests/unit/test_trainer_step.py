@@ -1,0 +1,156 @@
+"""The trainer's step logic with in-process fakes for the other services.
+
+The actor is a real (tiny, random) Qwen2 model; generation samples from that same model so
+the step is genuinely on-policy, and the reward prefers one token. The integration tests
+run the same step through real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from services.common.config import load_config
+from services.common.errors import FailedPrecondition
+from services.reward.types import ScoreResult
+from services.rollout.types import Completion, GenerateResult
+from services.trainer.actor import Actor
+from services.trainer.data import PromptRecord
+from services.trainer.fleet import Fleet
+from services.trainer.trainer import Trainer
+
+VOCAB = 16
+GOOD_TOKEN = 5
+
+
+def tiny_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=32,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+class CharTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+class SamplingRollout:
+    """Samples from the actor's own model; reports a configurable weight version."""
+
+    def __init__(self, model, version_offset: int = 0) -> None:
+        self.model = model
+        self.version_offset = version_offset
+        self.requests = []
+
+    async def generate(self, request):
+        self.requests.append(request)
+        prompt = torch.tensor([request.prompt_token_ids])
+        with torch.no_grad():
+            out = self.model.generate(
+                prompt.repeat(request.sampling.n, 1), do_sample=True,
+                max_new_tokens=request.sampling.max_tokens, min_new_tokens=request.sampling.max_tokens,
+                pad_token_id=0,
+            )
+        completions = [
+            Completion(row[prompt.shape[1]:].tolist(), [], "", "length") for row in out
+        ]
+        version = request.min_weight_version + self.version_offset
+        return GenerateResult(request.request_id, completions, version, "fake-0")
+
+    async def close(self):
+        pass
+
+
+class CountingReward:
+    async def score_batch(self, requests):
+        return [ScoreResult(r.id, r.solution_str.count(chr(ord("a") + GOOD_TOKEN)) / 2, {}, "")
+                for r in requests]
+
+    async def close(self):
+        pass
+
+
+class FrozenRef:
+    def __init__(self, actor):
+        self.actor = actor
+
+    async def ref_logprobs(self, prompts, responses):
+        return [[0.0] * len(r) for r in responses]
+
+    async def close(self):
+        pass
+
+
+class RecordingSync:
+    def __init__(self):
+        self.pushed = []
+
+    async def push(self, state, version, flush=True, only_stale=False):
+        self.pushed.append(version)
+        return {"timing_s/update_weights": 0.0}
+
+    async def wait_for_replicas(self, count, timeout_s):
+        return []
+
+    async def close(self):
+        pass
+
+
+def make_trainer(version_offset=0, **overrides):
+    items = {"trainer.lr": 5e-3, "rollout.max_tokens": 2, "rollout.n": 8, **overrides}
+    config = load_config(None, [f"{k}={v}" for k, v in items.items()], env={})
+    model = tiny_model()
+    actor = Actor(config, model, pad_id=0)
+    fleet = Fleet(SamplingRollout(model, version_offset), CountingReward(), FrozenRef(actor),
+                  RecordingSync())
+    return Trainer(config, fleet, actor, CharTokenizer())
+
+
+def prompts(count=4):
+    return [PromptRecord("p", "count", "", {}, [1, 2, 3 + i % 3]) for i in range(count)]
+
+
+def good_token_probability(trainer) -> float:
+    with torch.no_grad():
+        logits = trainer.actor.model(torch.tensor([[1, 2, 3]])).logits[0, -1]
+    return torch.softmax(logits, -1)[GOOD_TOKEN].item()
+
+
+def test_step_pushes_next_version_and_reports_verl_metrics():
+    trainer = make_trainer()
+    asyncio.run(trainer.start(1, 1.0))
+    metrics = asyncio.run(trainer.train_step(prompts()))
+    assert trainer.fleet.weight_sync.pushed == [1, 2]
+    assert trainer.version == 2
+    for name in ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "timing_s/gen",
+                 "timing_s/update_weights", "response_length/mean", "critic/advantages/mean"):
+        assert name in metrics, name
+    requests = trainer.fleet.rollout.requests
+    assert all(r.min_weight_version == 1 for r in requests)
+    assert len({r.session_id for r in requests}) == len(requests)  # one session per group
+
+
+def test_responses_from_other_weight_versions_are_refused():
+    trainer = make_trainer(version_offset=-1)
+    asyncio.run(trainer.start(1, 1.0))
+    with pytest.raises(FailedPrecondition, match="weight versions"):
+        asyncio.run(trainer.train_step(prompts()))
+    assert trainer.version == 1  # nothing was trained or pushed
+
+
+def test_grpo_steps_raise_probability_of_rewarded_token():
+    trainer = make_trainer(**{"trainer.use_kl_loss": "false"})
+    asyncio.run(trainer.start(1, 1.0))
+    before = good_token_probability(trainer)
+    for _ in range(15):
+        asyncio.run(trainer.train_step(prompts(8)))
+    after = good_token_probability(trainer)
+    assert after > before * 1.5, (before, after)

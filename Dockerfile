@@ -85,9 +85,10 @@ COPY scripts/ scripts/
 COPY services/ services/
 RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
     && rlfleet --help >/dev/null
+# The default job's tiny policy is normally committed under models/; build it when it is not.
+RUN test -f models/tiny-qwen2-arith/config.json || python scripts/build_tiny_model.py
 COPY configs/ configs/
 
 USER rlfleet
-# The runs volume (metrics, checkpoints) is created owned by rlfleet from this directory.
-VOLUME ["/runs"]
+# docker-compose.yml mounts a named volume at /runs; a new volume copies this directory's owner.
 CMD ["rlfleet", "--help"]

@@ -156,7 +156,8 @@ def load_split(path: Path) -> list:
 
 def model_card(args: argparse.Namespace, result: SftResult, n_params: int, n_test: int) -> str:
     """The README saved next to the weights: how it was built and what it measured."""
-    curve = ", ".join(f"{s}: {a:.3f}" for s, a in result.history)
+    shown = [(s, a) for s, a in result.history if s % 50 == 0 or s == result.steps]
+    curve = ", ".join(f"{s}: {a:.3f}" for s, a in shown)
     return f"""# tiny-qwen2-arith
 
 A {n_params:,}-parameter Qwen2-architecture causal LM for two-digit addition, the starting
@@ -172,7 +173,11 @@ policy of rlfleet's default GRPO job. Built by `scripts/build_tiny_model.py` (se
   so that RL has room to improve it.
 - Result: **{result.steps} steps, {result.seconds:.1f} s, greedy held-out accuracy
   {result.accuracy:.3f}** on {n_test} held-out problems (4 new tokens, leading integer compared).
-- Accuracy by step: {curve}.
+- Held-out accuracy by step: {curve}.
+- Loading: use `services.common.model_io.load_tokenizer` (or `PreTrainedTokenizerFast`).
+  transformers 5's `AutoTokenizer` substitutes `Qwen2Tokenizer` for any qwen2 model; it
+  encodes and decodes this alphabet identically but drops unknown characters instead of
+  mapping them to `<unk>`.
 """
 
 

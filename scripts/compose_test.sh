@@ -19,6 +19,7 @@
 #   RLFLEET_BASE_IMAGE=...        base image; default: a registry image if one can be pulled,
 #                                 else local/debian:bookworm made with debootstrap
 #   RLFLEET_DOCKER_STATE=DIR      engine state directory (default: <repo>/.docker-test)
+# Argument --build-only: stop after building the images (still stops its dockerd).
 set -euo pipefail
 
 export PATH="/usr/sbin:/usr/bin:/sbin:/bin:${PATH}"
@@ -27,7 +28,7 @@ STATE="${RLFLEET_DOCKER_STATE:-${ROOT}/.docker-test}"
 STEPS="${COMPOSE_TEST_STEPS:-3}"
 REPLICAS="${COMPOSE_TEST_REPLICAS:-2}"
 TIMEOUT="${COMPOSE_TEST_TIMEOUT:-1200}"
-CLUSTER="compose"
+CLUSTER="${RLFLEET_CLUSTER:-compose}"
 LOCAL_BASE="local/debian:bookworm"
 export COMPOSE_PROJECT_NAME="${COMPOSE_PROJECT_NAME:-rlfleet-test}"
 export COMPOSE_FILE="${ROOT}/docker-compose.yml"
@@ -284,6 +285,7 @@ main() {
     choose_base_image
     phase "image build"
     build_images
+    if [[ "${1:-}" == --build-only ]]; then RESULT="PASS"; return 0; fi
     phase "fleet up (healthy)"
     compose_up
     phase "training (${STEPS} steps)"

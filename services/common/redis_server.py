@@ -10,15 +10,21 @@ collide with (or be mistaken for) a server somebody else runs.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -94,21 +100,28 @@ class EmbeddedRedis:
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> EmbeddedRedis:
-        """Start the server and return once it answers PING."""
+        """Start the server and return once it answers."""
         if self.running:
             raise RuntimeError(f"server already running on port {self.port}")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_on_some_port()
+        except BaseException:  # incl. Ctrl-C while waiting: never leave the child behind
+            self.stop()
+            raise
+        log.info("embedded Redis (pid %d) at %s", self._proc.pid, self.url)
+        atexit.register(self.stop)
+        return self
+
+    def _start_on_some_port(self) -> None:
         fixed_port = self.port != 0
         attempts = 1 if fixed_port else 3
         for attempt in range(attempts):
             if not fixed_port:
                 self.port = free_port()
             if self._launch_and_wait(last=attempt == attempts - 1):
-                log.info("embedded Redis (pid %d) at %s", self._proc.pid, self.url)
-                atexit.register(self.stop)
-                return self
+                return
             log.warning("Redis exited at start on port %d (port taken?), retrying", self.port)
-        raise AssertionError("unreachable: the last attempt raises")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop our own child: SIGTERM, then SIGKILL if it does not exit in time."""
@@ -160,34 +173,53 @@ class EmbeddedRedis:
         with open(self.log_path, "ab") as logfile:
             self._log_offset = logfile.tell()
             self._proc = subprocess.Popen(
-                self._command(), stdout=logfile, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                self._command(),
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
-        deadline = time.monotonic() + self.startup_timeout_s
+        deadline, pid = time.monotonic() + self.startup_timeout_s, self._proc.pid
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 if last:
                     self._fail(f"exited with code {self._proc.returncode}")
                 self._proc = None
                 return False
-            if self._answers_ping():
+            if self._answers_as_ours():
                 return True
             time.sleep(0.02)
         self.stop()
-        self._fail(f"did not answer PING within {self.startup_timeout_s:.0f}s")
+        self._fail(f"did not answer as pid {pid} within {self.startup_timeout_s:.0f}s")
         return False
 
-    def _answers_ping(self) -> bool:
-        """One raw PING with a short timeout: no client retries stretching start-up checks,
-        and a server still loading its data (``-LOADING``) does not count as ready."""
+    def _answers_as_ours(self) -> bool:
+        """Ready means: it answers, with our child's pid. Another server already on that port
+        must never pass for ours (tests flush what they start). No retries, short timeouts:
+        each check is one quick probe; a server still loading its data is not ready yet."""
+        client = redis.Redis(
+            port=self.port,
+            socket_timeout=0.2,
+            socket_connect_timeout=0.2,
+            retry=Retry(NoBackoff(), 0),
+        )
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(64).startswith(b"+PONG")
-        except OSError:
+            return int(client.info("server")["process_id"]) == self._proc.pid
+        except (redis.ConnectionError, redis.TimeoutError):  # includes BusyLoadingError
             return False
+        finally:
+            client.close()
 
     def _fail(self, why: str) -> None:
         self._proc = None
         raise RuntimeError(
             f"Redis server on port {self.port} {why}; log {self.log_path}:\n{self.log_tail()}"
         )
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: the kernel sends it SIGTERM when the thread that started
+    it exits, so a parent killed outright (SIGKILL, a CI timeout's SIGTERM) leaves no server
+    behind. Hence: call ``start()`` from a long-lived thread, normally the main one."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

@@ -7,9 +7,9 @@ wrong targets. Everything is a pure function over lists and tensors, one forward
 Layout: prompts are LEFT-padded and responses RIGHT-padded, so every prompt ends in the same
 column ``P`` (the longest prompt) and every response starts there::
 
-    [pad pad p0 p1 p2 | r0 r1 r2 pad]
-    [ p0 p1 p2 p3 p4  | r0 pad pad pad]
-                      ^ column P = response_start
+    [pad pad p0 p1 p2 | r0 r1  r2 ]
+    [p0  p1  p2 p3 p4 | r0 pad pad]
+                        ^ column P = response_start (here 5; R = 3)
 
 Response token ``t`` sits in column ``P + t`` and is predicted by the model's output at column
 ``P - 1 + t`` (the *state before* token ``t``: the prompt plus ``r_0..r_{t-1}``). So the
@@ -69,6 +69,15 @@ def _padded_row(prompt: list[int], response: list[int], width_p: int, width_r: i
     return ids, mask
 
 
+def _check_pairs(prompts: list[list[int]], responses: list[list[int]]) -> None:
+    if not prompts or len(prompts) != len(responses):
+        raise ValueError(
+            f"need as many prompts as responses, >= 1 (got {len(prompts)}, {len(responses)})"
+        )
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+
+
 def pack_sequences(
     prompts: list[list[int]],
     responses: list[list[int]],
@@ -76,19 +85,16 @@ def pack_sequences(
     device: torch.device | str | None = None,
 ) -> Packed:
     """Pack pairs into the layout in the module docstring. ``pad_id`` only fills masked cells."""
-    if not prompts or len(prompts) != len(responses):
-        raise ValueError(f"need as many prompts as responses, >= 1 (got {len(prompts)}, "
-                         f"{len(responses)})")
-    if any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+    _check_pairs(prompts, responses)
     width_p, width_r = max(map(len, prompts)), max(map(len, responses))
-    rows = [_padded_row(p, r, width_p, width_r, pad_id) for p, r in zip(prompts, responses)]
+    pairs = zip(prompts, responses, strict=True)
+    rows = [_padded_row(p, r, width_p, width_r, pad_id) for p, r in pairs]
     input_ids = torch.tensor([ids for ids, _ in rows], dtype=torch.long, device=device)
     attention_mask = torch.tensor([mask for _, mask in rows], dtype=torch.long, device=device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp_min(0)
     response_mask = attention_mask[:, width_p:].to(torch.float32)
-    return Packed(input_ids, attention_mask, position_ids, response_mask, width_p,
-                  [len(p) for p in prompts], [len(r) for r in responses])
+    lengths = [len(p) for p in prompts], [len(r) for r in responses]
+    return Packed(input_ids, attention_mask, position_ids, response_mask, width_p, *lengths)
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:

@@ -67,12 +67,10 @@ def _check_sequence(index: int, prompt: list[int], response: list[int], limits: 
 def validate_batch(batch: SequenceBatch, limits: BatchLimits) -> None:
     """Raise InvalidArgument unless the batch is non-empty and every sequence fits the model."""
     if len(batch.prompts) != len(batch.responses):
-        raise InvalidArgument(
-            f"{len(batch.prompts)} prompts but {len(batch.responses)} responses"
-        )
+        raise InvalidArgument(f"{len(batch.prompts)} prompts but {len(batch.responses)} responses")
     if not batch.prompts:
         raise InvalidArgument("the batch is empty")
-    for index, (prompt, response) in enumerate(zip(batch.prompts, batch.responses)):
+    for index, (prompt, response) in enumerate(zip(batch.prompts, batch.responses, strict=True)):
         _check_sequence(index, prompt, response, limits)
 
 
@@ -80,7 +78,7 @@ def validate_rows(rows: list[list[float]], batch: SequenceBatch, name: str) -> N
     """Raise InvalidArgument unless ``rows`` holds one finite value per response token."""
     if len(rows) != len(batch):
         raise InvalidArgument(f"{name}: {len(rows)} rows for {len(batch)} sequences")
-    for index, (row, length) in enumerate(zip(rows, batch.response_lengths)):
+    for index, (row, length) in enumerate(zip(rows, batch.response_lengths, strict=True)):
         if len(row) != length:
             raise InvalidArgument(
                 f"{name}: row {index} has {len(row)} values for {length} response tokens"

@@ -29,7 +29,7 @@ def sequences_to_proto(
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
     sequences = [
         refcritic_pb2.Sequence(prompt_token_ids=p, response_token_ids=r)
-        for p, r in zip(prompts, responses)
+        for p, r in zip(prompts, responses, strict=True)
     ]
     return refcritic_pb2.SequenceBatch(sequences=sequences)
 
@@ -69,10 +69,14 @@ class RefCriticClient:
         self, prompts: list[list[int]], responses: list[list[int]]
     ) -> list[list[float]]:
         """Reference log-prob of every response token, one list per sequence."""
-        reply = await self._call(self._stub.ComputeRefLogProbs, sequences_to_proto(prompts, responses))
+        reply = await self._call(
+            self._stub.ComputeRefLogProbs, sequences_to_proto(prompts, responses)
+        )
         return rows_from_proto(reply)
 
-    async def values(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+    async def values(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> list[list[float]]:
         """Critic value of the state before every response token, one list per sequence."""
         reply = await self._call(self._stub.ComputeValues, sequences_to_proto(prompts, responses))
         return rows_from_proto(reply)
@@ -99,12 +103,16 @@ class RefCriticClient:
         return dict(reply.metrics)
 
     async def save_checkpoint(self, path: str) -> CheckpointInfo:
-        reply = await self._call(self._stub.SaveCheckpoint, refcritic_pb2.CheckpointRequest(path=path))
+        reply = await self._call(
+            self._stub.SaveCheckpoint, refcritic_pb2.CheckpointRequest(path=path)
+        )
         self.critic_step = reply.step
         return CheckpointInfo(reply.path, reply.step)
 
     async def load_checkpoint(self, path: str) -> CheckpointInfo:
-        reply = await self._call(self._stub.LoadCheckpoint, refcritic_pb2.CheckpointRequest(path=path))
+        reply = await self._call(
+            self._stub.LoadCheckpoint, refcritic_pb2.CheckpointRequest(path=path)
+        )
         self.critic_step = reply.step
         return CheckpointInfo(reply.path, reply.step)
 

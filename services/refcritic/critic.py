@@ -119,7 +119,9 @@ class Critic:
         validate_batch(batch, self.limits)
         validate_rows(returns, batch, "returns")
         validate_rows(old_values, batch, "old_values")
-        micros = self._prepare(batch, returns, old_values, micro_batch_size or self.micro_batch_size)
+        micros = self._prepare(
+            batch, returns, old_values, micro_batch_size or self.micro_batch_size
+        )
         self.model.train()
         try:
             steps = [self._optimizer_step(micros) for _ in range(epochs or self.epochs)]
@@ -130,13 +132,15 @@ class Critic:
         return metrics
 
     def _prepare(self, batch: SequenceBatch, returns, old_values, size: int) -> list[MicroBatch]:
-        keys = [(len(p), len(r)) for p, r in zip(batch.prompts, batch.responses)]
+        keys = [(len(p), len(r)) for p, r in zip(batch.prompts, batch.responses, strict=True)]
         total = sum(batch.response_lengths)
         micros = []
         for group in micro_batches(keys, size):
             packed = pack_sequences(
-                [batch.prompts[i] for i in group], [batch.responses[i] for i in group],
-                self.pad_id, self.device,
+                [batch.prompts[i] for i in group],
+                [batch.responses[i] for i in group],
+                self.pad_id,
+                self.device,
             )
             width = packed.response_width
             ret = pad_rows([returns[i] for i in group], width, self.device)
@@ -169,8 +173,11 @@ class Critic:
         )
         (vf_loss * micro.token_share).backward()
         vpred_mean = masked_mean(vpreds.detach(), mask)
-        return {"critic/vf_loss": vf_loss.item(), "critic/vf_clipfrac": clipfrac.item(),
-                "critic/vpred_mean": vpred_mean.item()}
+        return {
+            "critic/vf_loss": vf_loss.item(),
+            "critic/vf_clipfrac": clipfrac.item(),
+            "critic/vpred_mean": vpred_mean.item(),
+        }
 
     def save(self, path: str | Path) -> str:
         """Weights (safetensors), optimizer state and step into directory ``path``; returns it.
@@ -195,9 +202,13 @@ class Critic:
         if not (directory / STATE_FILE).is_file():
             raise NotFound(f"no critic checkpoint at {directory} (missing {STATE_FILE})")
         try:
-            load_model(self.model, str(directory / MODEL_FILE), strict=True, device=str(self.device))
+            load_model(
+                self.model, str(directory / MODEL_FILE), strict=True, device=str(self.device)
+            )
         except RuntimeError as exc:
-            raise InvalidArgument(f"checkpoint {directory} does not fit this critic: {exc}") from exc
+            raise InvalidArgument(
+                f"checkpoint {directory} does not fit this critic: {exc}"
+            ) from exc
         state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state)
         self.step = int(json.loads((directory / STATE_FILE).read_text())["step"])

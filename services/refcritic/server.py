@@ -69,8 +69,13 @@ class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):
         prompts, responses = sequences_from_proto(request.batch)
         returns, old_values = rows_from_proto(request.returns), rows_from_proto(request.old_values)
         metrics = await self._run(
-            critic.update, prompts, responses, returns, old_values,
-            request.epochs or None, request.micro_batch_size or None,
+            critic.update,
+            prompts,
+            responses,
+            returns,
+            old_values,
+            request.epochs or None,
+            request.micro_batch_size or None,
         )
         return refcritic_pb2.CriticUpdateResponse(metrics=metrics, step=critic.step)
 

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Body, Depends, FastAPI, Header, Request
@@ -22,6 +22,8 @@ from services.reward.service import RewardService
 from services.reward.types import ScoreRequest
 
 log = logging.getLogger(__name__)
+
+JsonObject = Annotated[dict[str, Any], Body()]
 
 STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (errors.Unauthenticated, 401),
@@ -39,11 +41,11 @@ def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
     auth = [Depends(_auth_checker(api_key))]
 
     @app.post("/score", dependencies=auth)
-    async def score(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    async def score(body: JsonObject) -> dict[str, Any]:
         return (await service.score(ScoreRequest.from_dict(body))).to_dict()
 
     @app.post("/score_batch", dependencies=auth)
-    async def score_batch(body: dict[str, Any] = Body(...)) -> dict[str, Any]:
+    async def score_batch(body: JsonObject) -> dict[str, Any]:
         results = await service.score_batch(_batch_items(body))
         return {"results": [result.to_dict() for result in results]}
 

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from services.common.config import RlfleetConfig
 from services.common.entry import base_parser, resolve
@@ -20,8 +20,8 @@ from services.common.grpc_server import GrpcServer, install_stop_signals
 from services.common.keys import Keys
 from services.reward.scorers import ScorerRegistry, build_registry
 from services.reward.server import registration
-from services.reward.service import RewardService, reward_queue
-from services.reward.worker import RewardWorker, consumer_name
+from services.reward.service import REDIS_CONCURRENCY, RewardService, reward_queue
+from services.reward.worker import ANSWER_CONCURRENCY, RewardWorker, consumer_name
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
     install_stop_signals(stop)
     keys = Keys(config.cluster)
     registry = build_registry(config.reward)
-    worker_redis = Redis.from_url(config.redis_url)
+    worker_redis = redis_client(config.redis_url, config.reward.workers * (ANSWER_CONCURRENCY + 2))
     pool = WorkerPool(worker_redis, keys, registry, args)
     pool.start(config.reward.workers, on_crash=stop.set)
     front = None if args.worker_only else await start_front_doors(config, keys, registry)
@@ -72,6 +72,13 @@ async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
     await pool.stop()
     await worker_redis.aclose()
     return not pool.crashed
+
+
+def redis_client(url: str, max_connections: int) -> Redis:
+    """A client whose burst of calls waits for a free connection instead of failing with
+    "Too many connections" (the plain pool's behaviour once its limit is reached)."""
+    pool = BlockingConnectionPool.from_url(url, max_connections=max(4, max_connections))
+    return Redis.from_pool(pool)
 
 
 class WorkerPool:
@@ -136,7 +143,7 @@ class FrontDoors:
 async def start_front_doors(
     config: RlfleetConfig, keys: Keys, registry: ScorerRegistry
 ) -> FrontDoors:
-    redis = Redis.from_url(config.redis_url)
+    redis = redis_client(config.redis_url, REDIS_CONCURRENCY + 8)
     service = RewardService(redis, keys, config.reward, registry)
     await service.start()
     rc = config.reward

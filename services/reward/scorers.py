@@ -176,7 +176,8 @@ def user_scorer(config: UserScorerConfig) -> Scorer:
         fn=fn,
         data_sources=list(config.data_sources),
         kwargs=dict(config.reward_kwargs),
-        description=(fn.__doc__ or "").strip().split("\n")[0] or f"{config.name} from {config.path}",
+        description=(fn.__doc__ or "").strip().split("\n")[0]
+        or f"{config.name} from {config.path}",
         blocking=True,
     )
 

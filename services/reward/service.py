@@ -77,7 +77,7 @@ class RewardService:
         batch = uuid.uuid4().hex
         qids = [f"reward-{batch}-{i}" for i in range(len(requests))]
         try:
-            await self._bounded(self._submit, list(zip(qids, requests)))
+            await self._bounded(self._submit, list(zip(qids, requests, strict=True)))
             answers = await self._bounded(lambda qid: self._wait(qid, deadline), qids)
         finally:
             await self._forget(qids)
@@ -87,7 +87,7 @@ class RewardService:
                 f"{missing} of {len(requests)} items not scored within {self.timeout_s:g}s "
                 "(are reward workers running?)"
             )
-        return [_to_result(req, ans) for req, ans in zip(requests, answers)]
+        return [_to_result(req, ans) for req, ans in zip(requests, answers, strict=True)]
 
     async def _submit(self, item: tuple[str, ScoreRequest]) -> None:
         qid, request = item

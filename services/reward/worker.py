@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 READ_COUNT = 64
 READ_BLOCK_MS = 500
 USER_THREADS = 4
+ANSWER_CONCURRENCY = 16  # Redis round trips in flight per worker (with its blocking read: + 1)
 RETRY_AFTER_ERROR_S = 1.0
 
 
@@ -52,6 +53,7 @@ class RewardWorker:
         self.scored = 0
         self._threads = ThreadPoolExecutor(USER_THREADS, thread_name_prefix=f"score-{consumer}")
         self._next_reclaim = 0.0
+        self._answer_slots = asyncio.Semaphore(ANSWER_CONCURRENCY)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve jobs; Redis errors are logged and retried, never fatal."""
@@ -78,7 +80,9 @@ class RewardWorker:
             jobs = await self.queue.read(self.consumer, READ_COUNT, READ_BLOCK_MS)
         if jobs:
             results = await asyncio.gather(*(self._score_job(job) for job in jobs))
-            await asyncio.gather(*(self._answer(job, res) for job, res in zip(jobs, results)))
+            await asyncio.gather(
+                *(self._answer(job, res) for job, res in zip(jobs, results, strict=True))
+            )
             self.scored += len(jobs)
         return len(jobs)
 
@@ -123,7 +127,8 @@ class RewardWorker:
             return error_result(request.id, message)
 
     async def _answer(self, job: Job, result: ScoreResult | str) -> None:
-        if isinstance(result, str):
-            await self.queue.complete(job, b"", error=result)
-        else:
-            await self.queue.complete(job, result.to_json())
+        async with self._answer_slots:
+            if isinstance(result, str):
+                await self.queue.complete(job, b"", error=result)
+            else:
+                await self.queue.complete(job, result.to_json())

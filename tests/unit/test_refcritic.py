@@ -31,9 +31,16 @@ def tiny_qwen2(attn: str = "sdpa", seed: int = 0):
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=32,
-        tie_word_embeddings=True, pad_token_id=0, attn_implementation=attn,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        attn_implementation=attn,
     )
     return Qwen2ForCausalLM(config).eval()
 
@@ -84,8 +91,9 @@ def test_response_logprobs_match_one_sequence_at_a_time(attn: str):
     with torch.no_grad():
         batched = response_logprobs(model, packed)
     assert batched.shape == (len(PROMPTS), max(map(len, RESPONSES)))
-    for row, prompt, response in zip(unpack_rows(batched, packed.response_lengths), PROMPTS,
-                                     RESPONSES, strict=True):
+    for row, prompt, response in zip(
+        unpack_rows(batched, packed.response_lengths), PROMPTS, RESPONSES, strict=True
+    ):
         assert row == pytest.approx(naive_logprobs(model, prompt, response), abs=1e-5)
     assert torch.all(batched[packed.response_mask == 0] == 0)
 
@@ -203,8 +211,13 @@ def test_updates_on_a_fixed_batch_reduce_the_value_loss(model_dir: Path):
         losses.append(metrics["critic/vf_loss"])
     assert losses[-1] < 0.5 * losses[0]
     assert critic.step == 8
-    assert set(metrics) == {"critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm",
-                            "critic/vpred_mean", "critic/lr"}
+    assert set(metrics) == {
+        "critic/vf_loss",
+        "critic/vf_clipfrac",
+        "critic/grad_norm",
+        "critic/vpred_mean",
+        "critic/lr",
+    }
     assert metrics["critic/lr"] == pytest.approx(1e-2)
 
 
@@ -246,7 +259,9 @@ def test_save_then_load_restores_weights_optimizer_and_step(model_dir: Path, tmp
     assert second.step == 2
     assert second.values(PROMPTS, RESPONSES) == saved_values
     second.update(PROMPTS, RESPONSES, returns, zeros)  # same Adam moments -> same next step
-    for a, b in zip(second.values(PROMPTS, RESPONSES), first.values(PROMPTS, RESPONSES)):
+    for a, b in zip(
+        second.values(PROMPTS, RESPONSES), first.values(PROMPTS, RESPONSES), strict=True
+    ):
         assert a == pytest.approx(b, abs=1e-6)
 
 

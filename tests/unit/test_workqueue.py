@@ -7,7 +7,6 @@ Every test runs with redis-py's default response shapes, with RESP2, and with
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -255,14 +254,14 @@ def test_embedded_server_persists_and_stops(tmp_path: Path) -> None:
         EmbeddedRedis(tmp_path, port=6379)
 
 
-def test_embedded_server_start_failure_shows_its_log(tmp_path: Path) -> None:
-    with socket.socket() as taken:  # the server cannot bind a port we already listen on
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        server = EmbeddedRedis(tmp_path, port=taken.getsockname()[1])
-        with pytest.raises(RuntimeError, match="exited with code") as failure:
-            server.start()
-    assert "Address already in use" in str(failure.value) and not server.running
+def test_embedded_server_never_mistakes_another_server_for_its_own(
+    tmp_path: Path, redis_server: EmbeddedRedis
+) -> None:
+    server = EmbeddedRedis(tmp_path, port=redis_server.port)  # taken by the session's server
+    with pytest.raises(RuntimeError, match="exited with code") as failure:
+        server.start()
+    assert "Address already in use" in str(failure.value)  # the error shows the server's log
+    assert not server.running
 
 
 async def test_stale_wakeup_token_is_swallowed_not_spun_on(make_queue: MakeQueue) -> None:

@@ -1,0 +1,312 @@
+"""One rollout replica: an engine, its Redis request stream, its registry entry, weight updates.
+
+Why it looks like this:
+
+- Work arrives on the replica's own stream (the router picks the replica), read through the
+  shared ``WorkQueue`` as consumer ``replica_id`` of group ``rollout``. A restarted replica with
+  the same id first re-reads its own never-acknowledged entries, so nothing queued is lost.
+- A weight update stops new work, lets in-flight requests finish for up to
+  ``rollout.drain_timeout_s``, then cancels the rest. Cancelled queue jobs stay unacknowledged
+  in Redis (a crash now loses nothing) and are run again here once the new weights are in;
+  cancelled direct calls are retried the same way. So every answer was produced by exactly one
+  weight version, the one it reports.
+- The payload is decoded and verified before anything changes, and the engine validates names
+  and shapes before touching the model, so a bad update leaves the old weights serving.
+- ``rollout.debug_generate_delay_s`` (testing aid, 0 in real runs) sleeps inside every queued
+  request before generating, so tests can kill a replica while it holds work.
+
+No gRPC here: ``server.py`` converts protos to the plain objects this class takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from services.common import weights
+from services.common.config import RlfleetConfig
+from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.common.keys import Keys
+from services.common.workqueue import Job, WorkQueue
+from services.rollout.engine import Engine
+from services.rollout.registry import ReplicaInfo, ReplicaRegistry
+from services.rollout.types import GenerateRequest, GenerateResult
+
+log = logging.getLogger(__name__)
+
+GROUP = "rollout"
+READ_BLOCK_MS = 500  # how long one read waits; bounds how fast pause/stop take effect
+
+
+@dataclass
+class ReplicaStatus:
+    replica_id: str
+    address: str
+    weight_version: int
+    state: str
+    in_flight: int
+    backend: str
+    served: int
+    heartbeat_age_s: float
+
+
+@dataclass
+class UpdateOutcome:
+    version: int
+    load_seconds: float
+    cache_flushed: bool
+
+
+class Replica:
+    """The replica core; see the module docstring."""
+
+    def __init__(
+        self, config: RlfleetConfig, engine: Engine, redis: Any, keys: Keys,
+        replica_id: str, address: str,
+    ) -> None:  # fmt: skip
+        self.config, self.engine, self.keys = config, engine, keys
+        self.replica_id, self.address = replica_id, address
+        self.registry = ReplicaRegistry(redis, keys, config.rollout.heartbeat_ttl_s)
+        self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), GROUP)
+        self.version, self.state, self.served = 0, "starting", 0
+        self._paused = False
+        self._serving = asyncio.Event()  # set exactly when state == "serving"
+        self._changed = asyncio.Event()  # pulsed on every state change
+        self._running: dict[str, asyncio.Task] = {}  # engine request id -> task
+        self._retry: deque[Job] = deque()  # jobs cancelled by an update, still unacked
+        self._update_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task] = []
+        self._ids = itertools.count()
+        self._last_beat = 0.0
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register as starting, start the engine, then serve and consume."""
+        await self._beat()
+        started = time.perf_counter()
+        await self.engine.start()
+        log.info("%s engine started in %.1f s", self.engine.name, time.perf_counter() - started)
+        await self.queue.ensure_group()
+        self._set_state("paused" if self._paused else "serving")
+        await self._beat()
+        self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
+                       asyncio.create_task(self._consume_loop(), name="consume")]  # fmt: skip
+        log.info("replica %s serving at %s", self.replica_id, self.address)
+
+    async def shutdown(self, grace_s: float | None = None) -> None:
+        """Stop consuming, give in-flight work ``grace_s`` to finish, deregister."""
+        self._set_state("draining")
+        grace = min(self.config.rollout.drain_timeout_s, 10.0) if grace_s is None else grace_s
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._finish_or_cancel(grace)
+        with contextlib.suppress(Exception):
+            await self.registry.deregister(self.replica_id)
+        log.info("replica %s deregistered", self.replica_id)
+
+    # ---- generation --------------------------------------------------------------------
+
+    async def generate_direct(self, request: GenerateRequest) -> GenerateResult:
+        """Serve a Generate RPC; retried transparently if a weight update cancels it."""
+        request.validate()
+        while True:
+            await self._wait_until_serving()
+            task = self._track(self._generate(request))
+            try:
+                result = await task
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():
+                    raise
+                continue
+            self.served += 1
+            return result
+
+    async def _generate(self, request: GenerateRequest, key: str) -> GenerateResult:
+        prompt = request.prompt_token_ids or self.engine.encode(request.prompt_text or "")
+        self._check_request(request, prompt)
+        version = self.version
+        completions = await self.engine.generate(key, prompt, request.sampling)
+        return GenerateResult(request.request_id, completions, version, self.replica_id, prompt)
+
+    def _check_request(self, request: GenerateRequest, prompt: list[int]) -> None:
+        limit = self.config.rollout.max_model_len
+        if len(prompt) + request.sampling.max_tokens > limit:
+            raise InvalidArgument(f"prompt ({len(prompt)} tokens) + max_tokens "
+                                  f"({request.sampling.max_tokens}) > max_model_len {limit}")  # fmt: skip
+        if request.min_weight_version > self.version:
+            raise FailedPrecondition(f"needs weight version >= {request.min_weight_version}, "
+                                     f"replica has {self.version}")  # fmt: skip
+
+    def _track(self, coro_fn: Any) -> asyncio.Task:
+        """Run ``coro_fn(engine_request_id)`` as a task that updates and shutdown can find."""
+        key = f"{self.replica_id}-{next(self._ids)}"
+        task = asyncio.create_task(coro_fn(key) if callable(coro_fn) else coro_fn)
+        self._running[key] = task
+        task.add_done_callback(lambda _: self._running.pop(key, None))
+        return task
+
+    # ---- the queue ---------------------------------------------------------------------
+
+    async def _consume_loop(self) -> None:
+        while True:
+            await self._serving.wait()
+            free = self.config.rollout.max_concurrency - len(self._running)
+            if free <= 0:
+                await self._wait_changed(0.05)
+                continue
+            jobs = self._take_retries(free) or await self._read(free)
+            for job in jobs:
+                if self._serving.is_set():
+                    self._track(lambda key, job=job: self._run_job(job, key))
+                else:
+                    self._retry.append(job)  # read just as an update began: run it after
+
+    def _take_retries(self, limit: int) -> list[Job]:
+        return [self._retry.popleft() for _ in range(min(limit, len(self._retry)))]
+
+    async def _read(self, count: int) -> list[Job]:
+        try:
+            return await self.queue.read(self.replica_id, count=count, block_ms=READ_BLOCK_MS)
+        except Exception as exc:  # noqa: BLE001 - Redis hiccups must not kill the loop
+            log.warning("reading %s failed (%s); retrying in 1 s", self.queue.stream, exc)
+            await asyncio.sleep(1.0)
+            return []
+
+    async def _run_job(self, job: Job, key: str) -> None:
+        try:
+            request = GenerateRequest.from_json(job.payload)
+            request.validate()
+        except (ValueError, TypeError, KeyError) as exc:
+            await self._complete(job, b"", f"invalid request: {exc}")
+            return
+        try:
+            if self.config.rollout.debug_generate_delay_s > 0:
+                await asyncio.sleep(self.config.rollout.debug_generate_delay_s)
+            result = await self._generate(request, key)
+        except asyncio.CancelledError:
+            self._retry.append(job)  # cancelled by an update (or shutdown): entry stays unacked
+            return
+        except Exception as exc:  # noqa: BLE001 - the waiter gets the reason
+            log.warning("request %s failed: %s", job.request_id, exc)
+            await self._complete(job, b"", f"{type(exc).__name__}: {exc}")
+            return
+        await self._complete(job, result.to_json(), None)
+        self.served += 1
+
+    async def _complete(self, job: Job, payload: bytes, error: str | None) -> None:
+        for attempt in range(3):
+            try:
+                await self.queue.complete(job, payload, error)
+                return
+            except Exception as exc:  # noqa: BLE001
+                log.warning("completing %s failed (%s), attempt %d", job.request_id, exc, attempt)
+                await asyncio.sleep(0.5 * (attempt + 1))
+        log.error("could not answer %s; its entry stays pending for recovery", job.request_id)
+
+    # ---- weights and control -----------------------------------------------------------
+
+    async def update_weights(self, header: weights.WeightHeader, payload: bytes) -> UpdateOutcome:
+        """Verify, drain, load in one step, flush, bump the version; old weights on failure."""
+        async with self._update_lock:
+            state_dict = await asyncio.to_thread(weights.decode, header, payload)
+            if self.state not in ("serving", "paused"):
+                raise Unavailable(f"replica {self.replica_id} is {self.state}")
+            self._set_state("updating")
+            await self._beat()
+            try:
+                return await self._load(header, state_dict)
+            finally:
+                self._set_state("paused" if self._paused else "serving")
+                await self._beat()
+
+    async def _load(self, header: weights.WeightHeader, state_dict: dict) -> UpdateOutcome:
+        await self._finish_or_cancel(self.config.rollout.drain_timeout_s)
+        started = time.perf_counter()
+        await self.engine.load_weights(state_dict)
+        old, self.version = self.version, header.version
+        flushed = False
+        if header.flush_cache and self.config.rollout.flush_cache_on_update:
+            flushed = await self.engine.flush_cache()
+        seconds = time.perf_counter() - started
+        log.info("weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
+                 old, self.version, seconds, flushed)  # fmt: skip
+        return UpdateOutcome(self.version, seconds, flushed)
+
+    async def _finish_or_cancel(self, timeout_s: float) -> None:
+        """Wait for in-flight requests; cancel (and abort in the engine) what is left."""
+        tasks = list(self._running.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        stragglers = {key: task for key, task in self._running.items() if not task.done()}
+        for task in stragglers.values():
+            task.cancel()
+        await asyncio.gather(*stragglers.values(), return_exceptions=True)
+        for key in stragglers:
+            with contextlib.suppress(Exception):
+                await self.engine.abort(key)
+        if stragglers:
+            log.info("cancelled %d in-flight requests; queued ones will re-run", len(stragglers))
+
+    async def flush_cache(self) -> bool:
+        return await self.engine.flush_cache()
+
+    async def pause(self) -> ReplicaStatus:
+        self._paused = True
+        if self.state == "serving":
+            self._set_state("paused")
+            await self._beat()
+        return self.status()
+
+    async def resume(self) -> ReplicaStatus:
+        self._paused = False
+        if self.state == "paused":
+            self._set_state("serving")
+            await self._beat()
+        return self.status()
+
+    def status(self) -> ReplicaStatus:
+        age = time.time() - self._last_beat if self._last_beat else -1.0
+        return ReplicaStatus(self.replica_id, self.address, self.version, self.state,
+                             len(self._running), self.engine.name, self.served, age)  # fmt: skip
+
+    # ---- state and registry ------------------------------------------------------------
+
+    def _set_state(self, state: str) -> None:
+        self.state = state
+        (self._serving.set if state == "serving" else self._serving.clear)()
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_changed(self, timeout_s: float | None = None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+    async def _wait_until_serving(self) -> None:
+        """Direct calls wait out an update; paused, starting or draining replicas refuse."""
+        while self.state != "serving":
+            if self.state != "updating":
+                raise Unavailable(f"replica {self.replica_id} is {self.state}")
+            await self._wait_changed()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.rollout.heartbeat_interval_s)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        """Write the whole entry (re-adding it if a janitor removed it) and refresh the TTL."""
+        info = ReplicaInfo(self.replica_id, self.address, self.version, self.state,
+                           self.engine.name, self.served)  # fmt: skip
+        try:
+            await self.registry.register(info)
+            self._last_beat = time.time()
+        except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
+            log.warning("heartbeat for %s failed: %s", self.replica_id, exc)

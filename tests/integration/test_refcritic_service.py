@@ -1,0 +1,231 @@
+"""The refcritic as a real process (``python -m services.refcritic.main``) on a free port.
+
+Uses the committed tiny model when it exists, else a tiny random Qwen2 saved for the session.
+Every process started here is stopped by its PID in a finalizer, even when a test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from services.common.grpc_healthcheck import check
+from services.common.model_io import load_causal_lm
+from services.common.redis_server import free_port
+from services.refcritic.client import RefCriticClient
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED_MODEL = ROOT / "models" / "tiny-qwen2-arith"
+SERVICE = "rlfleet.v1.RefCritic"
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class Service:
+    address: str
+    process: subprocess.Popen
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if (COMMITTED_MODEL / "config.json").is_file():
+        return COMMITTED_MODEL
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=16,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+    )
+    path = tmp_path_factory.mktemp("tiny-qwen2")
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+def stop(process: subprocess.Popen) -> int:
+    """SIGTERM, then SIGKILL if it does not exit within 15 s; returns the exit code."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait(15)
+
+
+def start_service(model_dir: Path, log_dir: Path, *overrides: str) -> Service:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
+    argv = [
+        sys.executable,
+        "-m",
+        "services.refcritic.main",
+        "--port",
+        str(port),
+        f"model.path={model_dir}",
+        "refcritic.micro_batch_size=16",
+        *overrides,
+    ]
+    log = log_dir / f"refcritic-{port}.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    service = Service(f"127.0.0.1:{port}", process, log)
+    try:
+        wait_serving(service, timeout_s=120)
+    except BaseException:
+        stop(process)
+        raise
+    return service
+
+
+def wait_serving(service: Service, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if service.process.poll() is not None:
+            raise RuntimeError(f"refcritic exited early:\n{service.log.read_text()[-3000:]}")
+        if check(service.address, SERVICE, timeout_s=1.0)[0]:
+            return
+        time.sleep(0.3)
+    raise TimeoutError(f"refcritic not serving after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def service(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    started = start_service(model_dir, tmp_path_factory.mktemp("refcritic-logs"))
+    try:
+        yield started
+    finally:
+        stop(started.process)
+
+
+@pytest.fixture
+async def client(service: Service) -> Iterator[RefCriticClient]:
+    async with RefCriticClient(service.address, timeout_s=60) as c:
+        yield c
+
+
+def random_batch(n: int, prompt_len: int, response_len: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(4, 16, (n, prompt_len), generator=gen).tolist()
+    lengths = torch.randint(1, response_len + 1, (n,), generator=gen).tolist()
+    responses = [torch.randint(4, 16, (k,), generator=gen).tolist() for k in lengths]
+    return prompts, responses
+
+
+def local_logprobs(model_dir: Path, prompts, responses) -> list[list[float]]:
+    model = load_causal_lm(model_dir)
+    rows = []
+    with torch.no_grad():
+        for prompt, response in zip(prompts, responses, strict=True):
+            logp = torch.log_softmax(model(torch.tensor([prompt + response])).logits[0], -1)
+            rows.append([logp[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(response)])
+    return rows
+
+
+async def test_ref_logprobs_match_the_model_run_locally(client, model_dir: Path):
+    prompts, responses = random_batch(128, 7, 4)
+    started = time.perf_counter()
+    rows = await client.ref_logprobs(prompts, responses)
+    print(f"ComputeRefLogProbs 128 x (7 + <=4): {1000 * (time.perf_counter() - started):.1f} ms")
+    expected = local_logprobs(model_dir, prompts, responses)
+    assert [len(r) for r in rows] == [len(r) for r in responses]
+    for got, want in zip(rows, expected, strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+
+
+async def test_values_have_one_number_per_response_token(client):
+    prompts, responses = random_batch(9, 5, 6, seed=1)
+    values = await client.values(prompts, responses)
+    assert [len(v) for v in values] == [len(r) for r in responses]
+
+
+async def test_update_critic_reports_metrics_and_moves_values(client):
+    prompts, responses = random_batch(8, 5, 3, seed=2)
+    old = await client.values(prompts, responses)
+    returns = [[1.0] * len(r) for r in responses]
+    metrics = await client.update_critic(prompts, responses, returns, old, epochs=2)
+    for name in (
+        "critic/vf_loss",
+        "critic/vf_clipfrac",
+        "critic/grad_norm",
+        "critic/vpred_mean",
+        "critic/lr",
+    ):
+        assert name in metrics
+    assert metrics["critic/vf_loss"] > 0
+    assert client.critic_step >= 2
+    assert await client.values(prompts, responses) != old
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["empty", "out_of_vocab", "empty_response", "mismatched_returns"],
+)
+async def test_bad_input_is_invalid_argument_and_service_keeps_serving(client, bad, service):
+    prompts, responses = random_batch(3, 4, 2, seed=3)
+    zeros = [[0.0] * len(r) for r in responses]
+    calls = {
+        "empty": lambda: client.ref_logprobs([], []),
+        "out_of_vocab": lambda: client.ref_logprobs(prompts, [[999]] + responses[1:]),
+        "empty_response": lambda: client.values(prompts, [[]] + responses[1:]),
+        "mismatched_returns": lambda: client.update_critic(prompts, responses, zeros[:2], zeros),
+    }
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await calls[bad]()
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(await client.ref_logprobs(prompts, responses)) == 3
+    assert service.process.poll() is None
+
+
+async def test_checkpoint_round_trip(client, tmp_path: Path):
+    prompts, responses = random_batch(6, 5, 3, seed=4)
+    returns = [[0.5] * len(r) for r in responses]
+    await client.update_critic(prompts, responses, returns, await client.values(prompts, responses))
+    saved = await client.save_checkpoint(str(tmp_path / "critic"))
+    before = await client.values(prompts, responses)
+    await client.update_critic(prompts, responses, returns, before)
+    assert await client.values(prompts, responses) != before
+    loaded = await client.load_checkpoint(saved.path)
+    assert loaded.step == saved.step
+    assert await client.values(prompts, responses) == before
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await client.load_checkpoint(str(tmp_path / "missing"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_disabled_critic_and_api_key(model_dir: Path, tmp_path: Path):
+    """Critic off -> FAILED_PRECONDITION; with an API key, calls need it; SIGTERM exits 0."""
+    service = start_service(model_dir, tmp_path, "refcritic.critic_enabled=false", "api_key=s3cret")
+    try:
+        prompts, responses = random_batch(2, 3, 2)
+        async with RefCriticClient(service.address, api_key="s3cret", timeout_s=60) as good:
+            assert len(await good.ref_logprobs(prompts, responses)) == 2
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await good.values(prompts, responses)
+            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        async with RefCriticClient(service.address, timeout_s=60) as anonymous:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await anonymous.ref_logprobs(prompts, responses)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert stop(service.process) == 0
+    finally:
+        stop(service.process)

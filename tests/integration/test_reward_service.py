@@ -1,0 +1,287 @@
+"""The reward service as real processes (``python -m services.reward.main``) on a real Redis.
+
+Covers the front doors (gRPC through RewardClient, HTTP), per-item errors, bad requests, and
+crash recovery: a worker SIGKILLed mid-job leaves its entry pending, and a fresh worker-only
+process reclaims and answers it. Every process started here is killed by PID in a finalizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+
+from services.common.errors import InvalidArgument, NotFound, Unauthenticated
+from services.common.keys import Keys
+from services.common.redis_server import free_port
+from services.reward.client import RewardClient, SyncRewardClient
+from services.reward.types import ScoreRequest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "custom_reward.py"
+START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Proc:
+    """A reward process we started; ``port``/``http_port`` are 0 for worker-only ones."""
+
+    popen: subprocess.Popen
+    log_path: Path
+    port: int = 0
+    http_port: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(10)
+
+
+class Launcher:
+    """Starts reward processes for one test and kills them all (by PID) at the end."""
+
+    def __init__(self, redis_url: str, cluster: str, tmp_path: Path) -> None:
+        self.redis_url, self.cluster, self.tmp_path = redis_url, cluster, tmp_path
+        self.procs: list[Proc] = []
+
+    def start(self, *overrides: str, worker_only: bool = False, flags: tuple = ()) -> Proc:
+        log_path = self.tmp_path / f"reward-{len(self.procs)}.log"
+        port, http_port = (0, 0) if worker_only else (free_port(), free_port())
+        args = [sys.executable, "-m", "services.reward.main", f"cluster={self.cluster}",
+                f"redis_url={self.redis_url}", *overrides]  # fmt: skip
+        if not worker_only:  # overrides first: argparse wants positionals together
+            args += [f"reward.http_port={http_port}", "--port", str(port)]
+        args += [*flags, "--worker-only"] if worker_only else list(flags)
+        with open(log_path, "wb") as log_file:
+            popen = subprocess.Popen(args, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+        proc = Proc(popen, log_path, port, http_port)
+        self.procs.append(proc)
+        self._wait_started(proc, "started" if worker_only else "listening on port")
+        return proc
+
+    def _wait_started(self, proc: Proc, marker: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while marker not in proc.log():
+            if proc.popen.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"reward process did not start:\n{proc.log()}")
+            time.sleep(0.05)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+
+
+@pytest.fixture
+def launcher(redis_url, cluster_name, tmp_path) -> Iterator[Launcher]:
+    launch = Launcher(redis_url, cluster_name, tmp_path)
+    try:
+        yield launch
+    finally:
+        launch.stop_all()
+
+
+@pytest.fixture
+def service(launcher) -> Proc:
+    """Front doors + two in-process workers, with the example user function as default."""
+    return launcher.start(
+        "reward.workers=2",
+        f"reward.custom.path={EXAMPLE}",
+        "reward.custom.reward_kwargs={format_bonus: 0.5}",
+    )
+
+
+@pytest.fixture
+async def client(service) -> RewardClient:
+    async with RewardClient(service.address, timeout_s=30) as reward_client:
+        await reward_client.wait_ready(10)
+        yield reward_client
+
+
+def item(i: int, answer: str, truth: str, source: str = "arith") -> ScoreRequest:
+    return ScoreRequest(str(i), source, answer, truth, {"index": i})
+
+
+# ---- gRPC ------------------------------------------------------------------------------
+
+
+async def test_score_and_list_scorers(client):
+    result = await client.score(item(0, "42", "42"))
+    assert (result.id, result.score, result.error) == ("0", 1.0, "")
+    assert (await client.score(item(1, "41", "42"))).score == 0.0
+    custom = await client.score(item(2, "#### 7", "7", source="gsm8k"))
+    assert custom.score == 1.5 and custom.metrics == {"acc": 1.0, "formatted": 1.0, "pred": 7.0}
+    scorers = {info.name: info for info in await client.list_scorers()}
+    assert scorers["arith"].kind == "builtin" and scorers["arith"].data_sources == ["arith"]
+    assert scorers["compute_score"].kind == "user" and scorers["compute_score"].data_sources == [
+        "*"
+    ]
+
+
+async def test_score_batch_preserves_order_and_reused_ids(client):
+    """Two batches with the same ids and different answers: each gets its own scores."""
+    for flip in (0, 1):
+        requests = [item(i, str(i + (i + flip) % 2), str(i)) for i in range(512)]
+        started = time.perf_counter()
+        results = await client.score_batch(requests)
+        elapsed = time.perf_counter() - started
+        assert [r.id for r in results] == [str(i) for i in range(512)]
+        assert [r.score for r in results] == [float((i + flip) % 2 == 0) for i in range(512)]
+        print(f"ScoreBatch 512 arith items: {elapsed * 1000:.0f} ms, {512 / elapsed:.0f} items/s")
+
+
+async def test_invalid_requests_are_rejected_and_service_keeps_serving(client):
+    with pytest.raises(InvalidArgument) as caught:
+        await client.score(ScoreRequest("", "arith", "1", "1"))
+    assert caught.value.__cause__.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(InvalidArgument, match="duplicate id"):
+        await client.score_batch([item(1, "1", "1"), item(1, "2", "2")])
+    with pytest.raises(InvalidArgument, match="solution_str is"):
+        await client.score(item(2, "9" * ((1 << 20) + 1), "1"))
+    with pytest.raises(NotFound, match="no scorer named 'nope'"):
+        await client.score(ScoreRequest("3", "arith", "1", "1", scorer="nope"))
+    assert (await client.score(item(4, "5", "5"))).score == 1.0
+
+
+async def test_user_function_errors_are_per_item(client):
+    requests = [
+        item(0, "#### 3", "3", source="gsm8k"),
+        item(1, "3", "three", source="gsm8k"),  # float("three") raises in the user function
+        ScoreRequest("2", "arith", "3", "3", scorer="nope"),
+        item(3, "3", "3"),
+    ]
+    results = await client.score_batch(requests)
+    assert [r.error == "" for r in results] == [True, False, False, True]
+    assert "raised ValueError" in results[1].error
+    assert results[2].error.startswith("NotFound: no scorer named 'nope'")
+    assert (results[0].score, results[3].score) == (1.5, 1.0)
+
+
+def test_sync_client(service):
+    with SyncRewardClient(service.address) as sync_client:
+        assert [
+            r.score for r in sync_client.score_batch([item(0, "1", "1"), item(1, "0", "1")])
+        ] == [1.0, 0.0]
+        assert "arith" in {info.name for info in sync_client.list_scorers()}
+
+
+# ---- HTTP ------------------------------------------------------------------------------
+
+
+def http(proc: Proc, method: str, path: str, body: object = None, key: str | None = None):
+    """(status, JSON body) of one HTTP call, retrying briefly while the server starts."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{proc.http_port}{path}", data, headers, method=method
+    )
+    for _ in range(50):
+        try:
+            with urllib.request.urlopen(request, timeout=30) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+        except urllib.error.URLError:
+            time.sleep(0.1)
+    raise AssertionError("HTTP server never answered")
+
+
+def test_http_front_door(service):
+    assert http(service, "GET", "/healthz") == (200, {"status": "ok"})
+    one = {"id": "a", "data_source": "arith", "solution_str": "12", "ground_truth": "12"}
+    assert http(service, "POST", "/score", one) == (
+        200, {"id": "a", "score": 1.0, "metrics": {}, "error": ""})  # fmt: skip
+    status, body = http(
+        service,
+        "POST",
+        "/score_batch",
+        {"requests": [one, {**one, "id": "b", "solution_str": "1"}]},
+    )
+    assert status == 200 and [r["score"] for r in body["results"]] == [1.0, 0.0]
+    status, body = http(service, "GET", "/scorers")
+    assert status == 200 and {s["name"] for s in body["scorers"]} == {"arith", "compute_score"}
+    status, body = http(service, "POST", "/score", {**one, "id": ""})
+    assert status == 400 and "id must be" in body["error"]
+    assert http(service, "POST", "/score", {**one, "scorer": "nope"})[0] == 404
+    assert http(service, "POST", "/score", one)[0] == 200
+
+
+async def test_api_key_guards_grpc_and_http(launcher):
+    proc = launcher.start("api_key=s3cret")
+    async with RewardClient(proc.address, timeout_s=30) as anonymous:
+        with pytest.raises(Unauthenticated):
+            await anonymous.list_scorers()
+    async with RewardClient(proc.address, api_key="s3cret", timeout_s=30) as keyed:
+        assert (await keyed.score(item(0, "2", "2"))).score == 1.0
+    one = {"id": "a", "data_source": "arith", "solution_str": "2", "ground_truth": "2"}
+    assert (await asyncio.to_thread(http, proc, "POST", "/score", one))[0] == 401
+    assert (await asyncio.to_thread(http, proc, "POST", "/score", one, "wrong"))[0] == 401
+    assert (await asyncio.to_thread(http, proc, "POST", "/score", one, "s3cret"))[0] == 200
+    assert (await asyncio.to_thread(http, proc, "GET", "/healthz"))[0] == 200
+
+
+# ---- crash recovery --------------------------------------------------------------------
+
+HOLDING_SCORER = """
+import os, time
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, hold_file=""):
+    while os.path.exists(hold_file):  # the test removes it once this worker has been killed
+        time.sleep(0.05)
+    return float(solution_str.strip() == ground_truth)
+"""
+
+
+async def test_job_of_killed_worker_is_reclaimed(launcher, redis_url, cluster_name, tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    scorer_file = tmp_path / "holding.py"
+    scorer_file.write_text(HOLDING_SCORER)
+    custom = (f"reward.custom.path={scorer_file}",
+              f"reward.custom.reward_kwargs={{hold_file: '{hold}'}}")  # fmt: skip
+    flags = ("--reclaim-idle-s", "1", "--item-timeout-s", "60")
+    front = launcher.start("reward.workers=0", *custom)
+    doomed = launcher.start(*custom, worker_only=True, flags=flags)
+    async with RewardClient(front.address, timeout_s=60) as reward_client:
+        call = asyncio.create_task(reward_client.score(item(0, "9", "9", source="x")))
+        await _wait_pending(redis_url, Keys(cluster_name).reward_stream, count=1)
+        doomed.kill()  # SIGKILL while the job is held inside the user function
+        hold.unlink()
+        assert not call.done()
+        launcher.start(*custom, worker_only=True, flags=flags)
+        result = await asyncio.wait_for(call, 30)
+    assert (result.score, result.error) == (1.0, "")
+
+
+async def _wait_pending(redis_url: str, stream: str, count: int) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for _ in range(200):
+            if client.exists(stream) and client.xpending(stream, "reward")["pending"] >= count:
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        client.close()
+    raise AssertionError(f"no job became pending on {stream}")

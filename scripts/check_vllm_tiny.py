@@ -27,15 +27,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="models/tiny-qwen2-arith")
     parser.add_argument("--test", default="data/arith/test.jsonl")
     parser.add_argument("-n", type=int, default=200, help="held-out problems to check")
+    parser.add_argument("--enforce-eager", action="store_true", help="skip torch.compile")
     return parser.parse_args(argv)
 
 
-def vllm_completions(model_dir: str, id_rows: list[list[int]]) -> tuple[list[str], float]:
+def vllm_completions(
+    model_dir: str, id_rows: list[list[int]], eager: bool
+) -> tuple[list[str], float]:
     """Greedy completions from vLLM for token-id prompts, and the engine start-up time."""
     from vllm import LLM, SamplingParams
 
     start = time.perf_counter()
-    llm = LLM(model=model_dir, dtype="float32", skip_tokenizer_init=False, max_model_len=64)
+    llm = LLM(
+        model=model_dir,
+        dtype="float32",
+        skip_tokenizer_init=False,
+        max_model_len=64,
+        enforce_eager=eager,
+    )
     startup = time.perf_counter() - start
     params = SamplingParams(temperature=0.0, max_tokens=4)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in id_rows], params)
@@ -43,24 +52,41 @@ def vllm_completions(model_dir: str, id_rows: list[list[int]]) -> tuple[list[str
 
 
 def accuracy(texts: list[str], problems: list) -> float:
-    return sum(parse_answer(t) == int(p.answer) for t, p in zip(texts, problems)) / len(problems)
+    return sum(
+        parse_answer(t) == int(p.answer) for t, p in zip(texts, problems, strict=True)
+    ) / len(problems)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from services.common.model_io import encode_prompt, greedy_completions, load_causal_lm, load_tokenizer
+    from services.common.model_io import (
+        encode_prompt,
+        greedy_completions,
+        load_causal_lm,
+        load_tokenizer,
+    )
 
     problems = [from_verl_record(json.loads(line)) for line in open(args.test)][: args.n]
     tokenizer = load_tokenizer(args.model)
-    hf_texts = greedy_completions(load_causal_lm(args.model), tokenizer, [p.prompt for p in problems])
-    vllm_texts, startup = vllm_completions(args.model, [encode_prompt(tokenizer, p.prompt) for p in problems])
-    same = sum(a == b for a, b in zip(hf_texts, vllm_texts))
-    print(json.dumps({
-        "n": len(problems), "hf_accuracy": accuracy(hf_texts, problems),
-        "vllm_accuracy": accuracy(vllm_texts, problems), "identical_completions": same,
-        "vllm_startup_s": round(startup, 2),
-    }))
+    hf_texts = greedy_completions(
+        load_causal_lm(args.model), tokenizer, [p.prompt for p in problems]
+    )
+    id_rows = [encode_prompt(tokenizer, p.prompt) for p in problems]
+    vllm_texts, startup = vllm_completions(args.model, id_rows, args.enforce_eager)
+    same = sum(a == b for a, b in zip(hf_texts, vllm_texts, strict=True))
+    print(
+        json.dumps(
+            {
+                "n": len(problems),
+                "hf_accuracy": accuracy(hf_texts, problems),
+                "vllm_accuracy": accuracy(vllm_texts, problems),
+                "identical_completions": same,
+                "vllm_startup_s": round(startup, 2),
+                "enforce_eager": args.enforce_eager,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -205,8 +205,22 @@ stage_local_wheels() {
     log "no local torch wheel; the image build takes torch from PyTorch's CPU index"
 }
 
+stage_extra_cas() {
+    # CAs added to this machine's trust store (e.g. a TLS-intercepting egress proxy): the image
+    # build needs them to reach PyPI. Only the build stage that runs pip trusts them.
+    rm -rf "${STATE}/extra-ca"
+    mkdir -p "${STATE}/extra-ca"
+    local cert
+    for cert in /usr/local/share/ca-certificates/*.crt; do
+        [[ -f "${cert}" ]] || continue
+        cp "${cert}" "${STATE}/extra-ca/"
+        log "build context gets CA certificate ${cert}"
+    done
+}
+
 build_images() {
     stage_local_wheels
+    stage_extra_cas
     docker-compose build redis trainer
     docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^rlfleet' || true
 }

@@ -86,6 +86,8 @@ def to_verl_record(p: Problem, split: str, index: int) -> dict:
 
 def from_verl_record(record: dict) -> Problem:
     """Recover the Problem from a verl record written by `to_verl_record`."""
-    content = record["prompt"][-1]["content"] if isinstance(record["prompt"], list) else record["prompt"]
+    content = (
+        record["prompt"][-1]["content"] if isinstance(record["prompt"], list) else record["prompt"]
+    )
     left, right = content.rstrip("=").split("+")
     return Problem(int(left), int(right))

@@ -36,7 +36,7 @@ def resolve(
     parser: argparse.ArgumentParser, role: str, argv: list[str] | None
 ) -> tuple[RlfleetConfig, argparse.Namespace]:
     """Parse args, print field docs on --help-config, load + log the config."""
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     if args.help_config:
         print("\n".join(describe_fields()))
         raise SystemExit(0)

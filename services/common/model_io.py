@@ -99,7 +99,10 @@ def _left_padded(tokenizer: Any, rows: list[list[int]]) -> tuple[Any, Any]:
 
 
 def greedy_completions(
-    model: Any, tokenizer: Any, prompts: Sequence[str | Messages], max_new_tokens: int = 4,
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str | Messages],
+    max_new_tokens: int = 4,
     batch_size: int = 256,
 ) -> list[str]:
     """Greedy completions (decoded, special tokens dropped) for `prompts`, batched."""
@@ -111,8 +114,11 @@ def greedy_completions(
         ids, mask = _left_padded(tokenizer, rows)
         with torch.no_grad():
             out = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                do_sample=False, pad_token_id=tokenizer.pad_token_id,
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
             )
         new = out[:, ids.shape[1] :]
@@ -121,7 +127,10 @@ def greedy_completions(
 
 
 def greedy_accuracy(
-    model: Any, tokenizer: Any, problems: Sequence[Problem], max_new_tokens: int = 4,
+    model: Any,
+    tokenizer: Any,
+    problems: Sequence[Problem],
+    max_new_tokens: int = 4,
     batch_size: int = 256,
 ) -> float:
     """Fraction of `problems` whose greedy completion starts with the right sum."""
@@ -130,5 +139,7 @@ def greedy_accuracy(
     completions = greedy_completions(
         model, tokenizer, [p.prompt for p in problems], max_new_tokens, batch_size
     )
-    hits = sum(parse_answer(text) == int(p.answer) for text, p in zip(completions, problems))
+    hits = sum(
+        parse_answer(text) == int(p.answer) for text, p in zip(completions, problems, strict=True)
+    )
     return hits / len(problems)

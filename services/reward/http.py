@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import uvicorn
 from fastapi import Body, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 
 from services.common import errors
 from services.reward.service import RewardService
@@ -31,6 +32,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (errors.FailedPrecondition, 409),
     (errors.InvalidArgument, 400),
     (errors.Unavailable, 503),
+    (RedisError, 503),
     (TimeoutError, 504),
 ]
 
@@ -61,6 +63,7 @@ def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
 
     app.add_exception_handler(errors.RlfleetError, _error_response)
     app.add_exception_handler(TimeoutError, _error_response)
+    app.add_exception_handler(RedisError, _error_response)
     return app
 
 

@@ -26,7 +26,7 @@ from services.reward.worker import ANSWER_CONCURRENCY, RewardWorker, consumer_na
 log = logging.getLogger(__name__)
 
 DEFAULT_ITEM_TIMEOUT_S = 10.0
-DEFAULT_RECLAIM_IDLE_S = 30.0
+DEFAULT_RECLAIM_IDLE_S = 10.0
 GRPC_GRACE_S = 5.0
 WORKER_STOP_S = 5.0
 
@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     config, args = resolve(parser, "reward", argv)
     if not config.redis_url:
         parser.error("reward needs Redis: set redis_url=... or RLFLEET_REDIS_URL")
+    if args.worker_only and config.reward.workers < 1:
+        parser.error("--worker-only needs reward.workers >= 1")
     if args.port is not None:
         config.reward.port = args.port
     if not asyncio.run(serve(config, args)):
@@ -61,7 +63,7 @@ async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
     install_stop_signals(stop)
     keys = Keys(config.cluster)
     registry = build_registry(config.reward)
-    worker_redis = redis_client(config.redis_url, config.reward.workers * (ANSWER_CONCURRENCY + 2))
+    worker_redis = redis_client(config.redis_url, config.reward.workers * (ANSWER_CONCURRENCY + 3))
     pool = WorkerPool(worker_redis, keys, registry, args)
     pool.start(config.reward.workers, on_crash=stop.set)
     front = None if args.worker_only else await start_front_doors(config, keys, registry)
@@ -146,19 +148,32 @@ async def start_front_doors(
     redis = redis_client(config.redis_url, REDIS_CONCURRENCY + 8)
     service = RewardService(redis, keys, config.reward, registry)
     await service.start()
+    http_server, http_task = await start_http(config, service)
     rc = config.reward
     grpc_server = GrpcServer(
         [registration(service)], rc.host, rc.port, config.max_message_mb, config.api_key
     )
     await grpc_server.start()
-    http_server = http_task = None
-    if rc.http_port is not None:
-        from services.reward.http import create_app, make_http_server
-
-        http_server = make_http_server(create_app(service, config.api_key), rc.host, rc.http_port)
-        http_task = asyncio.create_task(http_server.serve(), name="reward-http")
-        log.info("reward HTTP on %s:%d", rc.host, rc.http_port)
     return FrontDoors(grpc_server, http_server, http_task, redis)
+
+
+async def start_http(config: RlfleetConfig, service: RewardService) -> tuple[Any, Any]:
+    """Start HTTP before gRPC: importing FastAPI blocks the loop for ~0.5 s, which is better
+    spent before the service reports itself ready than under its first requests."""
+    port = config.reward.http_port
+    if port is None:
+        return None, None
+    from services.reward.http import create_app, make_http_server
+
+    server = make_http_server(create_app(service, config.api_key), config.reward.host, port)
+    task = asyncio.create_task(server.serve(), name="reward-http")
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if task.done():
+        task.result()  # re-raise why it could not start
+        raise OSError(f"HTTP server on port {port} exited at start")
+    log.info("reward HTTP on %s:%d", config.reward.host, port)
+    return server, task
 
 
 if __name__ == "__main__":

@@ -1,17 +1,23 @@
-"""The reward service's core: validate, queue every item for the workers, collect in order.
+"""The reward service's core: validate, queue the items for the workers, collect in order.
 
 Front doors (gRPC, HTTP) are thin wrappers around ``RewardService``; it never imports grpc.
-Each item becomes one entry on the reward stream so any number of workers share a batch.
-A batch that is not fully scored within ``reward.request_timeout_s`` fails with TimeoutError
+
+A batch is cut into up to ``TARGET_CHUNKS`` chunks of at most ``MAX_CHUNK_ITEMS`` items, one
+queue job each. One job per item cost ~10 Redis round trips per item and capped a 512-item
+batch at ~1,300 items/s on a 2-core machine; chunks keep the per-item cost near zero while
+still spreading a batch over up to 16 workers (and a dead worker's chunk is reclaimed whole).
+
+A batch not fully scored within ``reward.request_timeout_s`` fails with TimeoutError
 (DEADLINE_EXCEEDED), which clients do not retry automatically: resubmitting to a queue that is
-already behind would only add to its backlog.
-Queue request ids are generated here, never taken from callers: callers reuse ids like "0"
-from batch to batch, and the queue treats an id it has answered before as already done.
+already behind would only add to its backlog. Queue request ids are generated here, never taken
+from callers: callers reuse ids like "0" from batch to batch, and the queue treats an id it has
+answered before as already done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -22,12 +28,21 @@ from services.common.config import RewardConfig
 from services.common.keys import Keys
 from services.common.workqueue import Result, WorkQueue
 from services.reward.scorers import ScorerRegistry
-from services.reward.types import ScoreRequest, ScoreResult, ScorerInfo, validate_batch
+from services.reward.types import (
+    ScoreRequest,
+    ScoreResult,
+    ScorerInfo,
+    decode_results,
+    encode_requests,
+    validate_batch,
+)
 
 GROUP = "reward"
 MAX_DELIVERIES = 3
 RESULT_TTL_S = 900
-REDIS_CONCURRENCY = 32  # Redis round trips in flight per service (its pool holds 100 connections)
+TARGET_CHUNKS = 16
+MAX_CHUNK_ITEMS = 32
+REDIS_CONCURRENCY = 32  # Redis round trips in flight per service
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -36,6 +51,12 @@ R = TypeVar("R")
 def reward_queue(redis: Redis, keys: Keys) -> WorkQueue:
     """The one queue the service produces to and every worker consumes from."""
     return WorkQueue(redis, keys, keys.reward_stream, GROUP, MAX_DELIVERIES, RESULT_TTL_S)
+
+
+def chunked(requests: list[ScoreRequest]) -> list[list[ScoreRequest]]:
+    """Consecutive chunks: ~TARGET_CHUNKS of them, none over MAX_CHUNK_ITEMS items."""
+    size = min(MAX_CHUNK_ITEMS, max(1, math.ceil(len(requests) / TARGET_CHUNKS)))
+    return [requests[start : start + size] for start in range(0, len(requests), size)]
 
 
 class RewardService:
@@ -54,7 +75,7 @@ class RewardService:
         await self.queue.ensure_group()
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
-        """One item; an unknown data source or scorer is NotFound (for a batch: the item's error)."""
+        """One item; an unknown data source or scorer is NotFound (in a batch: an item error)."""
         request.validate()
         self.registry.select(request)
         return (await self._run([request]))[0]
@@ -72,26 +93,26 @@ class RewardService:
         return bool(await self.queue.redis.ping())
 
     async def _run(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        chunks = chunked(requests)
         batch = uuid.uuid4().hex
-        qids = [f"reward-{batch}-{i}" for i in range(len(requests))]
+        qids = [f"reward-{batch}-{i}" for i in range(len(chunks))]
         try:
-            await self._bounded(self._submit, list(zip(qids, requests, strict=True)))
+            await self._bounded(self._submit, list(zip(qids, chunks, strict=True)))
             answers = await self._bounded(lambda qid: self._wait(qid, deadline), qids)
         finally:
             await self._forget(qids)
-        missing = sum(answer is None for answer in answers)
+        missing = sum(len(c) for c, a in zip(chunks, answers, strict=True) if a is None)
         if missing:
             raise TimeoutError(
                 f"{missing} of {len(requests)} items not scored within {self.timeout_s:g}s "
                 "(are reward workers running?)"
             )
-        return [_to_result(req, ans) for req, ans in zip(requests, answers, strict=True)]
+        return [r for c, a in zip(chunks, answers, strict=True) for r in _chunk_results(c, a)]
 
-    async def _submit(self, item: tuple[str, ScoreRequest]) -> None:
-        qid, request = item
-        await self.queue.submit(qid, request.to_json())
+    async def _submit(self, item: tuple[str, list[ScoreRequest]]) -> None:
+        qid, chunk = item
+        await self.queue.submit(qid, encode_requests(chunk))
 
     async def _wait(self, qid: str, deadline: float) -> Result | None:
         remaining = deadline - asyncio.get_running_loop().time()
@@ -101,9 +122,7 @@ class RewardService:
 
     async def _forget(self, qids: list[str]) -> None:
         """Drop answers once read: they are ours alone, so nothing else will ask for them."""
-        result_keys = [self.keys.result(qid) for qid in qids]
-        for start in range(0, len(result_keys), 1000):
-            await self.queue.redis.unlink(*result_keys[start : start + 1000])
+        await self.queue.redis.unlink(*[self.keys.result(qid) for qid in qids])
 
     async def _bounded(self, fn: Callable[[T], Awaitable[R]], items: list[T]) -> list[R]:
         """``fn`` over ``items`` concurrently, at most REDIS_CONCURRENCY at once service-wide."""
@@ -115,10 +134,15 @@ class RewardService:
         return list(await asyncio.gather(*(one(item) for item in items)))
 
 
-def _to_result(request: ScoreRequest, answer: Result) -> ScoreResult:
-    """The worker's ScoreResult under the caller's id, or the queue's error (e.g. dead-letter)."""
+def _chunk_results(chunk: list[ScoreRequest], answer: Result) -> list[ScoreResult]:
+    """The worker's results under the callers' ids, or the queue's error (e.g. dead-letter)
+    for every item of the chunk."""
     if not answer.ok:
-        return ScoreResult(id=request.id, error=answer.error or "unknown queue error")
-    result = ScoreResult.from_json(answer.payload)
-    result.id = request.id
-    return result
+        error = answer.error or "unknown queue error"
+        return [ScoreResult(id=request.id, error=error) for request in chunk]
+    results = decode_results(answer.payload)
+    if len(results) != len(chunk):
+        raise RuntimeError(f"worker answered {len(results)} results for {len(chunk)} items")
+    for request, result in zip(chunk, results, strict=True):
+        result.id = request.id
+    return results

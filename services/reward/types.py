@@ -1,10 +1,10 @@
 """Plain objects for scoring, shared by the reward front doors, its workers and its clients.
 
-They travel through Redis as JSON (``to_json``/``from_json``), so neither the service core nor
-the workers need protobuf; ``server.py`` converts to and from proto and ``http.py`` to and from
-request bodies. ``from_dict`` checks types as well as names, because HTTP and JSONL callers can
-send anything, and a malformed item must be rejected as ``InvalidArgument`` up front rather than
-crash a worker later.
+They travel through Redis as JSON (a queue job is a chunk of requests: ``encode_requests``,
+``decode_results``), so neither the service core nor the workers need protobuf; ``server.py``
+converts to and from proto and ``http.py`` to and from request bodies. ``from_dict`` checks
+types as well as names, because HTTP and JSONL callers can send anything, and a malformed item
+must be rejected as ``InvalidArgument`` up front rather than crash a worker later.
 """
 
 from __future__ import annotations
@@ -190,3 +190,24 @@ def _loads(data: bytes) -> Any:
         return json.loads(data)
     except ValueError as exc:
         raise InvalidArgument(f"not valid JSON: {exc}") from exc
+
+
+def encode_requests(requests: list[ScoreRequest]) -> bytes:
+    """One queue job's payload: a chunk of requests."""
+    return json.dumps({"requests": [r.to_dict() for r in requests]}).encode()
+
+
+def decode_requests(data: bytes) -> list[ScoreRequest]:
+    raw = _loads(data)
+    items = raw.get("requests") if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        raise InvalidArgument('a scoring job must be {"requests": [...]}')
+    return [ScoreRequest.from_dict(item) for item in items]
+
+
+def encode_results(results: list[ScoreResult]) -> bytes:
+    return json.dumps({"results": [r.to_dict() for r in results]}).encode()
+
+
+def decode_results(data: bytes) -> list[ScoreResult]:
+    return [ScoreResult.from_dict(item) for item in _loads(data)["results"]]

@@ -1,18 +1,24 @@
-"""A reward worker: takes scoring jobs off the Redis stream, scores them, answers them.
+"""A reward worker: takes scoring jobs (chunks of items) off the Redis stream and answers them.
 
 Workers are interchangeable consumers of one consumer group, so adding processes
 (``rlfleet reward --worker-only``) adds throughput, and a worker that dies mid-job loses
-nothing: its entries stay pending and a live worker reclaims them after ``reclaim_idle_s``.
-User code is untrusted for liveness, so it runs in a thread with a per-item timeout; a hung
-function costs one item an error, not the worker its loop.
+nothing: its entries stay pending and a live worker reclaims them once they have been idle for
+``reclaim_idle_s``. A live worker keeps its own entries fresh while it works on them (``XCLAIM
+... JUSTID`` to itself, which does not count as a delivery), so slow user functions are never
+mistaken for a dead worker and the reclaim delay can stay a few seconds.
+
+User code is untrusted for liveness, so it runs in a thread with a per-item timeout (counted
+from when the item starts running); a hung function costs one item an error, not the worker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from redis.exceptions import RedisError
@@ -20,14 +26,14 @@ from redis.exceptions import RedisError
 from services.common.errors import InvalidArgument, NotFound
 from services.common.workqueue import Job, WorkQueue
 from services.reward.scorers import Scorer, ScorerRegistry, error_result
-from services.reward.types import ScoreRequest, ScoreResult
+from services.reward.types import ScoreRequest, ScoreResult, decode_requests, encode_results
 
 log = logging.getLogger(__name__)
 
-READ_COUNT = 64
+READ_COUNT = 4  # jobs (chunks) taken per read
 READ_BLOCK_MS = 500
 USER_THREADS = 4
-ANSWER_CONCURRENCY = 16  # Redis round trips in flight per worker (with its blocking read: + 1)
+ANSWER_CONCURRENCY = 4  # Redis round trips in flight per worker (with its blocking read: + 1)
 RETRY_AFTER_ERROR_S = 1.0
 
 
@@ -45,18 +51,19 @@ class RewardWorker:
         registry: ScorerRegistry,
         consumer: str,
         item_timeout_s: float = 10.0,
-        reclaim_idle_s: float = 30.0,
+        reclaim_idle_s: float = 10.0,
     ) -> None:
         self.queue, self.registry, self.consumer = queue, registry, consumer
         self.item_timeout_s = item_timeout_s
         self.reclaim_idle_s = reclaim_idle_s
         self.scored = 0
         self._threads = ThreadPoolExecutor(USER_THREADS, thread_name_prefix=f"score-{consumer}")
-        self._next_reclaim = 0.0
+        self._user_slots = asyncio.Semaphore(USER_THREADS)
         self._answer_slots = asyncio.Semaphore(ANSWER_CONCURRENCY)
+        self._next_reclaim = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve jobs; Redis errors are logged and retried, never fatal."""
+        """Serve jobs until ``stop``; Redis errors are logged and retried, never fatal."""
         await self.queue.ensure_group()
         log.info("reward worker %s started", self.consumer)
         try:
@@ -74,16 +81,14 @@ class RewardWorker:
             await asyncio.sleep(RETRY_AFTER_ERROR_S)
 
     async def step(self) -> int:
-        """Take one batch of jobs (reclaimed ones first), score and answer it."""
+        """Take some jobs (reclaimed ones first), score and answer them; returns how many."""
         jobs = await self._reclaim_due()
         if not jobs:
             jobs = await self.queue.read(self.consumer, READ_COUNT, READ_BLOCK_MS)
         if jobs:
-            results = await asyncio.gather(*(self._score_job(job) for job in jobs))
-            await asyncio.gather(
-                *(self._answer(job, res) for job, res in zip(jobs, results, strict=True))
-            )
-            self.scored += len(jobs)
+            async with self._kept_alive(jobs):
+                results = await asyncio.gather(*(self._run_job(job) for job in jobs))
+            await asyncio.gather(*(self._answer(j, r) for j, r in zip(jobs, results, strict=True)))
         return len(jobs)
 
     async def _reclaim_due(self) -> list[Job]:
@@ -97,14 +102,37 @@ class RewardWorker:
             log.warning("worker %s reclaimed %d stalled job(s)", self.consumer, len(jobs))
         return jobs
 
-    async def _score_job(self, job: Job) -> ScoreResult | str:
-        """A ScoreResult, or a string when the job itself is unusable (a queue-level error)."""
+    @contextlib.asynccontextmanager
+    async def _kept_alive(self, jobs: list[Job]) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._touch_forever([job.entry_id for job in jobs]))
         try:
-            request = ScoreRequest.from_json(job.payload)
-            request.validate()
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _touch_forever(self, entry_ids: list[str]) -> None:
+        """Reset the entries' idle time so no other worker reclaims work still in progress."""
+        q = self.queue
+        while True:
+            await asyncio.sleep(self.reclaim_idle_s / 3)
+            try:
+                await q.redis.xclaim(q.stream, q.group, self.consumer, 0, entry_ids, justid=True)
+            except RedisError as exc:
+                log.warning("worker %s could not refresh its jobs: %s", self.consumer, exc)
+
+    async def _run_job(self, job: Job) -> list[ScoreResult] | str:
+        """The chunk's results, or a string when the job itself is unusable."""
+        try:
+            requests = decode_requests(job.payload)
+            for request in requests:
+                request.validate()
         except InvalidArgument as exc:
             return f"bad scoring job {job.request_id}: {exc}"
-        return await self.score(request)
+        results = await asyncio.gather(*(self.score(request) for request in requests))
+        self.scored += len(results)
+        return list(results)
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
         """Score one request; every failure becomes the item's ``error``."""
@@ -114,7 +142,8 @@ class RewardWorker:
             return error_result(request.id, f"NotFound: {exc}")
         if not scorer.blocking:
             return scorer.score(request)
-        return await self._score_in_thread(scorer, request)
+        async with self._user_slots:  # so the timeout starts when the item does
+            return await self._score_in_thread(scorer, request)
 
     async def _score_in_thread(self, scorer: Scorer, request: ScoreRequest) -> ScoreResult:
         loop = asyncio.get_running_loop()
@@ -126,9 +155,9 @@ class RewardWorker:
             message = f"scorer {scorer.name} timed out after {self.item_timeout_s:g}s"
             return error_result(request.id, message)
 
-    async def _answer(self, job: Job, result: ScoreResult | str) -> None:
+    async def _answer(self, job: Job, result: list[ScoreResult] | str) -> None:
         async with self._answer_slots:
             if isinstance(result, str):
                 await self.queue.complete(job, b"", error=result)
             else:
-                await self.queue.complete(job, result.to_json())
+                await self.queue.complete(job, encode_results(result))

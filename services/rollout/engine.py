@@ -82,9 +82,7 @@ def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
-def tokens_until_stop(
-    token_ids: list[int], decode: Any, stop: list[str]
-) -> tuple[list[int], bool]:
+def tokens_until_stop(token_ids: list[int], decode: Any, stop: list[str]) -> tuple[list[int], bool]:
     """The shortest prefix of ``token_ids`` whose text contains a stop string (vLLM keeps the
     token that completes a stop string, so we do too), or all ids and False."""
     if not stop:

@@ -199,7 +199,9 @@ class HFEngine(Engine):
     def _completions(self, group: list[_Request], rows: list[_RowResult]) -> list[list[Completion]]:
         answers, cursor = [], iter(rows)
         for request in group:
-            answers.append([self._completion(request, next(cursor)) for _ in range(request.sampling.n)])
+            answers.append(
+                [self._completion(request, next(cursor)) for _ in range(request.sampling.n)]
+            )
         return answers
 
     def _completion(self, request: _Request, row: _RowResult) -> Completion:
@@ -307,4 +309,3 @@ def _cut_row(
     if abort_step is not None:
         return tokens[:limit], "abort"
     return tokens[: sampling.max_tokens], "length"
-

@@ -140,7 +140,8 @@ class VllmEngine(Engine):
         token_ids = list(output.token_ids)
         logprobs = []
         if sampling.logprobs and output.logprobs:
-            logprobs = [float(step[tok].logprob) for tok, step in zip(token_ids, output.logprobs)]
+            pairs = zip(token_ids, output.logprobs, strict=True)
+            logprobs = [float(step[token].logprob) for token, step in pairs]
         text, _ = self.decode(token_ids, sampling.stop)
         return Completion(token_ids, logprobs, text, output.finish_reason or "abort")
 

@@ -26,6 +26,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +120,7 @@ class Replica:
         request.validate()
         while True:
             await self._wait_until_serving()
-            task = self._track(self._generate(request))
+            task = self._track(lambda key: self._generate(request, key))
             try:
                 result = await task
             except asyncio.CancelledError:
@@ -145,10 +146,10 @@ class Replica:
             raise FailedPrecondition(f"needs weight version >= {request.min_weight_version}, "
                                      f"replica has {self.version}")  # fmt: skip
 
-    def _track(self, coro_fn: Any) -> asyncio.Task:
-        """Run ``coro_fn(engine_request_id)`` as a task that updates and shutdown can find."""
+    def _track(self, make: Callable[[str], Coroutine[Any, Any, Any]]) -> asyncio.Task:
+        """Run ``make(engine_request_id)`` as a task that updates and shutdown can find."""
         key = f"{self.replica_id}-{next(self._ids)}"
-        task = asyncio.create_task(coro_fn(key) if callable(coro_fn) else coro_fn)
+        task = asyncio.create_task(make(key))
         self._running[key] = task
         task.add_done_callback(lambda _: self._running.pop(key, None))
         return task
@@ -185,7 +186,7 @@ class Replica:
             request = GenerateRequest.from_json(job.payload)
             request.validate()
         except (ValueError, TypeError, KeyError) as exc:
-            await self._complete(job, b"", f"invalid request: {exc}")
+            await self._complete(job, b"", f"InvalidArgument: bad request: {exc}")
             return
         try:
             if self.config.rollout.debug_generate_delay_s > 0:

@@ -44,7 +44,9 @@ async def serve(config: RlfleetConfig, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = base_parser("router", "Route Generate calls to rollout replicas (least in-flight, sticky).")
+    parser = base_parser(
+        "router", "Route Generate calls to rollout replicas (least in-flight, sticky)."
+    )
     parser.add_argument("--port", type=int, help="gRPC port (overrides router.port; 0 = any free)")
     config, args = resolve(parser, "router", argv)
     if not config.redis_url:

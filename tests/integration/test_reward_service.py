@@ -22,19 +22,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-import redis
 
 from services.common.errors import InvalidArgument, NotFound, Unauthenticated
-from services.common.keys import Keys
 from services.common.redis_server import free_port
 from services.reward.client import RewardClient, SyncRewardClient
+from services.reward.service import reward_queue
 from services.reward.types import ScoreRequest
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "custom_reward.py"
-START_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -50,7 +48,7 @@ class Proc:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def log(self) -> str:
+    def log(self) -> str:  # the tail, for failure messages and start markers
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def kill(self) -> None:
@@ -67,30 +65,23 @@ class Launcher:
         self.procs: list[Proc] = []
 
     def start(self, *overrides: str, worker_only: bool = False, flags: tuple = ()) -> Proc:
-        log_path = self.tmp_path / f"reward-{len(self.procs)}.log"
-        port, http_port = (0, 0) if worker_only else (free_port(), free_port())
+        log_path, port, http_port = self.tmp_path / f"reward-{len(self.procs)}.log", 0, 0
         args = [sys.executable, "-m", "services.reward.main", f"cluster={self.cluster}",
                 f"redis_url={self.redis_url}", *overrides]  # fmt: skip
         if not worker_only:  # overrides first: argparse wants positionals together
+            port, http_port = free_port(), free_port()
             args += [f"reward.http_port={http_port}", "--port", str(port)]
         args += [*flags, "--worker-only"] if worker_only else list(flags)
         with open(log_path, "wb") as log_file:
             popen = subprocess.Popen(args, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
         proc = Proc(popen, log_path, port, http_port)
         self.procs.append(proc)
-        self._wait_started(proc, "started" if worker_only else "listening on port")
-        return proc
-
-    def _wait_started(self, proc: Proc, marker: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while marker not in proc.log():
+        deadline = time.monotonic() + 30
+        while ("started" if worker_only else "listening on port") not in proc.log():
             if proc.popen.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"reward process did not start:\n{proc.log()}")
             time.sleep(0.05)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            proc.kill()
+        return proc
 
 
 @pytest.fixture
@@ -99,17 +90,15 @@ def launcher(redis_url, cluster_name, tmp_path) -> Iterator[Launcher]:
     try:
         yield launch
     finally:
-        launch.stop_all()
+        for proc in launch.procs:
+            proc.kill()
 
 
 @pytest.fixture
 def service(launcher) -> Proc:
     """Front doors + two in-process workers, with the example user function as default."""
-    return launcher.start(
-        "reward.workers=2",
-        f"reward.custom.path={EXAMPLE}",
-        "reward.custom.reward_kwargs={format_bonus: 0.5}",
-    )
+    custom = (f"reward.custom.path={EXAMPLE}", "reward.custom.reward_kwargs={format_bonus: 0.5}")
+    return launcher.start("reward.workers=2", *custom)
 
 
 @pytest.fixture
@@ -123,9 +112,6 @@ def item(i: int, answer: str, truth: str, source: str = "arith") -> ScoreRequest
     return ScoreRequest(str(i), source, answer, truth, {"index": i})
 
 
-# ---- gRPC ------------------------------------------------------------------------------
-
-
 async def test_score_and_list_scorers(client):
     result = await client.score(item(0, "42", "42"))
     assert (result.id, result.score, result.error) == ("0", 1.0, "")
@@ -134,9 +120,7 @@ async def test_score_and_list_scorers(client):
     assert custom.score == 1.5 and custom.metrics == {"acc": 1.0, "formatted": 1.0, "pred": 7.0}
     scorers = {info.name: info for info in await client.list_scorers()}
     assert scorers["arith"].kind == "builtin" and scorers["arith"].data_sources == ["arith"]
-    assert scorers["compute_score"].kind == "user" and scorers["compute_score"].data_sources == [
-        "*"
-    ]
+    assert (scorers["compute_score"].kind, scorers["compute_score"].data_sources) == ("user", ["*"])
 
 
 async def test_score_batch_preserves_order_and_reused_ids(client):
@@ -178,15 +162,38 @@ async def test_user_function_errors_are_per_item(client):
     assert (results[0].score, results[3].score) == (1.5, 1.0)
 
 
-def test_sync_client(service):
-    with SyncRewardClient(service.address) as sync_client:
-        assert [
-            r.score for r in sync_client.score_batch([item(0, "1", "1"), item(1, "0", "1")])
-        ] == [1.0, 0.0]
-        assert "arith" in {info.name for info in sync_client.list_scorers()}
+def test_sync_client_then_sigterm_stops_cleanly(service):
+    with SyncRewardClient(service.address) as sync:
+        assert [r.score for r in sync.score_batch([item(0, "1", "1"), item(1, "0", "1")])] == [1, 0]
+        assert "arith" in {info.name for info in sync.list_scorers()}
+    os.kill(service.popen.pid, signal.SIGTERM)
+    assert service.popen.wait(15) == 0
+    assert "stopped after" in service.log()
 
 
-# ---- HTTP ------------------------------------------------------------------------------
+def test_score_cli_writes_scores_and_summary(service, tmp_path):
+    rows = [
+        {"data_source": "arith", "response": "12", "reward_model": {"ground_truth": "12"}},
+        {"data_source": "arith", "response": "13", "reward_model": {"ground_truth": 12}},
+        {"data_source": "gsm8k", "response": "#### 5", "reward_model": {"ground_truth": "5"},
+         "extra_info": {"index": 3}},
+        {"data_source": "gsm8k", "response": "5", "reward_model": {"ground_truth": "five"}},
+        {"data_source": "arith", "text": "12", "reward_model": {"ground_truth": "12"}},
+    ]  # fmt: skip
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    done = subprocess.run(
+        [sys.executable, "-m", "services.reward.score_cli", "--input", str(src), "--output",
+         str(dst), "--address", service.address, "--batch-size", "2", "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert [row["score"] for row in out] == [1.0, 0.0, 1.5, 0.0, 0.0]
+    assert out[2]["score_metrics"]["acc"] == 1.0 and out[2]["extra_info"] == {"index": 3}
+    assert "raised ValueError" in out[3]["score_error"]
+    assert "no 'response' field" in out[4]["score_error"]
+    assert "5 rows: mean score 0.8333 over 3 scored, 2 errors" in done.stdout
 
 
 def http(proc: Proc, method: str, path: str, body: object = None, key: str | None = None):
@@ -214,12 +221,8 @@ def test_http_front_door(service):
     one = {"id": "a", "data_source": "arith", "solution_str": "12", "ground_truth": "12"}
     assert http(service, "POST", "/score", one) == (
         200, {"id": "a", "score": 1.0, "metrics": {}, "error": ""})  # fmt: skip
-    status, body = http(
-        service,
-        "POST",
-        "/score_batch",
-        {"requests": [one, {**one, "id": "b", "solution_str": "1"}]},
-    )
+    two = {"requests": [one, {**one, "id": "b", "solution_str": "1"}]}
+    status, body = http(service, "POST", "/score_batch", two)
     assert status == 200 and [r["score"] for r in body["results"]] == [1.0, 0.0]
     status, body = http(service, "GET", "/scorers")
     assert status == 200 and {s["name"] for s in body["scorers"]} == {"arith", "compute_score"}
@@ -229,44 +232,51 @@ def test_http_front_door(service):
     assert http(service, "POST", "/score", one)[0] == 200
 
 
-async def test_api_key_guards_grpc_and_http(launcher):
+def test_api_key_guards_grpc_and_http(launcher):
     proc = launcher.start("api_key=s3cret")
-    async with RewardClient(proc.address, timeout_s=30) as anonymous:
-        with pytest.raises(Unauthenticated):
-            await anonymous.list_scorers()
-    async with RewardClient(proc.address, api_key="s3cret", timeout_s=30) as keyed:
-        assert (await keyed.score(item(0, "2", "2"))).score == 1.0
+    with SyncRewardClient(proc.address) as anonymous, pytest.raises(Unauthenticated):
+        anonymous.list_scorers()
+    with SyncRewardClient(proc.address, api_key="s3cret") as keyed:
+        assert keyed.score(item(0, "2", "2")).score == 1.0
     one = {"id": "a", "data_source": "arith", "solution_str": "2", "ground_truth": "2"}
-    assert (await asyncio.to_thread(http, proc, "POST", "/score", one))[0] == 401
-    assert (await asyncio.to_thread(http, proc, "POST", "/score", one, "wrong"))[0] == 401
-    assert (await asyncio.to_thread(http, proc, "POST", "/score", one, "s3cret"))[0] == 200
-    assert (await asyncio.to_thread(http, proc, "GET", "/healthz"))[0] == 200
+    assert [http(proc, "POST", "/score", one, key)[0] for key in (None, "x", "s3cret")] == [
+        401, 401, 200]  # fmt: skip
+    assert http(proc, "GET", "/healthz")[0] == 200
 
 
-# ---- crash recovery --------------------------------------------------------------------
-
-HOLDING_SCORER = """
+TEST_SCORER = """
 import os, time
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, hold_file=""):
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, calls_file="",
+                  sleep_s=0, hold_file=""):
+    with open(calls_file, "a") as calls:
+        calls.write(f"{os.getpid()}\\n")
+    time.sleep(float(sleep_s))
     while os.path.exists(hold_file):  # the test removes it once this worker has been killed
         time.sleep(0.05)
-    return float(solution_str.strip() == ground_truth)
+    return float(solution_str == ground_truth)
 """
 
 
-async def test_job_of_killed_worker_is_reclaimed(launcher, redis_url, cluster_name, tmp_path):
-    hold = tmp_path / "hold"
-    hold.touch()
-    scorer_file = tmp_path / "holding.py"
-    scorer_file.write_text(HOLDING_SCORER)
-    custom = (f"reward.custom.path={scorer_file}",
-              f"reward.custom.reward_kwargs={{hold_file: '{hold}'}}")  # fmt: skip
+def user_scorer(tmp_path: Path, **kwargs: object) -> tuple[str, str]:
+    """Overrides loading TEST_SCORER as the user function, with ``kwargs`` as reward_kwargs."""
+    path = tmp_path / "user_scorer.py"
+    path.write_text(TEST_SCORER)
+    pairs = ", ".join(f"{key}: '{value}'" for key, value in kwargs.items())
+    return f"reward.custom.path={path}", f"reward.custom.reward_kwargs={{{pairs}}}"
+
+
+async def test_job_of_killed_worker_is_reclaimed(launcher, redis_client, keys, tmp_path):
+    (hold := tmp_path / "hold").touch()
+    custom = user_scorer(tmp_path, hold_file=hold, calls_file=tmp_path / "calls")
     flags = ("--reclaim-idle-s", "1", "--item-timeout-s", "60")
     front = launcher.start("reward.workers=0", *custom)
     doomed = launcher.start(*custom, worker_only=True, flags=flags)
     async with RewardClient(front.address, timeout_s=60) as reward_client:
         call = asyncio.create_task(reward_client.score(item(0, "9", "9", source="x")))
-        await _wait_pending(redis_url, Keys(cluster_name).reward_stream, count=1)
+        queue = reward_queue(redis_client, keys)
+        async with asyncio.timeout(10):
+            while await queue.pending_count() == 0:  # until the doomed worker holds the job
+                await asyncio.sleep(0.05)
         doomed.kill()  # SIGKILL while the job is held inside the user function
         hold.unlink()
         assert not call.done()
@@ -275,13 +285,15 @@ async def test_job_of_killed_worker_is_reclaimed(launcher, redis_url, cluster_na
     assert (result.score, result.error) == (1.0, "")
 
 
-async def _wait_pending(redis_url: str, stream: str, count: int) -> None:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        for _ in range(200):
-            if client.exists(stream) and client.xpending(stream, "reward")["pending"] >= count:
-                return
-            await asyncio.sleep(0.05)
-    finally:
-        client.close()
-    raise AssertionError(f"no job became pending on {stream}")
+async def test_slow_job_is_not_reclaimed_from_a_live_worker(launcher, tmp_path):
+    """A job running longer than the reclaim delay stays with its (live) worker: run once."""
+    calls = tmp_path / "calls"
+    custom = user_scorer(tmp_path, calls_file=calls, sleep_s=2)
+    flags = ("--reclaim-idle-s", "0.6")
+    front = launcher.start("reward.workers=0", *custom)
+    for _ in range(2):
+        launcher.start(*custom, worker_only=True, flags=flags)
+    async with RewardClient(front.address, timeout_s=30) as reward_client:
+        result = await reward_client.score(item(0, "1", "1", source="x"))
+    assert (result.score, result.error) == (1.0, "")
+    assert len(calls.read_text().split()) == 1

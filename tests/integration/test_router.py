@@ -110,7 +110,9 @@ async def test_one_session_sticks_and_sessions_spread(router, spawn):
     assert {r.replica_id for r in await asyncio.gather(*spread)} == {"a", "b"}
 
 
-async def test_load_cap_breaks_stickiness_and_counts_return_to_zero(router, spawn, redis_client, keys):
+async def test_load_cap_breaks_stickiness_and_counts_return_to_zero(
+    router, spawn, redis_client, keys
+):
     await spawn("a"), await spawn("b")
     burst = [router.generate(make_request(f"r{i}", "one-group")) for i in range(12)]
     results = await asyncio.gather(*burst)

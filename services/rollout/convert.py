@@ -1,0 +1,103 @@
+"""Proto <-> plain objects for the Rollout service, used by the replica's server and its client.
+
+Protobuf types stop here: the replica core and its callers pass the dataclasses of
+``services.rollout.types`` and ``services.common.weights``. Proto3 zeros mean "unset" where a
+zero would be invalid: ``n`` and ``max_tokens`` fall back to the dataclass defaults and
+``top_p`` 0 means 1 (the router's converters follow the same rules). Temperature 0 is greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, fields
+from typing import Any
+
+from services.common.proto.rlfleet.v1 import common_pb2, rollout_pb2
+from services.common.weights import TensorEntry, WeightHeader
+from services.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
+
+STATUS_FIELDS = ("replica_id", "address", "weight_version", "state", "in_flight", "backend",
+                 "served", "heartbeat_age_s")  # fmt: skip
+
+
+def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
+    defaults = SamplingParams()
+    return SamplingParams(
+        n=msg.n or defaults.n, temperature=msg.temperature, top_p=msg.top_p or 1.0,
+        top_k=max(0, msg.top_k), max_tokens=msg.max_tokens or defaults.max_tokens,
+        stop=list(msg.stop), seed=msg.seed if msg.HasField("seed") else None,
+        logprobs=msg.logprobs,
+    )  # fmt: skip
+
+
+def sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
+    values = {f.name: getattr(sampling, f.name) for f in fields(sampling)}
+    if values["seed"] is None:
+        del values["seed"]
+    return common_pb2.SamplingParams(**values)
+
+
+def request_from_proto(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
+    which = msg.WhichOneof("prompt")
+    return GenerateRequest(
+        request_id=msg.request_id, sampling=sampling_from_proto(msg.sampling),
+        prompt_token_ids=list(msg.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
+        prompt_text=msg.prompt_text if which == "prompt_text" else None,
+        session_id=msg.session_id, min_weight_version=msg.min_weight_version,
+        timeout_s=msg.timeout_s,
+    )  # fmt: skip
+
+
+def request_to_proto(request: GenerateRequest) -> rollout_pb2.GenerateRequest:
+    msg = rollout_pb2.GenerateRequest(
+        request_id=request.request_id, session_id=request.session_id,
+        sampling=sampling_to_proto(request.sampling),
+        min_weight_version=request.min_weight_version, timeout_s=request.timeout_s,
+    )  # fmt: skip
+    if request.prompt_token_ids:
+        msg.prompt_token_ids.ids.extend(request.prompt_token_ids)
+    elif request.prompt_text is not None:
+        msg.prompt_text = request.prompt_text
+    return msg
+
+
+def result_to_proto(result: GenerateResult) -> rollout_pb2.GenerateResponse:
+    return rollout_pb2.GenerateResponse(
+        request_id=result.request_id,
+        completions=[common_pb2.Completion(**asdict(c)) for c in result.completions],
+        weight_version=result.weight_version, replica_id=result.replica_id,
+        prompt_token_ids=result.prompt_token_ids,
+    )  # fmt: skip
+
+
+def result_from_proto(msg: rollout_pb2.GenerateResponse) -> GenerateResult:
+    completions = [
+        Completion(list(c.token_ids), list(c.logprobs), c.text, c.finish_reason)
+        for c in msg.completions
+    ]
+    return GenerateResult(msg.request_id, completions, msg.weight_version, msg.replica_id,
+                          list(msg.prompt_token_ids))  # fmt: skip
+
+
+def header_from_proto(msg: rollout_pb2.WeightUpdateHeader) -> WeightHeader:
+    tensors = [TensorEntry(t.name, t.dtype, tuple(t.shape), t.offset, t.nbytes)
+               for t in msg.tensors]  # fmt: skip
+    return WeightHeader(msg.version, tensors, msg.total_bytes, msg.sha256, msg.flush_cache)
+
+
+def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
+    tensors = [common_pb2.TensorSpec(name=t.name, dtype=t.dtype, shape=list(t.shape),
+                                     offset=t.offset, nbytes=t.nbytes)
+               for t in header.tensors]  # fmt: skip
+    return rollout_pb2.WeightUpdateHeader(
+        version=header.version, tensors=tensors, total_bytes=header.total_bytes,
+        sha256=header.sha256, flush_cache=header.flush_cache,
+    )  # fmt: skip
+
+
+def status_to_proto(status: Any) -> rollout_pb2.ReplicaStatus:
+    """Any object with the ReplicaStatus attributes (the replica's ``ReplicaStatus``)."""
+    return rollout_pb2.ReplicaStatus(**{name: getattr(status, name) for name in STATUS_FIELDS})
+
+
+def status_from_proto(msg: rollout_pb2.ReplicaStatus) -> dict[str, Any]:
+    return {name: getattr(msg, name) for name in STATUS_FIELDS}

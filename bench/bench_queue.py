@@ -132,6 +132,9 @@ def _result(samples: dict[str, list[float]], rounds: int) -> BenchResult:
             "raw_stream = XADD + XREADGROUP + XACK (3 round trips); workqueue = "
             "WorkQueue.submit + read + complete + wait_result; workqueue_waiting = the same "
             "with the caller already blocked in wait_result (BLPOP wake-up).",
+            "Round trips to Redis: ping 1, raw_stream 3, workqueue 4 (Lua submit, XREADGROUP, "
+            "MULTI answer+ack+delete, GET), workqueue_waiting 7 (a GET miss, the BLPOP, a GET "
+            "and the token hand-on on the waiter's side, overlapping the worker's calls).",
             "NOTES.md (sync client, same machine type): PING ~0.12 ms; XADD+XREADGROUP+XACK "
             "p50 0.17 ms, p99 0.42 ms.",
         ],

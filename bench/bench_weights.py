@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import MODEL_DIR, REPO, BenchResult, Options, Stats, abba, progress, ratio
+from common import MODEL_DIR, REPO, BenchResult, Options, Stats, abba, progress, ratio, timed
 
 NAME = "weights"
 TITLE = "Weight codec vs a full push to a rollout replica"
@@ -39,7 +39,9 @@ def run(options: Options) -> BenchResult:
             samples = asyncio.run(_measure(replica, options))
         finally:
             _stop(replica.proc)
-    samples["synthetic"] = _codec_samples(_synthetic(options), options.pick(full=5, quick=2))
+    synthetic = _synthetic(options)
+    samples["synthetic"] = _codec_samples(synthetic, options.pick(full=5, quick=2))
+    samples["sha256"] = _sha256_samples(synthetic, options.pick(full=5, quick=2))
     return _result(samples, options)
 
 
@@ -150,6 +152,18 @@ def _codec_samples(state_dict: dict[str, Any], rounds: int) -> list[dict[str, fl
     return [_codec_once(state_dict) for _ in range(rounds)]
 
 
+def _sha256_samples(state_dict: dict[str, Any], rounds: int) -> list[dict[str, float]]:
+    """The checksum alone on the same payload: the part of the codec that is pure hashing."""
+    from services.common import weights
+
+    _, payload = weights.encode(state_dict, version=1)
+    samples = []
+    for _ in range(rounds):
+        seconds, _ = timed(lambda: weights.sha256_hex(payload))
+        samples.append({"seconds": seconds, "bytes": len(payload)})
+    return samples
+
+
 async def _push_once(client: Any, state_dict: dict[str, Any], version: int) -> dict[str, float]:
     """Encode here, stream, and wait for the replica to verify, load and flush."""
     from services.common import weights
@@ -180,21 +194,33 @@ def _row(variant: str, samples: list[dict[str, float]]) -> dict[str, Any]:
 
 def _result(samples: dict[str, list[dict[str, float]]], options: Options) -> BenchResult:
     names = {"codec": "codec (tiny model)", "push": "push to replica (tiny model)",
-             "synthetic": "codec (synthetic)"}  # fmt: skip
-    rows = [_row(names[key], values) for key, values in samples.items()]
-    codec, push = rows[0], rows[1]
+             "synthetic": "codec (synthetic)", "sha256": "sha256 only (synthetic)"}  # fmt: skip
+    rows = {key: _row(names[key], values) for key, values in samples.items()}
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows,
+        name=NAME, title=TITLE, rows=list(rows.values()), ratios=_ratios(rows), notes=NOTES,
         columns=["variant", "n", "MiB", "p50_ms", "p90_ms", "MiB_per_s", "encode_p50_ms",
                  "decode_p50_ms", "load_p50_ms"],
-        ratios={"push/codec time (p50)": ratio(push["p50_ms"], codec["p50_ms"]),
-                "replica load+flush share of push": ratio(push["load_p50_ms"], push["p50_ms"])},
         params={"dtype": options.dtype, "backend": "hf", "chunk_MiB": 4, "transport": "gRPC"},
-        notes=["codec = weights.encode + weights.decode (sha256 both ways); push = encode + "
-               "RolloutClient.push_weights to a separate replica process, which decodes, "
-               "drains, loads (HFEngine.load_weights) and flushes before answering.",
-               "load = the replica's own load_seconds (engine load + flush)."],
     )  # fmt: skip
+
+
+def _ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    push, codec = rows["push"]["p50_ms"], rows["codec"]["p50_ms"]
+    return {
+        "push/codec time (p50)": ratio(push, codec),
+        "replica load+flush share of push": ratio(rows["push"]["load_p50_ms"], push),
+        "sha256 (both ends) share of codec": ratio(
+            2 * rows["sha256"]["p50_ms"], rows["synthetic"]["p50_ms"]
+        ),
+    }
+
+
+NOTES = [
+    "codec = weights.encode + weights.decode (sha256 both ways); push = encode + "
+    "RolloutClient.push_weights to a separate replica process, which decodes, drains, loads "
+    "(HFEngine.load_weights) and flushes before answering.",
+    "load = the replica's own load_seconds (engine load + flush).",
+]
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class Options:
     quick: bool = False
     dtype: str = "float32"
     hf_threads: int = 1
+    verbose: bool = False
     work_dir: Path = field(default_factory=lambda: RESULTS_DIR / "work")
 
     def pick(self, full: int, quick: int) -> int:

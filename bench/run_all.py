@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="torch threads of the hf engine (default 1, like rollout.torch_threads)",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="results folder")
-    parser.add_argument("-v", "--verbose", action="store_true", help="INFO logs from rlfleet")
+    parser.add_argument("-v", "--verbose", action="store_true", help="INFO logs (rlfleet, vLLM)")
     args = parser.parse_args(argv)
     names = [n.strip() for item in args.only for n in item.split(",") if n.strip()]
     unknown = sorted(set(names) - set(BENCHES))
@@ -68,6 +68,8 @@ def headline(result: dict) -> str:
     if result.get("error"):
         return f"FAILED: {result['error'][:120]}"
     items = list(result.get("ratios", {}).items())[:3]
+    if not items:
+        return "no ratios: " + (result.get("notes") or ["?"])[-1][:120]
     return "; ".join(f"{name} = {common.fmt(value)}" for name, value in items)
 
 
@@ -95,13 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     options = common.Options(
-        quick=args.quick, dtype=args.dtype, hf_threads=args.hf_threads, work_dir=args.out / "work"
-    )
-    machine = common.machine_info()
+        quick=args.quick, dtype=args.dtype, hf_threads=args.hf_threads,
+        verbose=args.verbose, work_dir=args.out / "work",
+    )  # fmt: skip
     failed = []
     try:
         for name in args.names:
             common.progress(f"== {name} {'(quick)' if args.quick else ''}")
+            machine = common.machine_info()
             result = run_one(name, options)
             path = common.write_result(result, machine, args.out)
             common.progress(f"== {name} done in {result.seconds:.0f}s -> {path}")

@@ -33,7 +33,7 @@ LOCAL_BASE="local/debian:bookworm"
 export COMPOSE_PROJECT_NAME="${COMPOSE_PROJECT_NAME:-rlfleet-test}"
 export COMPOSE_FILE="${ROOT}/docker-compose.yml"
 export COMPOSE_HTTP_TIMEOUT=300
-export RLFLEET_TRAINER_ARGS="trainer.total_steps=${STEPS} ${COMPOSE_TEST_TRAINER_ARGS:-}"
+export RLFLEET_TRAINER_ARGS="trainer.total_steps=${STEPS} trainer.min_replicas=${REPLICAS} ${COMPOSE_TEST_TRAINER_ARGS:-}"
 
 STARTED_DOCKERD_PID=""
 COMPOSE_UP=0
@@ -165,6 +165,7 @@ build_local_base() {
     log "debootstrap --variant=minbase bookworm from ${mirror}"
     debootstrap --variant=minbase bookworm "${rootfs}" "${mirror}" >"${STATE}/debootstrap.log" 2>&1 ||
         { tail -20 "${STATE}/debootstrap.log"; return 1; }
+    rm -rf "${rootfs}"/var/cache/apt/archives/*.deb "${rootfs}"/var/lib/apt/lists/*
     tar -C "${rootfs}" -c . | docker import \
         -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
         -c 'ENV LANG=C.UTF-8' -c 'CMD ["/bin/bash"]' - "${LOCAL_BASE}" >/dev/null || return 1

@@ -12,7 +12,10 @@ VERBS: dict[str, tuple[str, str]] = {
     "up": ("services.launcher", "run the whole fleet as local processes (embedded Redis)"),
     "trainer": ("services.trainer.main", "the controller: GRPO/PPO training loop"),
     "rollout": ("services.rollout.main", "one rollout replica (vLLM or transformers engine)"),
-    "router": ("services.rollout.router_main", "the generation front door (least in-flight, sticky)"),
+    "router": (
+        "services.rollout.router_main",
+        "the generation front door (least in-flight, sticky)",
+    ),
     "reward": ("services.reward.main", "the reward service (gRPC, optional HTTP) and its workers"),
     "refcritic": ("services.refcritic.main", "reference-policy log-probs and the critic"),
     "score": ("services.reward.score_cli", "score a JSONL file through the reward service"),
@@ -24,7 +27,10 @@ def usage() -> str:
     width = max(map(len, VERBS))
     lines = ["usage: rlfleet <verb> [--help] [options]", "", "verbs:"]
     lines += [f"  {verb:<{width}}  {summary}" for verb, (_, summary) in VERBS.items()]
-    lines += ["", "Every service verb takes --config FILE, dotted overrides (a.b=c) and --help-config."]
+    lines += [
+        "",
+        "Every service verb takes --config FILE, dotted overrides (a.b=c) and --help-config.",
+    ]
     return "\n".join(lines)
 
 

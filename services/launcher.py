@@ -35,8 +35,12 @@ class Child:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            self.argv,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -107,9 +111,16 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
     cores = os.cpu_count() or 1
     children = [child("router", "router", f"router.port={ports['router']}")]
     children += [
-        child(f"rollout-{i}", "rollout", f"rollout.replica_id=rollout-{i}",
-              env_extra={"VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
-                  "VLLM_CPU_OMP_THREADS_BIND", str(i % cores))})
+        child(
+            f"rollout-{i}",
+            "rollout",
+            f"rollout.replica_id=rollout-{i}",
+            env_extra={
+                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
+                    "VLLM_CPU_OMP_THREADS_BIND", str(i % cores)
+                )
+            },
+        )
         for i in range(args.rollout_replicas)
     ]
     children.append(child("reward", "reward", f"reward.port={ports['reward']}"))
@@ -118,8 +129,14 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
     if needs_refcritic(config):
         children.append(child("refcritic", "refcritic", f"refcritic.port={ports['refcritic']}"))
     if not args.no_trainer:
-        children.append(child("trainer", "trainer", f"trainer.port={ports['trainer']}",
-                              f"trainer.min_replicas={args.rollout_replicas}"))
+        children.append(
+            child(
+                "trainer",
+                "trainer",
+                f"trainer.port={ports['trainer']}",
+                f"trainer.min_replicas={args.rollout_replicas}",
+            )
+        )
     return children
 
 
@@ -153,8 +170,11 @@ def supervise(children: list[Child]) -> int:
 
 def report_failure(child: Child, code: int) -> None:
     tail = "\n".join(f"    {line}" for line in child.tail[-10:])
-    print(f"\nrlfleet up: service '{child.name}' exited with code {code}; stopping the "
-          f"fleet. Last output:\n{tail}\n(full log: {child.log_path})", file=sys.stderr)
+    print(
+        f"\nrlfleet up: service '{child.name}' exited with code {code}; stopping the "
+        f"fleet. Last output:\n{tail}\n(full log: {child.log_path})",
+        file=sys.stderr,
+    )
 
 
 def parse_args(argv):

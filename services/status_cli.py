@@ -40,8 +40,10 @@ async def trainer_line(config) -> str:
         status = await stub.GetStatus(
             common_pb2.Empty(), timeout=2.0, metadata=auth_metadata(config.api_key)
         )
-        return (f"trainer: {status.state} step {status.step}/{status.total_steps} "
-                f"weights v{status.weight_version} run_dir={status.run_dir}")
+        return (
+            f"trainer: {status.state} step {status.step}/{status.total_steps} "
+            f"weights v{status.weight_version} run_dir={status.run_dir}"
+        )
     except Exception as exc:  # noqa: BLE001 - status is best effort
         return f"trainer: not reachable at {config.endpoints.trainer} ({type(exc).__name__})"
     finally:

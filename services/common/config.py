@@ -85,6 +85,9 @@ class RolloutConfig(Section):
     """Flush the KV/prefix cache after each weight update (stale KV otherwise mixes weights)."""
     kv_cache_space_gib: float = 1.0
     """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE)."""
+    enforce_eager: bool = True
+    """vLLM: skip torch.compile/CUDA graphs. On CPU compiling costs ~30 s per start and its
+    cache does not reload; for small models eager is as fast. Set False on GPUs."""
     gpu_memory_utilization: float = 0.3
     """vLLM GPU memory fraction per replica (GPU only)."""
     max_model_len: int = 64

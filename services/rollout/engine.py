@@ -64,6 +64,10 @@ class Engine(abc.ABC):
     async def close(self) -> None:
         """Release the engine (child processes, threads, memory)."""
 
+    def is_alive(self) -> bool:
+        """False once the engine can no longer serve (e.g. vLLM's engine process died)."""
+        return True
+
     def encode(self, text: str) -> list[int]:
         """Token ids for a text prompt, the way the trainer tokenizes it."""
         from services.common.model_io import encode_prompt

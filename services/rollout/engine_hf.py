@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -84,12 +84,6 @@ class _AbortRows(StoppingCriteria):
                 request.abort_step = step
         flags = [request.aborted for request in self.owners]
         return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
-
-
-@dataclass
-class _RowResult:
-    tokens: list[int]
-    logprobs: list[float] = field(default_factory=list)
 
 
 class HFEngine(Engine):
@@ -193,25 +187,19 @@ class HFEngine(Engine):
                 stopping_criteria=StoppingCriteriaList([_AbortRows(owners, ids.shape[1])]),
                 **_sampling_kwargs(sampling),
             )  # fmt: skip
-        rows = _row_results(out, ids.shape[1], sampling.temperature)
-        return self._completions(group, rows)
+        rows = iter(_row_results(out, ids.shape[1], sampling.temperature))
+        return [[self._completion(r, *next(rows)) for _ in range(r.sampling.n)] for r in group]
 
-    def _completions(self, group: list[_Request], rows: list[_RowResult]) -> list[list[Completion]]:
-        answers, cursor = [], iter(rows)
-        for request in group:
-            answers.append(
-                [self._completion(request, next(cursor)) for _ in range(request.sampling.n)]
-            )
-        return answers
-
-    def _completion(self, request: _Request, row: _RowResult) -> Completion:
-        tokens, reason = _cut_row(row.tokens, self._eos_ids, request.abort_step, request.sampling)
+    def _completion(
+        self, request: _Request, row: list[int], row_logprobs: list[float]
+    ) -> Completion:
+        tokens, reason = _cut_row(row, self._eos_ids, request.abort_step, request.sampling)
         tokens, hit_stop = tokens_until_stop(
             tokens, lambda t: self.tokenizer.decode(t, skip_special_tokens=True),
             request.sampling.stop,
         )  # fmt: skip
         text, _ = self.decode(tokens, request.sampling.stop)
-        logprobs = row.logprobs[: len(tokens)] if request.sampling.logprobs else []
+        logprobs = row_logprobs[: len(tokens)] if request.sampling.logprobs else []
         return Completion(tokens, logprobs, text, "stop" if hit_stop else reason)
 
     async def load_weights(self, state_dict: Mapping[str, Any]) -> None:
@@ -287,14 +275,15 @@ def _seeded(seed: int | None) -> Iterator[None]:
         yield
 
 
-def _row_results(out: Any, prompt_width: int, temperature: float) -> list[_RowResult]:
+def _row_results(out: Any, prompt_width: int, temperature: float) -> list[tuple[list, list]]:
+    """(new token ids, their log-probs) per row."""
     new = out.sequences[:, prompt_width:]
     if new.shape[1] == 0:
-        return [_RowResult([]) for _ in range(new.shape[0])]
+        return [([], []) for _ in range(new.shape[0])]
     logits = torch.stack(out.logits, dim=1).float()
     scale = temperature if temperature > 0 else 1.0
     picked = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-    return [_RowResult(t, lp) for t, lp in zip(new.tolist(), picked.tolist(), strict=True)]
+    return list(zip(new.tolist(), picked.tolist(), strict=True))
 
 
 def _cut_row(

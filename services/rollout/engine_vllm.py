@@ -162,6 +162,9 @@ class VllmEngine(Engine):
     async def flush_cache(self) -> bool:
         return bool(await self._llm.reset_prefix_cache())
 
+    def is_alive(self) -> bool:
+        return self._llm is not None and not self._llm.errored
+
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
 

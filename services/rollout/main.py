@@ -16,6 +16,7 @@ import uuid
 
 from services.common.config import RlfleetConfig
 from services.common.entry import base_parser, resolve
+from services.common.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,10 @@ def parse(argv: list[str] | None) -> RlfleetConfig:
     _apply_args(config, args)
     if not config.redis_url:
         parser.error("rlfleet rollout needs Redis: set RLFLEET_REDIS_URL or redis_url=redis://...")
+    try:
+        Keys(config.cluster).replica(config.rollout.replica_id or "probe")
+    except ValueError as exc:
+        parser.error(str(exc))
     return config
 
 
@@ -48,7 +53,6 @@ async def serve(config: RlfleetConfig) -> None:
     from redis.asyncio import Redis
 
     from services.common.grpc_server import GrpcServer, install_stop_signals
-    from services.common.keys import Keys
     from services.rollout.engine import make_engine
     from services.rollout.replica import Replica
     from services.rollout.server import registration
@@ -71,16 +75,28 @@ async def serve(config: RlfleetConfig) -> None:
 
 
 async def _run_until(stop: asyncio.Event, replica, server) -> None:
+    """Serve until a stop signal; an engine that fails to start or dies ends the process."""
     starting = asyncio.create_task(replica.start())
-    waiting = asyncio.create_task(stop.wait())
-    await asyncio.wait({starting, waiting}, return_when=asyncio.FIRST_COMPLETED)
-    if starting.done():
-        starting.result()  # an engine that failed to start ends the process with its error
-        await server.set_serving(True)
-        await stop.wait()
-    else:
+    await _first(starting, stop.wait())
+    if not starting.done():
         starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        return
+    starting.result()
+    await server.set_serving(True)
+    await _first(stop.wait(), replica.failed.wait())
+    if replica.failed.is_set():
+        raise SystemExit(f"replica {replica.replica_id}: the {replica.engine.name} engine died")
     log.info("stop requested; shutting down")
+
+
+async def _first(*awaitables) -> None:
+    """Wait for the first to finish; cancel the helper tasks made for the other coroutines."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for awaitable, task in zip(awaitables, tasks, strict=True):
+        if awaitable is not task:
+            task.cancel()
 
 
 async def _shutdown(replica, server, redis) -> None:

@@ -1,6 +1,5 @@
 """One rollout replica: an engine, its Redis request stream, its registry entry, weight updates.
-
-Why it looks like this:
+No gRPC here: ``server.py`` converts protos to the plain objects this class takes.
 
 - Work arrives on the replica's own stream (the router picks the replica), read through the
   shared ``WorkQueue`` as consumer ``replica_id`` of group ``rollout``. A restarted replica with
@@ -9,13 +8,12 @@ Why it looks like this:
   ``rollout.drain_timeout_s``, then cancels the rest. Cancelled queue jobs stay unacknowledged
   in Redis (a crash now loses nothing) and are run again here once the new weights are in;
   cancelled direct calls are retried the same way. So every answer was produced by exactly one
-  weight version, the one it reports.
-- The payload is decoded and verified before anything changes, and the engine validates names
-  and shapes before touching the model, so a bad update leaves the old weights serving.
+  weight version, the one it reports. The payload is verified, and the engine checks names and
+  shapes, before anything changes: a bad update leaves the old weights serving.
+- If the engine dies, the replica stops heartbeating and exits; its unanswered entries stay in
+  its stream for the router's janitor to move (they are not answered with errors).
 - ``rollout.debug_generate_delay_s`` (testing aid, 0 in real runs) sleeps inside every queued
   request before generating, so tests can kill a replica while it holds work.
-
-No gRPC here: ``server.py`` converts protos to the plain objects this class takes.
 """
 
 from __future__ import annotations
@@ -75,8 +73,7 @@ class Replica:
         self.replica_id, self.address = replica_id, address
         self.registry = ReplicaRegistry(redis, keys, config.rollout.heartbeat_ttl_s)
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), GROUP)
-        self.version, self.state, self.served = 0, "starting", 0
-        self._paused = False
+        self.version, self.state, self.served, self._paused = 0, "starting", 0, False
         self._serving = asyncio.Event()  # set exactly when state == "serving"
         self._changed = asyncio.Event()  # pulsed on every state change
         self._running: dict[str, asyncio.Task] = {}  # engine request id -> task
@@ -85,8 +82,7 @@ class Replica:
         self._tasks: list[asyncio.Task] = []
         self._ids = itertools.count()
         self._last_beat = 0.0
-
-    # ---- lifecycle ---------------------------------------------------------------------
+        self.failed = asyncio.Event()  # the engine died: stop, let the heartbeat TTL lapse
 
     async def start(self) -> None:
         """Register as starting, start the engine, then serve and consume."""
@@ -101,19 +97,17 @@ class Replica:
                        asyncio.create_task(self._consume_loop(), name="consume")]  # fmt: skip
         log.info("replica %s serving at %s", self.replica_id, self.address)
 
-    async def shutdown(self, grace_s: float | None = None) -> None:
+    async def shutdown(self, grace_s: float = 10.0) -> None:
         """Stop consuming, give in-flight work ``grace_s`` to finish, deregister."""
         self._set_state("draining")
-        grace = min(self.config.rollout.drain_timeout_s, 10.0) if grace_s is None else grace_s
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._finish_or_cancel(grace)
+        grace_s = min(grace_s, self.config.rollout.drain_timeout_s) if self.engine.is_alive() else 0
+        await self._finish_or_cancel(grace_s)
         with contextlib.suppress(Exception):
             await self.registry.deregister(self.replica_id)
         log.info("replica %s deregistered", self.replica_id)
-
-    # ---- generation --------------------------------------------------------------------
 
     async def generate_direct(self, request: GenerateRequest) -> GenerateResult:
         """Serve a Generate RPC; retried transparently if a weight update cancels it."""
@@ -154,8 +148,6 @@ class Replica:
         task.add_done_callback(lambda _: self._running.pop(key, None))
         return task
 
-    # ---- the queue ---------------------------------------------------------------------
-
     async def _consume_loop(self) -> None:
         while True:
             await self._serving.wait()
@@ -163,15 +155,13 @@ class Replica:
             if free <= 0:
                 await self._wait_changed(0.05)
                 continue
-            jobs = self._take_retries(free) or await self._read(free)
+            retries = [self._retry.popleft() for _ in range(min(free, len(self._retry)))]
+            jobs = retries or await self._read(free)
             for job in jobs:
                 if self._serving.is_set():
                     self._track(lambda key, job=job: self._run_job(job, key))
                 else:
                     self._retry.append(job)  # read just as an update began: run it after
-
-    def _take_retries(self, limit: int) -> list[Job]:
-        return [self._retry.popleft() for _ in range(min(limit, len(self._retry)))]
 
     async def _read(self, count: int) -> list[Job]:
         try:
@@ -196,6 +186,8 @@ class Replica:
             self._retry.append(job)  # cancelled by an update (or shutdown): entry stays unacked
             return
         except Exception as exc:  # noqa: BLE001 - the waiter gets the reason
+            if not self.engine.is_alive():
+                return  # not the request's fault: leave it queued for whoever takes over
             log.warning("request %s failed: %s", job.request_id, exc)
             await self._complete(job, b"", f"{type(exc).__name__}: {exc}")
             return
@@ -211,8 +203,6 @@ class Replica:
                 log.warning("completing %s failed (%s), attempt %d", job.request_id, exc, attempt)
                 await asyncio.sleep(0.5 * (attempt + 1))
         log.error("could not answer %s; its entry stays pending for recovery", job.request_id)
-
-    # ---- weights and control -----------------------------------------------------------
 
     async def update_weights(self, header: weights.WeightHeader, payload: bytes) -> UpdateOutcome:
         """Verify, drain, load in one step, flush, bump the version; old weights on failure."""
@@ -242,17 +232,14 @@ class Replica:
         return UpdateOutcome(self.version, seconds, flushed)
 
     async def _finish_or_cancel(self, timeout_s: float) -> None:
-        """Wait for in-flight requests; cancel (and abort in the engine) what is left."""
-        tasks = list(self._running.values())
-        if tasks:
+        """Wait for in-flight requests, then cancel the rest (engines abort cancelled requests:
+        vLLM's ``generate`` does on cancellation, the hf engine stops their rows)."""
+        if tasks := list(self._running.values()):
             await asyncio.wait(tasks, timeout=timeout_s)
         stragglers = {key: task for key, task in self._running.items() if not task.done()}
         for task in stragglers.values():
             task.cancel()
         await asyncio.gather(*stragglers.values(), return_exceptions=True)
-        for key in stragglers:
-            with contextlib.suppress(Exception):
-                await self.engine.abort(key)
         if stragglers:
             log.info("cancelled %d in-flight requests; queued ones will re-run", len(stragglers))
 
@@ -260,16 +247,16 @@ class Replica:
         return await self.engine.flush_cache()
 
     async def pause(self) -> ReplicaStatus:
-        self._paused = True
-        if self.state == "serving":
-            self._set_state("paused")
-            await self._beat()
-        return self.status()
+        """Stop taking new work (in-flight requests finish); direct calls get Unavailable."""
+        return await self._set_paused(True, "serving", "paused")
 
     async def resume(self) -> ReplicaStatus:
-        self._paused = False
-        if self.state == "paused":
-            self._set_state("serving")
+        return await self._set_paused(False, "paused", "serving")
+
+    async def _set_paused(self, paused: bool, from_state: str, to_state: str) -> ReplicaStatus:
+        self._paused = paused  # an update in progress ends in the state this asks for
+        if self.state == from_state:
+            self._set_state(to_state)
             await self._beat()
         return self.status()
 
@@ -277,8 +264,6 @@ class Replica:
         age = time.time() - self._last_beat if self._last_beat else -1.0
         return ReplicaStatus(self.replica_id, self.address, self.version, self.state,
                              len(self._running), self.engine.name, self.served, age)  # fmt: skip
-
-    # ---- state and registry ------------------------------------------------------------
 
     def _set_state(self, state: str) -> None:
         self.state = state
@@ -298,9 +283,11 @@ class Replica:
             await self._wait_changed()
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        while self.engine.is_alive():
             await asyncio.sleep(self.config.rollout.heartbeat_interval_s)
             await self._beat()
+        log.error("%s engine died; %s stops heartbeating", self.engine.name, self.replica_id)
+        self.failed.set()
 
     async def _beat(self) -> None:
         """Write the whole entry (re-adding it if a janitor removed it) and refresh the TTL."""

@@ -84,8 +84,9 @@ class Actor:
         return metrics
 
     def _mini_batch_step(self, batch, idx, old, ref, adv, mask) -> dict[str, float]:
-        packed = pack_sequences([batch.prompts[i] for i in idx], [batch.responses[i] for i in idx],
-                                self.pad_id)
+        packed = pack_sequences(
+            [batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], self.pad_id
+        )
         logits = response_logits(self.model, packed)
         temperature = self.config.rollout.temperature or 1.0
         logits = logits / temperature if temperature != 1.0 else logits
@@ -117,7 +118,9 @@ class Actor:
             kl_loss = core_algos.agg_loss(kl, mask, cfg.loss_agg_mode)
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.item()
-        entropy = core_algos.agg_loss(core_algos.entropy_from_logits(logits), mask, cfg.loss_agg_mode)
+        entropy = core_algos.agg_loss(
+            core_algos.entropy_from_logits(logits), mask, cfg.loss_agg_mode
+        )
         if cfg.entropy_coeff:
             loss = loss - cfg.entropy_coeff * entropy
         metrics["actor/entropy"] = entropy.item()
@@ -133,7 +136,11 @@ class Actor:
     def save_training_state(self, path: Path, extra: dict) -> None:
         """Optimizer/scheduler state for resuming (next to the HF weights)."""
         torch.save(
-            {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-             "updates": self.updates, **extra},
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "updates": self.updates,
+                **extra,
+            },
             path / "trainer_state.pt",
         )

@@ -52,7 +52,11 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
     key, mb = config.api_key, config.max_message_mb
     redis = aioredis.from_url(config.redis_url)
     registry = ReplicaRegistry(redis, Keys(config.cluster), config.rollout.heartbeat_ttl_s)
-    refcritic = RefCriticClient(config.endpoints.refcritic, api_key=key) if needs_refcritic(config) else None
+    refcritic = (
+        RefCriticClient(config.endpoints.refcritic, api_key=key)
+        if needs_refcritic(config)
+        else None
+    )
     return Fleet(
         rollout=RolloutClient(config.endpoints.router, api_key=key, max_message_mb=mb),
         reward=RewardClient(config.endpoints.reward, api_key=key),

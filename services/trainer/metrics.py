@@ -96,8 +96,10 @@ def plot_reward_curve(history: list[dict], path: Path, val: dict[str, float]) ->
     steps = [r["step"] for r in history if "critic/score/mean" in r]
     scores = [r["critic/score/mean"] for r in history if "critic/score/mean" in r]
     window = max(1, len(scores) // 20)
-    smooth = [sum(scores[max(0, i - window + 1) : i + 1]) / len(scores[max(0, i - window + 1) : i + 1])
-              for i in range(len(scores))]
+    smooth = [
+        sum(scores[max(0, i - window + 1) : i + 1]) / len(scores[max(0, i - window + 1) : i + 1])
+        for i in range(len(scores))
+    ]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, scores, alpha=0.3, label="critic/score/mean")
     ax.plot(steps, smooth, label=f"moving average ({window})")

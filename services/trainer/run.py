@@ -63,10 +63,14 @@ async def train_loop(trainer: Trainer, train_records, writer: MetricsWriter) -> 
         metrics["training/global_step"] = float(trainer.step)
         writer.write(trainer.step, metrics)
         bar.update(1)
-        bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0):.3f}",
-                        s_per_step=f"{metrics['timing_s/step']:.2f}")
+        bar.set_postfix(
+            score=f"{metrics.get('critic/score/mean', 0):.3f}",
+            s_per_step=f"{metrics['timing_s/step']:.2f}",
+        )
         if cfg.trainer.save_freq and trainer.step % cfg.trainer.save_freq == 0:
-            save_checkpoint(trainer, Path(cfg.run_dir) / "checkpoints" / f"global_step_{trainer.step}")
+            save_checkpoint(
+                trainer, Path(cfg.run_dir) / "checkpoints" / f"global_step_{trainer.step}"
+            )
     bar.close()
 
 
@@ -114,8 +118,11 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
     log.info("held-out after training: %s", after)
     checkpoint = save_checkpoint(trainer, run_dir / "checkpoints" / "final")
     accuracy = {"before": _first(before), "after": _first(after)}
-    plot = plot_reward_curve(writer.history, run_dir / "reward_curve.png",
-                             {k: v for k, v in accuracy.items() if v is not None})
+    plot = plot_reward_curve(
+        writer.history,
+        run_dir / "reward_curve.png",
+        {k: v for k, v in accuracy.items() if v is not None},
+    )
     trainer.state = "done"
     summary = {
         "steps": trainer.step,

@@ -17,8 +17,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     def _status(self) -> trainer_pb2.TrainerStatus:
         t = self._trainer
         return trainer_pb2.TrainerStatus(
-            state=t.state, step=t.step, total_steps=t.config.trainer.total_steps,
-            weight_version=t.version, run_dir=t.config.run_dir,
+            state=t.state,
+            step=t.step,
+            total_steps=t.config.trainer.total_steps,
+            weight_version=t.version,
+            run_dir=t.config.run_dir,
         )
 
     async def GetStatus(self, request, context):

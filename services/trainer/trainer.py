@@ -15,9 +15,9 @@ import uuid
 
 from services.common.config import RlfleetConfig
 from services.common.errors import FailedPrecondition
+from services.common.sequences import pad_rows
 from services.rollout.types import GenerateRequest, SamplingParams
 from services.trainer import core_algos
-from services.common.sequences import pad_rows
 from services.trainer.batch import RolloutBatch, response_mask, token_level_rewards
 from services.trainer.data import PromptRecord
 from services.trainer.fleet import Fleet
@@ -123,7 +123,9 @@ class Trainer:
 
     async def reference_and_values(self, batch: RolloutBatch) -> None:
         if self.config.trainer.use_kl_loss:
-            batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(batch.prompts, batch.responses)
+            batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(
+                batch.prompts, batch.responses
+            )
         if self.config.algorithm.adv_estimator == "gae":
             batch.values = await self.fleet.refcritic.values(batch.prompts, batch.responses)
 

@@ -38,16 +38,18 @@ class WeightSync:
             await client.push_weights(header, payload, self._chunk_bytes)
             return True
         except Exception as exc:  # noqa: BLE001 - one bad replica must not stop training
-            log.warning("weight push to %s (%s) failed: %s", replica.replica_id, replica.address, exc)
+            log.warning(
+                "weight push to %s (%s) failed: %s", replica.replica_id, replica.address, exc
+            )
             return False
 
-    async def push(self, state_dict: dict, version: int, flush_cache: bool = True,
-                   only_stale: bool = False) -> dict[str, float]:
+    async def push(
+        self, state_dict: dict, version: int, flush_cache: bool = True, only_stale: bool = False
+    ) -> dict[str, float]:
         """Push ``version`` to live replicas (only those behind it if ``only_stale``)."""
         started = time.perf_counter()
         targets = [
-            r for r in await self._registry.live()
-            if not only_stale or r.weight_version < version
+            r for r in await self._registry.live() if not only_stale or r.weight_version < version
         ]
         if not targets:
             return {"weight_sync/replicas": 0.0}

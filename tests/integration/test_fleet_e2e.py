@@ -20,10 +20,21 @@ pytestmark = pytest.mark.slow
 
 def run_up(run_dir: Path, backend: str, steps: int = 3) -> subprocess.CompletedProcess:
     argv = [
-        sys.executable, "-m", "services.cli", "up", "--config", str(ROOT / "configs" / "default.yaml"),
-        "--rollout-replicas", "2", f"run_dir={run_dir}", f"cluster=e2e{backend}",
-        f"rollout.backend={backend}", f"trainer.total_steps={steps}", "data.val_size=16",
-        "data.train_batch_size=4", "trainer.replica_wait_s=240",
+        sys.executable,
+        "-m",
+        "services.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "default.yaml"),
+        "--rollout-replicas",
+        "2",
+        f"run_dir={run_dir}",
+        f"cluster=e2e{backend}",
+        f"rollout.backend={backend}",
+        f"trainer.total_steps={steps}",
+        "data.val_size=16",
+        "data.train_batch_size=4",
+        "trainer.replica_wait_s=240",
     ]
     env = {k: v for k, v in __import__("os").environ.items() if k != "RLFLEET_REDIS_URL"}
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -59,8 +70,15 @@ def test_up_stops_everything_and_names_the_failed_service(tmp_path):
     and leaves no process behind."""
     marker = tmp_path / "failing-run"
     argv = [
-        sys.executable, "-m", "services.cli", "up", "--rollout-replicas", "1",
-        f"run_dir={marker}", "rollout.backend=hf", f"model.path={tmp_path / 'no-such-model'}",
+        sys.executable,
+        "-m",
+        "services.cli",
+        "up",
+        "--rollout-replicas",
+        "1",
+        f"run_dir={marker}",
+        "rollout.backend=hf",
+        f"model.path={tmp_path / 'no-such-model'}",
         "trainer.total_steps=1",
     ]
     result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -11,24 +11,17 @@ the vLLM backend (marked ``vllm``) runs the weight and queue checks.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-import redis
 import redis.asyncio as aioredis
 import torch
+from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from safetensors.torch import load_file
 
 from services.common import weights
-from services.common.errors import InvalidArgument, Unavailable
+from services.common.errors import InvalidArgument
 from services.common.keys import Keys
 from services.common.proto.rlfleet.v1 import rollout_pb2
 from services.common.redis_server import EmbeddedRedis
@@ -37,75 +30,12 @@ from services.rollout import convert
 from services.rollout.client import RolloutClient
 from services.rollout.types import GenerateRequest, GenerateResult, SamplingParams
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "models" / "tiny-qwen2-arith"
 PROMPTS = ["12+34=", "57+18=", "90+9=", "33+66=", "41+27="]
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny model not built"),
 ]
-
-
-@dataclass
-class ReplicaProc:
-    """A replica subprocess we started, and where to reach it."""
-
-    proc: subprocess.Popen
-    replica_id: str
-    keys: Keys
-    redis_url: str
-    address: str = ""
-    log_path: Path | None = None
-
-    def log_tail(self) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
-
-
-def start_replica(
-    redis_url: str, keys: Keys, replica_id: str, log_path: Path, *extra: str
-) -> ReplicaProc:
-    """Launch the replica and wait until the registry says it serves (address included)."""
-    command = [sys.executable, "-m", "services.rollout.main", "--replica-id", replica_id,
-               "--port", "0", f"redis_url={redis_url}", f"cluster={keys.cluster}",
-               f"model.path={MODEL}", "rollout.heartbeat_interval_s=0.5", *extra]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    replica = ReplicaProc(proc, replica_id, keys, redis_url, log_path=log_path)
-    try:
-        replica.address = wait_serving(replica, timeout_s=240)
-    except BaseException:
-        stop_replica(replica)
-        raise
-    return replica
-
-
-def wait_serving(replica: ReplicaProc, timeout_s: float) -> str:
-    client = redis.Redis.from_url(replica.redis_url)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            if replica.proc.poll() is not None:
-                raise RuntimeError(f"replica exited early:\n{replica.log_tail()}")
-            entry = client.hgetall(replica.keys.replica(replica.replica_id))
-            if entry.get(b"state") == b"serving":
-                return entry[b"address"].decode()
-            time.sleep(0.2)
-    finally:
-        client.close()
-    raise TimeoutError(f"replica not serving after {timeout_s}s:\n{replica.log_tail()}")
-
-
-def stop_replica(replica: ReplicaProc, sig: int = signal.SIGTERM) -> None:
-    """Stop our own child by its PID: the signal, then SIGKILL if it lingers."""
-    if replica.proc.poll() is None:
-        replica.proc.send_signal(sig)
-        try:
-            replica.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            replica.proc.kill()
-            replica.proc.wait()
 
 
 @pytest.fixture(scope="module", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])

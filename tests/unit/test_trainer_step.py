@@ -30,8 +30,13 @@ def tiny_model():
 
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=32,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=32,
         tie_word_embeddings=True,
     )
     return Qwen2ForCausalLM(config)
@@ -55,13 +60,13 @@ class SamplingRollout:
         prompt = torch.tensor([request.prompt_token_ids])
         with torch.no_grad():
             out = self.model.generate(
-                prompt.repeat(request.sampling.n, 1), do_sample=True,
-                max_new_tokens=request.sampling.max_tokens, min_new_tokens=request.sampling.max_tokens,
+                prompt.repeat(request.sampling.n, 1),
+                do_sample=True,
+                max_new_tokens=request.sampling.max_tokens,
+                min_new_tokens=request.sampling.max_tokens,
                 pad_token_id=0,
             )
-        completions = [
-            Completion(row[prompt.shape[1]:].tolist(), [], "", "length") for row in out
-        ]
+        completions = [Completion(row[prompt.shape[1] :].tolist(), [], "", "length") for row in out]
         version = request.min_weight_version + self.version_offset
         return GenerateResult(request.request_id, completions, version, "fake-0")
 
@@ -71,8 +76,10 @@ class SamplingRollout:
 
 class CountingReward:
     async def score_batch(self, requests):
-        return [ScoreResult(r.id, r.solution_str.count(chr(ord("a") + GOOD_TOKEN)) / 2, {}, "")
-                for r in requests]
+        return [
+            ScoreResult(r.id, r.solution_str.count(chr(ord("a") + GOOD_TOKEN)) / 2, {}, "")
+            for r in requests
+        ]
 
     async def close(self):
         pass
@@ -109,8 +116,9 @@ def make_trainer(version_offset=0, **overrides):
     config = load_config(None, [f"{k}={v}" for k, v in items.items()], env={})
     model = tiny_model()
     actor = Actor(config, model, pad_id=0)
-    fleet = Fleet(SamplingRollout(model, version_offset), CountingReward(), FrozenRef(actor),
-                  RecordingSync())
+    fleet = Fleet(
+        SamplingRollout(model, version_offset), CountingReward(), FrozenRef(actor), RecordingSync()
+    )
     return Trainer(config, fleet, actor, CharTokenizer())
 
 
@@ -130,8 +138,15 @@ def test_step_pushes_next_version_and_reports_verl_metrics():
     metrics = asyncio.run(trainer.train_step(prompts()))
     assert trainer.fleet.weight_sync.pushed == [1, 2]
     assert trainer.version == 2
-    for name in ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "timing_s/gen",
-                 "timing_s/update_weights", "response_length/mean", "critic/advantages/mean"):
+    for name in (
+        "critic/score/mean",
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "timing_s/gen",
+        "timing_s/update_weights",
+        "response_length/mean",
+        "critic/advantages/mean",
+    ):
         assert name in metrics, name
     requests = trainer.fleet.rollout.requests
     assert all(r.min_weight_version == 1 for r in requests)

@@ -1,8 +1,8 @@
-"""The router against a real Redis.
+"""The router core against a real Redis, with in-process stand-in replicas.
 
-First the core with in-process stand-in replicas (a replica reduced to its Redis contract:
-registry entry, heartbeat, its own stream), which pins down routing, migration and accounting
-quickly; then (slow) the real thing: router and replicas as subprocesses, called over gRPC.
+A stand-in is a replica reduced to its Redis contract (registry entry, heartbeat, its own
+stream), which pins down routing, migration and accounting in seconds. The real thing, router
+and replicas as subprocesses over gRPC, is in ``test_router.py``.
 """
 
 from __future__ import annotations
@@ -114,10 +114,15 @@ async def test_load_cap_breaks_stickiness_and_counts_return_to_zero(
     router, spawn, redis_client, keys
 ):
     await spawn("a"), await spawn("b")
-    burst = [router.generate(make_request(f"r{i}", "one-group")) for i in range(12)]
-    results = await asyncio.gather(*burst)
-    assert {r.replica_id for r in results} == {"a", "b"}  # cap 4 spills the group over
-    assert set((await inflight(redis_client, keys)).values()) == {0}
+    home = (await router.generate(make_request("c0", "grp"))).replica_id
+    other = ({"a", "b"} - {home}).pop()
+    await redis_client.hset(keys.inflight, home, 4)  # at the cap of 4
+    assert (await router.generate(make_request("c1", "grp"))).replica_id == other
+    assert (await router.generate(make_request("c2", "grp"))).replica_id == other  # re-pinned
+    await redis_client.hset(keys.inflight, home, 0)
+    burst = [router.generate(make_request(f"r{i}", f"g{i % 3}")) for i in range(30)]
+    assert len(await asyncio.gather(*burst)) == 30
+    assert await inflight(redis_client, keys) == {"a": 0, "b": 0}
 
 
 async def test_answer_is_idempotent_on_request_id(router, spawn):
@@ -193,3 +198,24 @@ async def test_invalid_request_and_timeout(router, spawn, redis_client, keys):
     with pytest.raises(TimeoutError, match="routed to slow"):
         await router.generate(make_request("t", timeout_s=0.3))
     assert await inflight(redis_client, keys) == {"slow": 0}
+
+
+async def test_backlog_of_a_replica_that_deregistered_is_rerouted(router, spawn):
+    leaver = await spawn("leaver", answer=False)
+    pending = asyncio.create_task(router.generate(make_request("left-behind")))
+    while not leaver.seen:
+        await asyncio.sleep(0.02)
+    await leaver.kill()
+    await leaver.registry.deregister("leaver")  # a graceful stop that left work in its stream
+    await spawn("stayer")
+    assert (await pending).replica_id == "stayer"
+
+
+async def test_new_router_rescues_streams_of_unknown_replicas(router, spawn, redis_client, keys):
+    ghost = WorkQueue(redis_client, keys, keys.rollout_stream("ghost"), "rollout")
+    await ghost.submit("orphan", make_request("orphan").to_json())
+    await spawn("live")
+    fresh = RouterCore(redis_client, keys, load_config(env={}))
+    assert await fresh.janitor.sweep() == 1  # its first sweep scans for stray streams
+    answer = await ghost.wait_result("orphan", timeout_s=5)
+    assert GenerateResult.from_json(answer.payload).replica_id == "live"

@@ -19,8 +19,10 @@ Backends are imported lazily by ``make_engine`` so that importing this module st
 from __future__ import annotations
 
 import abc
+import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.common.errors import InvalidArgument
@@ -37,6 +39,19 @@ class Engine(abc.ABC):
 
     name: str = "engine"
     tokenizer: Any = None
+
+    def __init__(self, config: RlfleetConfig) -> None:
+        self.config = config
+        self.vocab_size = model_vocab_size(config.model.path)
+
+    def check_prompt(self, prompt: list[int], max_tokens: int) -> None:
+        """InvalidArgument unless every id is in the vocabulary and the sequence fits."""
+        if prompt and self.vocab_size and max(prompt) >= self.vocab_size:
+            raise InvalidArgument(f"prompt token id {max(prompt)} >= vocab size {self.vocab_size}")
+        limit = self.config.rollout.max_model_len
+        if len(prompt) + max_tokens > limit:
+            raise InvalidArgument(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) "
+                                  f"> rollout.max_model_len {limit}")  # fmt: skip
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -120,6 +135,15 @@ def check_state_dict(
             raise InvalidArgument(f"tensor {name!r}: shape {tuple(tensor.shape)} != {tuple(want)}")
         if not tensor.dtype.is_floating_point:
             raise InvalidArgument(f"tensor {name!r}: dtype {tensor.dtype} is not floating point")
+
+
+def model_vocab_size(model_path: str) -> int:
+    """``vocab_size`` from the model's config.json (0 when it does not say)."""
+    config = Path(model_path) / "config.json"
+    if not config.is_file():
+        return 0
+    raw = json.loads(config.read_text())
+    return int(raw.get("vocab_size") or raw.get("text_config", {}).get("vocab_size") or 0)
 
 
 def kv_cache_gib(space: float) -> str:

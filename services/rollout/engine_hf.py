@@ -92,7 +92,7 @@ class HFEngine(Engine):
     name = "hf"
 
     def __init__(self, config: RlfleetConfig) -> None:
-        self._config = config
+        super().__init__(config)
         self._wait_s = config.rollout.hf_batch_wait_ms / 1000
         self._model: Any = None
         self._pad_id = 0
@@ -106,15 +106,15 @@ class HFEngine(Engine):
         self._loop_task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        torch.set_num_threads(self._config.rollout.torch_threads)
+        torch.set_num_threads(self.config.rollout.torch_threads)
         await asyncio.to_thread(self._load)
         self._loop_task = asyncio.create_task(self._batch_loop(), name="hf-batcher")
 
     def _load(self) -> None:
         from services.common.model_io import load_causal_lm, load_tokenizer
 
-        self.tokenizer = load_tokenizer(self._config.model.path)
-        self._model = load_causal_lm(self._config.model.path, self._config.model.dtype)
+        self.tokenizer = load_tokenizer(self.config.model.path)
+        self._model = load_causal_lm(self.config.model.path, self.config.model.dtype)
         self._eos_ids = _eos_ids(self._model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids)

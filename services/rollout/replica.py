@@ -30,7 +30,7 @@ from typing import Any
 
 from services.common import weights
 from services.common.config import RlfleetConfig
-from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.common.errors import FailedPrecondition, Unavailable
 from services.common.keys import Keys
 from services.common.workqueue import Job, WorkQueue
 from services.rollout.engine import Engine
@@ -132,10 +132,7 @@ class Replica:
         return GenerateResult(request.request_id, completions, version, self.replica_id, prompt)
 
     def _check_request(self, request: GenerateRequest, prompt: list[int]) -> None:
-        limit = self.config.rollout.max_model_len
-        if len(prompt) + request.sampling.max_tokens > limit:
-            raise InvalidArgument(f"prompt ({len(prompt)} tokens) + max_tokens "
-                                  f"({request.sampling.max_tokens}) > max_model_len {limit}")  # fmt: skip
+        self.engine.check_prompt(prompt, request.sampling.max_tokens)
         if request.min_weight_version > self.version:
             raise FailedPrecondition(f"needs weight version >= {request.min_weight_version}, "
                                      f"replica has {self.version}")  # fmt: skip

@@ -64,7 +64,7 @@ class Actor:
         """PPO epochs over mini-batches; returns verl-named metrics (means over mini-batches)."""
         self.model.train()
         width = mask.shape[1]
-        old = pad_rows(batch.old_logprobs, width)
+        old = pad_rows(batch.old_logprobs, width) if batch.old_logprobs else None
         ref = pad_rows(batch.ref_logprobs, width) if batch.ref_logprobs else None
         size = self.cfg.ppo_mini_batch_size or len(batch)
         sums: dict[str, float] = {}
@@ -73,7 +73,12 @@ class Actor:
             order = torch.randperm(len(batch)).tolist()
             for start in range(0, len(order), size):
                 idx = order[start : start + size]
-                rows = (old[idx], ref[idx] if ref is not None else None, advantages[idx], mask[idx])
+                rows = (
+                    old[idx] if old is not None else None,
+                    ref[idx] if ref is not None else None,
+                    advantages[idx],
+                    mask[idx],
+                )
                 step_metrics = self._mini_batch_step(batch, idx, *rows)
                 for key, value in step_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
@@ -91,8 +96,10 @@ class Actor:
         temperature = self.config.rollout.temperature or 1.0
         logits = logits / temperature if temperature != 1.0 else logits
         width = packed.response_width
-        old, adv, mask = old[:, :width], adv[:, :width], mask[:, :width]
+        adv, mask = adv[:, :width], mask[:, :width]
         logprob = core_algos.logprobs_from_logits(logits, packed.responses)
+        # No old log-probs means an on-policy single step: the ratio is 1 by construction.
+        old = old[:, :width] if old is not None else logprob.detach()
         loss, metrics = self._loss(logits, logprob, old, ref, adv, mask)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

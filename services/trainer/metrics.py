@@ -67,6 +67,11 @@ class Timer:
         finally:
             self.metrics[f"timing_s/{name}"] = time.perf_counter() - started
 
+    async def timed(self, name: str, awaitable):
+        """Await ``awaitable`` and record its duration (for phases run concurrently)."""
+        with self.phase(name):
+            return await awaitable
+
 
 class MetricsWriter:
     """Appends one JSON object per step to ``metrics.jsonl``; keeps history for the plot."""

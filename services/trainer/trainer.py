@@ -121,6 +121,26 @@ class Trainer:
         if batch.score_errors:
             log.warning("step %d: %d responses could not be scored", self.step, batch.score_errors)
 
+    def single_update_per_batch(self) -> bool:
+        """One optimizer step on the whole batch: old log-probs equal the current ones."""
+        cfg = self.config.trainer
+        mini = cfg.ppo_mini_batch_size
+        return cfg.ppo_epochs == 1 and (
+            not mini or mini >= self.config.data.train_batch_size * self.config.rollout.n
+        )
+
+    async def old_logprobs(self, batch: RolloutBatch) -> None:
+        """Recompute behaviour log-probs with the actor, unless the update is on-policy.
+
+        With one optimizer step per batch the ratio is exactly 1, so the actor reuses its own
+        (detached) log-probs from the update's forward pass and this forward is skipped.
+        """
+        if self.single_update_per_batch():
+            return
+        batch.old_logprobs = await asyncio.to_thread(
+            self.actor.logprobs, batch.prompts, batch.responses
+        )
+
     async def reference_and_values(self, batch: RolloutBatch) -> None:
         if self.config.trainer.use_kl_loss:
             batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(
@@ -160,14 +180,11 @@ class Trainer:
             with timer.phase("gen"):
                 batch = await self.generate(prompts)
             self.check_versions(batch)
-            with timer.phase("reward"):
-                await self.score(batch)
-            with timer.phase("old_log_prob"):
-                batch.old_logprobs = await asyncio.to_thread(
-                    self.actor.logprobs, batch.prompts, batch.responses
-                )
-            with timer.phase("ref"):
-                await self.reference_and_values(batch)
+            await asyncio.gather(
+                timer.timed("reward", self.score(batch)),
+                timer.timed("ref", self.reference_and_values(batch)),
+                timer.timed("old_log_prob", self.old_logprobs(batch)),
+            )
             with timer.phase("adv"):
                 advantages, returns, mask = self.advantages(batch)
             metrics = {}

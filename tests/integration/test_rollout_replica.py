@@ -187,3 +187,5 @@ async def test_invalid_direct_request_is_invalid_argument(replica: ReplicaProc) 
             await client.generate(GenerateRequest("long", too_long, prompt_text="1+1="))
         with pytest.raises(InvalidArgument):
             await client.generate(GenerateRequest("", GREEDY, prompt_text="1+1="))
+        with pytest.raises(InvalidArgument):  # id 16 is past the 16-token vocabulary
+            await client.generate(GenerateRequest("vocab", GREEDY, prompt_token_ids=[1, 16]))

@@ -48,7 +48,12 @@ class StandIn:
     async def kill(self) -> None:
         for task in self.tasks:
             task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        done, pending = await asyncio.wait(self.tasks, timeout=3)
+        if pending:
+            import sys
+            for t in asyncio.all_tasks():
+                t.print_stack(file=sys.stderr)
+            raise RuntimeError("HUNG KILL")
 
     async def _beat(self) -> None:
         while True:

@@ -187,3 +187,11 @@ async def test_abort_queued_and_running_requests(engine: HFEngine) -> None:
     aborted = [c for c in completions if c.finish_reason == "abort"]
     assert aborted and all(len(c.token_ids) < 50 for c in aborted)
     assert all(len(c.logprobs) == len(c.token_ids) for c in completions)
+
+
+async def test_check_prompt_refuses_unknown_ids_and_overlong_requests(engine: HFEngine) -> None:
+    engine.check_prompt([1, 15], 8)
+    with pytest.raises(InvalidArgument):
+        engine.check_prompt([1, 16], 8)
+    with pytest.raises(InvalidArgument):
+        engine.check_prompt([1] * 60, 8)  # 68 > rollout.max_model_len 64

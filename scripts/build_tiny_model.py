@@ -211,6 +211,8 @@ def save(model: Any, tokenizer: Any, out: Path, card: str) -> None:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / "README.md").write_text(card, encoding="utf-8")
+    for path in out.iterdir():  # safetensors writes 0600; containers run as another user
+        path.chmod(0o644)
 
 
 def main(argv: list[str] | None = None) -> None:

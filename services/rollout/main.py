@@ -67,7 +67,7 @@ async def serve(config: RlfleetConfig) -> None:
     install_stop_signals(stop)
     port = await server.start()
     await server.set_serving(False)
-    replica.address = f"{rollout.advertise_host or rollout.host}:{port}"
+    replica.address = f"{advertised_host(rollout)}:{port}"
     try:
         await _run_until(stop, replica, server)
     finally:
@@ -104,6 +104,18 @@ async def _shutdown(replica, server, redis) -> None:
     await server.stop(grace_s=2.0)
     await replica.engine.close()
     await redis.aclose()
+
+
+def advertised_host(rollout) -> str:
+    """The host others dial: explicit setting, else our hostname when bound to every interface
+    (so each ``docker compose --scale`` container registers its own name), else the bind host."""
+    import socket
+
+    if rollout.advertise_host:
+        return rollout.advertise_host
+    if rollout.host in ("0.0.0.0", "::", ""):
+        return socket.gethostname()
+    return rollout.host
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,7 +25,7 @@ from services.common.keys import Keys
 from services.common.workqueue import Result, WorkQueue, decode_result
 from services.rollout.registry import ReplicaInfo
 from services.rollout.router_janitor import Janitor
-from services.rollout.routing import pick_replica
+from services.rollout.routing import loading, pick_replica
 from services.rollout.types import GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class ReplicaView:
 
     @property
     def state(self) -> str:
-        if not self.info.alive:
+        if not self.info.alive and not loading(self.info):
             return "dead"
         return "draining" if self.draining else self.info.state
 

@@ -10,8 +10,11 @@ rollout streams of replicas that are not registered any more.
 Several routers may run: a Redis lock (``SET NX PX``) lets one of them sweep at a time. A
 replica is forgotten (registry entry, draining mark and stream deleted) only after two
 consecutive sweeps found its stream empty, which also catches a request routed to it in the
-instant before it died. Limit: a drained entry's delivery count does not travel with it, so a
-request that kills every replica it lands on is not dead-lettered, only bounced.
+instant before it died. A replica registered as ``starting`` may be silent while its engine
+loads: for ``routing.STARTUP_GRACE_S`` it is not declared dead (its stream is still emptied).
+
+Limit: a drained entry's delivery count does not travel with it, so a request that kills
+every replica it lands on is not dead-lettered, only bounced from replica to replica.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from redis.asyncio import Redis
 
 from services.common.errors import Unavailable
 from services.common.keys import Keys
+from services.rollout.routing import loading
 
 if TYPE_CHECKING:
     from services.rollout.router import RouterCore, Snapshot
@@ -49,22 +53,29 @@ class Janitor:
         self._token = uuid.uuid4().hex
         self._known: set[str] = set()  # registered at the previous sweep
         self._dead: set[str] = set()  # registered without heartbeat at the previous sweep
+        self._waiting: dict[str, int] = {}  # requests left on a gone replica, last sweep
+        self._why = ""  # why the last request could not be re-routed
+        self._loading: set[str] = set()  # silent but "starting" lately: evacuated, not forgotten
         self._departed: set[str] = set()  # unregistered ids whose streams may hold work
         self._emptied: set[str] = set()  # ids whose stream the previous sweep found empty
         self._sweeps = 0
+        self._stopping = False
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="router-janitor")
 
     async def close(self) -> None:
-        if self._task is not None:
+        """Stop sweeping. A flag as well as cancel(): on Python 3.11 a cancellation can be
+        swallowed by the ``asyncio.wait_for`` redis-py wraps around socket I/O."""
+        self._stopping = True
+        while self._task is not None and not self._task.done():
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+            await asyncio.wait([self._task], timeout=0.1)
+        self._task = None
 
     async def _loop(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self.sweep()
             except asyncio.CancelledError:
@@ -78,7 +89,8 @@ class Janitor:
         snap = await self._core.snapshot(None)
         registered = {r.replica_id for r in snap.replicas}
         dead = {r.replica_id for r in snap.replicas if not r.alive}
-        for replica_id in sorted(dead - self._dead):
+        self._loading = {r.replica_id for r in snap.replicas if not r.alive and loading(r)}
+        for replica_id in sorted(dead - self._dead - self._loading):
             log.warning("replica %s missed its heartbeat: treating it as dead", replica_id)
         self._dead = dead
         self._departed = (self._departed | (self._known - registered)) - registered
@@ -107,7 +119,7 @@ class Janitor:
     async def _evacuate(self, replica_id: str) -> int:
         entries = await self._core.queue(replica_id).drain_entries()
         if not entries:
-            if replica_id in self._emptied:
+            if replica_id in self._emptied and replica_id not in self._loading:
                 await self._forget(replica_id)
             else:
                 self._emptied.add(replica_id)
@@ -115,10 +127,14 @@ class Janitor:
         self._emptied.discard(replica_id)
         snap = await self._core.snapshot(None)
         moved = sum([await self._reroute(snap, replica_id, *entry) for entry in entries])
-        log.warning(
-            "replica %s is gone: re-routed %d of its %d queued requests (%d wait for a replica)",
-            replica_id, moved, len(entries), len(entries) - moved,
-        )  # fmt: skip
+        waiting = len(entries) - moved
+        if moved or self._waiting.get(replica_id) != waiting:  # not every sweep while stuck
+            log.warning(
+                "replica %s is gone: re-routed %d of its %d queued requests%s",
+                replica_id, moved, len(entries),
+                f"; {waiting} wait: {self._why}" if waiting else "",
+            )  # fmt: skip
+        self._waiting[replica_id] = waiting
         return moved
 
     async def _reroute(self, snap: Snapshot, gone_id: str, request_id: str, payload: bytes) -> int:
@@ -127,7 +143,7 @@ class Janitor:
             min_version = int(json.loads(payload).get("min_weight_version", 0))
             target = self._core.choose(snap, min_version, None)
         except Unavailable as exc:
-            log.warning("request %s from %s not re-routed yet: %s", request_id, gone_id, exc)
+            self._why = str(exc)
             await self._core.queue(gone_id).submit(request_id, payload)
             return 0
         except (ValueError, AttributeError) as exc:
@@ -148,7 +164,8 @@ class Janitor:
             pipe.delete(self._keys.replica(replica_id), self._keys.rollout_stream(replica_id))
             pipe.hdel(self._keys.inflight, replica_id)
             await pipe.execute()
-        self._emptied.discard(replica_id)
-        self._departed.discard(replica_id)
+        for tracked in (self._emptied, self._departed, self._known, self._dead):
+            tracked.discard(replica_id)
+        self._waiting.pop(replica_id, None)
         self._core.forget_queue(replica_id)
         log.info("forgot replica %s (gone, its stream stayed empty)", replica_id)

@@ -24,7 +24,11 @@ async def serve(config: RlfleetConfig, port: int) -> None:
     from services.rollout.router import RouterCore
     from services.rollout.router_server import registrations
 
-    redis = Redis.from_url(config.redis_url)
+    # No socket timeout: redis-py's default (5 s) wraps every write in asyncio.wait_for, which
+    # on Python 3.11 can swallow task cancellation; keepalive and health checks catch dead links.
+    redis = Redis.from_url(
+        config.redis_url, socket_timeout=None, socket_keepalive=True, health_check_interval=30
+    )
     core = RouterCore(redis, Keys(config.cluster), config)
     server = GrpcServer(
         registrations(core), config.router.host, port, config.max_message_mb, config.api_key

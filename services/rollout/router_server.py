@@ -54,7 +54,7 @@ class RouterRolloutServicer(rollout_pb2_grpc.RolloutServicer):
         raise NotImplementedError(DIRECT_ONLY.format("Resume"))
 
     async def GetStatus(self, request, context):  # noqa: N802
-        raise NotImplementedError(DIRECT_ONLY.format("GetStatus (or Router.ListReplicas)"))
+        raise NotImplementedError(DIRECT_ONLY.format("GetStatus"))
 
 
 class RouterServicer(rollout_pb2_grpc.RouterServicer):

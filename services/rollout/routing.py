@@ -17,6 +17,13 @@ from services.common.errors import Unavailable
 from services.rollout.registry import ReplicaInfo
 
 SERVING = "serving"
+STARTUP_GRACE_S = 600.0  # how long a replica may stay silent while its engine loads
+
+
+def loading(replica: ReplicaInfo) -> bool:
+    """Registered as starting lately: its engine may still be loading (and not heartbeating),
+    so a missing heartbeat does not mean it died."""
+    return replica.state == "starting" and 0 <= replica.heartbeat_age_s < STARTUP_GRACE_S
 
 
 def eligible(

@@ -37,6 +37,7 @@ class StandIn:
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), "rollout")
         self.seen: list[str] = []
         self.tasks: list[asyncio.Task] = []
+        self.alive = True
 
     async def start(self) -> StandIn:
         await self.queue.ensure_group()
@@ -46,22 +47,20 @@ class StandIn:
         return self
 
     async def kill(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        done, pending = await asyncio.wait(self.tasks, timeout=3)
-        if pending:
-            import sys
-            for t in asyncio.all_tasks():
-                t.print_stack(file=sys.stderr)
-            raise RuntimeError("HUNG KILL")
+        """Flag and cancel: Python 3.11 + redis-py's socket timeouts can swallow a cancel."""
+        self.alive = False
+        while pending := [task for task in self.tasks if not task.done()]:
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=0.1)
 
     async def _beat(self) -> None:
-        while True:
+        while self.alive:
             await asyncio.sleep(TTL_S / 4)
             await self.registry.heartbeat(self.replica_id)
 
     async def _serve(self) -> None:
-        while True:
+        while self.alive:
             for job in await self.queue.read(self.replica_id, count=16, block_ms=50):
                 self.seen.append(job.request_id)
                 if self.answer:
@@ -78,6 +77,14 @@ def make_request(request_id: str, session: str = "", min_version: int = 0, timeo
         request_id, SamplingParams(max_tokens=2), prompt_text="1+2=", session_id=session,
         min_weight_version=min_version, timeout_s=timeout_s,
     )  # fmt: skip
+
+
+@pytest.fixture
+async def redis_client(redis_url: str):
+    """Without a socket timeout, so that cancelling a task blocked on Redis takes effect."""
+    client = aioredis.Redis.from_url(redis_url, socket_timeout=None)
+    yield client
+    await client.aclose()
 
 
 @pytest.fixture
@@ -216,7 +223,7 @@ async def test_backlog_of_a_replica_that_deregistered_is_rerouted(router, spawn)
     assert (await pending).replica_id == "stayer"
 
 
-async def test_new_router_rescues_streams_of_unknown_replicas(router, spawn, redis_client, keys):
+async def test_new_router_rescues_streams_of_unknown_replicas(spawn, redis_client, keys):
     ghost = WorkQueue(redis_client, keys, keys.rollout_stream("ghost"), "rollout")
     await ghost.submit("orphan", make_request("orphan").to_json())
     await spawn("live")
@@ -224,3 +231,13 @@ async def test_new_router_rescues_streams_of_unknown_replicas(router, spawn, red
     assert await fresh.janitor.sweep() == 1  # its first sweep scans for stray streams
     answer = await ghost.wait_result("orphan", timeout_s=5)
     assert GenerateResult.from_json(answer.payload).replica_id == "live"
+
+
+async def test_silent_starting_replica_is_not_forgotten(router, spawn, redis_client, keys):
+    """Engines can load for longer than the heartbeat TTL; such a replica must stay listed."""
+    loading = ReplicaInfo("loading", "127.0.0.1:1", 0, "starting", "hf")
+    await ReplicaRegistry(redis_client, keys, heartbeat_ttl_s=0.05).register(loading)
+    await asyncio.sleep(1.0)  # ten sweeps with the heartbeat long expired
+    assert [(v.info.replica_id, v.state) for v in await router.list_replicas()] == [
+        ("loading", "starting")
+    ]  # fmt: skip

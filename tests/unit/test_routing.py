@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
 from services.common.errors import Unavailable
 from services.rollout.registry import ReplicaInfo
-from services.rollout.routing import pick_replica
+from services.rollout.routing import loading, pick_replica
 
 
 def replica(rid: str, version: int = 0, state: str = "serving", alive: bool = True) -> ReplicaInfo:
@@ -100,3 +101,12 @@ def test_overloaded_fleet_still_routes_to_least_loaded():
     """The cap only breaks stickiness; it never refuses work."""
     fleet = [replica("a"), replica("b")]
     assert pick(fleet, {"a": 10, "b": 9}, sticky="a", cap=4) == "b"
+
+
+def test_silent_replica_counts_as_loading_only_while_starting_recently():
+    starting = replica("s", state="starting", alive=False)
+    starting.heartbeat_at = time.time() - 30
+    assert loading(starting)
+    starting.heartbeat_at = time.time() - 3600
+    assert not loading(starting)
+    assert not loading(replica("x", state="serving", alive=False))

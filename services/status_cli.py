@@ -9,12 +9,11 @@ from services.common.entry import base_parser, resolve
 
 
 async def replica_lines(config) -> list[str]:
-    import redis.asyncio as aioredis
-
     from services.common.keys import Keys
+    from services.common.redis_client import connect
     from services.rollout.registry import ReplicaRegistry
 
-    client = aioredis.from_url(config.redis_url)
+    client = connect(config.redis_url)
     try:
         registry = ReplicaRegistry(client, Keys(config.cluster), config.rollout.heartbeat_ttl_s)
         replicas = await registry.list()

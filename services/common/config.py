@@ -120,6 +120,9 @@ class RouterConfig(Section):
     """Load cap: a sticky replica above this many in-flight requests is not reused."""
     request_timeout_s: float = 120.0
     """Default time a Generate call waits for its result."""
+    route_wait_s: float = 3.0
+    """How long a request waits for an eligible replica (registering, catching up on weights)
+    before the router answers UNAVAILABLE."""
     janitor_interval_s: float = 1.0
     """How often the router looks for dead replicas and migrates their queued work."""
 

@@ -12,12 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 
 from services.common.config import RlfleetConfig
 from services.common.entry import base_parser, resolve
 from services.common.grpc_server import GrpcServer, install_stop_signals
 from services.common.keys import Keys
+from services.common.redis_client import connect
 from services.reward.scorers import ScorerRegistry, build_registry
 from services.reward.server import registration
 from services.reward.service import REDIS_CONCURRENCY, RewardService, reward_queue
@@ -79,8 +80,7 @@ async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
 def redis_client(url: str, max_connections: int) -> Redis:
     """A client whose burst of calls waits for a free connection instead of failing with
     "Too many connections" (the plain pool's behaviour once its limit is reached)."""
-    pool = BlockingConnectionPool.from_url(url, max_connections=max(4, max_connections))
-    return Redis.from_pool(pool)
+    return connect(url, max_connections)
 
 
 class WorkerPool:

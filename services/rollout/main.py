@@ -50,15 +50,14 @@ def default_replica_id() -> str:
 
 
 async def serve(config: RlfleetConfig) -> None:
-    from redis.asyncio import Redis
-
     from services.common.grpc_server import GrpcServer, install_stop_signals
+    from services.common.redis_client import connect
     from services.rollout.engine import make_engine
     from services.rollout.replica import Replica
     from services.rollout.server import registration
 
     rollout = config.rollout
-    redis = Redis.from_url(config.redis_url, decode_responses=False)
+    redis = connect(config.redis_url)
     replica_id = rollout.replica_id or default_replica_id()
     replica = Replica(config, make_engine(config), redis, Keys(config.cluster), replica_id, "")
     server = GrpcServer([registration(replica)], rollout.host, rollout.port,

@@ -31,7 +31,6 @@ from services.rollout.types import GenerateRequest, GenerateResult
 log = logging.getLogger(__name__)
 
 GROUP = "rollout"
-ROUTE_WAIT_S = 3.0  # how long a request waits for an eligible replica (registrations, updates)
 ROUTE_POLL_S = 0.1
 
 # Decrement, never below zero (a replica deregistered meanwhile has no field).
@@ -74,7 +73,7 @@ class RouterCore:
         self, redis: Redis, keys: Keys, config: RlfleetConfig, rng: random.Random | None = None
     ) -> None:
         self._redis, self._keys, self._cfg = redis, keys, config.router
-        self._route_wait_s = getattr(config.router, "route_wait_s", ROUTE_WAIT_S)
+        self._route_wait_s = config.router.route_wait_s
         self._queues: dict[str, WorkQueue] = {}
         self._release_script = redis.register_script(_RELEASE_LUA)
         self._rng = rng or random.Random()

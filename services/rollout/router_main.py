@@ -17,18 +17,15 @@ log = logging.getLogger(__name__)
 
 async def serve(config: RlfleetConfig, port: int) -> None:
     """Run the gRPC server and the janitor until a stop signal arrives."""
-    from redis.asyncio import Redis
-
     from services.common.grpc_server import GrpcServer, install_stop_signals
     from services.common.keys import Keys
+    from services.common.redis_client import connect
     from services.rollout.router import RouterCore
     from services.rollout.router_server import registrations
 
     # No socket timeout: redis-py's default (5 s) wraps every write in asyncio.wait_for, which
     # on Python 3.11 can swallow task cancellation; keepalive and health checks catch dead links.
-    redis = Redis.from_url(
-        config.redis_url, socket_timeout=None, socket_keepalive=True, health_check_interval=30
-    )
+    redis = connect(config.redis_url)
     core = RouterCore(redis, Keys(config.cluster), config)
     server = GrpcServer(
         registrations(core), config.router.host, port, config.max_message_mb, config.api_key

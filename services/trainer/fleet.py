@@ -37,10 +37,9 @@ def needs_refcritic(config: RlfleetConfig) -> bool:
 
 async def connect_fleet(config: RlfleetConfig) -> Fleet:
     """Clients for the router, reward, refcritic and the replica registry."""
-    import redis.asyncio as aioredis
-
     from services.common.errors import FailedPrecondition
     from services.common.keys import Keys
+    from services.common.redis_client import connect
     from services.refcritic.client import RefCriticClient
     from services.reward.client import RewardClient
     from services.rollout.client import RolloutClient
@@ -50,7 +49,7 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
     if not config.redis_url:
         raise FailedPrecondition("the trainer needs redis_url (RLFLEET_REDIS_URL) to find replicas")
     key, mb = config.api_key, config.max_message_mb
-    redis = aioredis.from_url(config.redis_url)
+    redis = connect(config.redis_url)
     registry = ReplicaRegistry(redis, Keys(config.cluster), config.rollout.heartbeat_ttl_s)
     refcritic = (
         RefCriticClient(config.endpoints.refcritic, api_key=key)

@@ -1,0 +1,44 @@
+"""The CLI's verbs exist and ``--help`` stays light: no torch, vLLM or transformers import."""
+
+import subprocess
+import sys
+
+import pytest
+
+from services.cli import VERBS
+
+HEAVY = ("torch", "vllm", "transformers")
+
+PROBE = """
+import sys
+from services.cli import main
+try:
+    main([{verb!r}, "--help"])
+except SystemExit:
+    pass
+print("HEAVY:" + ",".join(m for m in {heavy!r} if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_verb_help_imports_nothing_heavy(verb):
+    code = PROBE.format(verb=verb, heavy=HEAVY)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "usage: rlfleet" in result.stdout, result.stdout + result.stderr
+    assert result.stdout.strip().endswith("HEAVY:"), result.stdout[-300:]
+
+
+def test_top_level_help_lists_every_verb(capsys):
+    from services.cli import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for verb in VERBS:
+        assert f"  {verb}" in out
+
+
+def test_unknown_verb_is_an_error(capsys):
+    from services.cli import main
+
+    assert main(["nonsense"]) == 2
+    assert "unknown verb" in capsys.readouterr().err

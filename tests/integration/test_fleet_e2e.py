@@ -86,3 +86,34 @@ def test_up_stops_everything_and_names_the_failed_service(tmp_path):
     assert "exited with code" in result.stderr and "stopping the fleet" in result.stderr
     leftover = subprocess.run(["pgrep", "-f", str(marker)], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", f"processes left behind: {leftover.stdout}"
+
+
+def test_ctrl_c_stops_the_whole_fleet(tmp_path):
+    """SIGINT to `rlfleet up` (what Ctrl-C sends) stops every service it started."""
+    import signal
+    import threading
+    import time
+
+    marker = tmp_path / "interrupted-run"
+    argv = [
+        sys.executable, "-m", "services.cli", "up", "--no-trainer", "--rollout-replicas", "2",
+        f"run_dir={marker}", "rollout.backend=hf",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        serving = set()
+        for line in iter(proc.stdout.readline, b""):
+            if b"serving at" in line:
+                serving.add(line.split(b"]")[0])
+            if len(serving) == 2 or time.monotonic() > deadline:
+                break
+        assert len(serving) == 2, "both replicas should come up before the interrupt"
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    leftover = subprocess.run(["pgrep", "-f", str(marker)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", f"processes left behind: {leftover.stdout}"

@@ -226,6 +226,10 @@ class TrainerConfig(Section):
     """Torch seed."""
     torch_threads: int = 1
     """Intra-op threads for the trainer's torch."""
+    resume_from: str | None = None
+    """Checkpoint directory written by this trainer (``run_dir/checkpoints/global_step_N`` or
+    ``final``) to continue from: actor weights, optimizer, schedule, step and data position.
+    The reference policy stays ``model.path``."""
     min_replicas: int = 1
     """Rollout replicas that must be serving before training starts (``rlfleet up`` sets N)."""
     replica_wait_s: float = 600.0

@@ -140,6 +140,19 @@ class Actor:
         tokenizer.save_pretrained(path)
         return path
 
+    def load_training_state(self, path: Path) -> dict:
+        """Restore optimizer/scheduler state saved by ``save_training_state``; returns extras."""
+        from services.common.errors import InvalidArgument
+
+        file = path / "trainer_state.pt"
+        if not file.is_file():
+            raise InvalidArgument(f"{path} is not a trainer checkpoint (no trainer_state.pt)")
+        state = torch.load(file, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = state["updates"]
+        return state
+
     def save_training_state(self, path: Path, extra: dict) -> None:
         """Optimizer/scheduler state for resuming (next to the HF weights)."""
         torch.save(

@@ -26,10 +26,24 @@ def build_actor(config: RlfleetConfig):
 
     torch.set_num_threads(config.trainer.torch_threads)
     torch.manual_seed(config.trainer.seed)
-    tokenizer = load_tokenizer(config.model.path)
-    model = load_causal_lm(config.model.path, config.model.dtype)
+    source = config.trainer.resume_from or config.model.path
+    tokenizer = load_tokenizer(source)
+    model = load_causal_lm(source, config.model.dtype)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return tokenizer, Actor(config, model, pad_id)
+
+
+def restore(trainer: Trainer) -> None:
+    """Continue a run from ``trainer.resume_from`` (the actor weights are already loaded)."""
+    path = trainer.config.trainer.resume_from
+    if not path:
+        return
+    state = trainer.actor.load_training_state(Path(path))
+    trainer.step = int(state["step"])
+    trainer.resumed_version = int(state["version"])
+    log.info(
+        "resumed from %s at step %d (weights v%d)", path, trainer.step, trainer.resumed_version
+    )
 
 
 async def validate(trainer: Trainer, records) -> dict[str, float]:
@@ -54,7 +68,10 @@ def progress(total: int):
 async def train_loop(trainer: Trainer, train_records, writer: MetricsWriter) -> None:
     cfg = trainer.config
     data = batches(train_records, cfg.data.train_batch_size, cfg.data.seed)
+    for _ in range(trainer.step):  # a resumed run continues the same data order
+        next(data)
     bar = progress(cfg.trainer.total_steps)
+    bar.update(trainer.step)
     while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
         await trainer.wait_if_paused()
         await trainer.push_weights(only_stale=True)  # replicas that joined mid-run
@@ -95,6 +112,7 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
     fleet = await connect_fleet(config)
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     trainer = Trainer(config, fleet, actor, tokenizer)
+    restore(trainer)
     server = control_server_factory(trainer, writer) if control_server_factory else None
     if server is not None:
         await server.start()

@@ -33,6 +33,8 @@ class Trainer:
         self.actor = actor
         self.tokenizer = tokenizer
         self.version = 0
+        self.resumed_version = 0
+        """Weight version of the checkpoint this run resumed from (0 = fresh run)."""
         self.step = 0
         self.run_tag = uuid.uuid4().hex[:8]
         self.state = "starting"
@@ -64,9 +66,10 @@ class Trainer:
         return await self.fleet.weight_sync.push(state, self.version, flush, only_stale)
 
     async def start(self, n_replicas: int, timeout_s: float) -> None:
-        """Wait for replicas, then push the initial weights as version 1."""
+        """Wait for replicas, then push the actor's weights as the first version of this run
+        (1, or one past the resumed checkpoint's, so no replica keeps serving older ones)."""
         await self.fleet.weight_sync.wait_for_replicas(n_replicas, timeout_s)
-        self.version = 1
+        self.version = self.resumed_version + 1
         await self.push_weights()
         self.state = "running"
 

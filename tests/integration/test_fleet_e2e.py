@@ -18,7 +18,9 @@ MODEL = ROOT / "models" / "tiny-qwen2-arith"
 pytestmark = pytest.mark.slow
 
 
-def run_up(run_dir: Path, backend: str, steps: int = 3) -> subprocess.CompletedProcess:
+def run_up(
+    run_dir: Path, backend: str, steps: int = 3, extra: list[str] | None = None
+) -> subprocess.CompletedProcess:
     argv = [
         sys.executable,
         "-m",
@@ -35,6 +37,7 @@ def run_up(run_dir: Path, backend: str, steps: int = 3) -> subprocess.CompletedP
         "data.val_size=16",
         "data.train_batch_size=4",
         "trainer.replica_wait_s=240",
+        *(extra or []),
     ]
     env = {k: v for k, v in __import__("os").environ.items() if k != "RLFLEET_REDIS_URL"}
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -117,3 +120,19 @@ def test_ctrl_c_stops_the_whole_fleet(tmp_path):
             proc.kill()
     leftover = subprocess.run(["pgrep", "-f", str(marker)], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", f"processes left behind: {leftover.stdout}"
+
+
+def test_trainer_resumes_from_its_checkpoint(tmp_path):
+    """A second `rlfleet up` continues from the first one's step-2 checkpoint: same run
+    directory, metrics continue at step 3, weight versions keep increasing."""
+    run_dir = tmp_path / "run"
+    first = run_up(run_dir, "hf", steps=2, extra=["trainer.save_freq=2"])
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    checkpoint = run_dir / "checkpoints" / "global_step_2"
+    assert (checkpoint / "trainer_state.pt").is_file()
+    second = run_up(run_dir, "hf", steps=3, extra=[f"trainer.resume_from={checkpoint}"])
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    versions = [m["training/weight_version"] for m in metrics]
+    assert versions == [2.0, 3.0, 5.0]  # the resumed run pushes v4 first, trains on it, pushes v5

@@ -169,3 +169,39 @@ def test_grpo_steps_raise_probability_of_rewarded_token():
         asyncio.run(trainer.train_step(prompts(8)))
     after = good_token_probability(trainer)
     assert after > before * 1.5, (before, after)
+
+
+def test_resume_continues_step_version_optimizer_and_weights(tmp_path):
+    from services.trainer.run import restore, save_checkpoint
+
+    class SavingTokenizer(CharTokenizer):
+        def save_pretrained(self, path):
+            (path / "tokenizer.marker").write_text("char")
+
+    first = make_trainer()
+    first.tokenizer = SavingTokenizer()
+    asyncio.run(first.start(1, 1.0))
+    for _ in range(2):
+        asyncio.run(first.train_step(prompts()))
+        first.step += 1
+    checkpoint = save_checkpoint(first, tmp_path / "global_step_2")
+
+    second = make_trainer(**{"trainer.resume_from": str(checkpoint)})
+    second.actor.model.load_state_dict(first.actor.model.state_dict())  # build_actor's job
+    restore(second)
+    asyncio.run(second.start(1, 1.0))
+    assert second.step == 2
+    assert second.version == first.version + 1  # replicas get a version newer than any served
+    assert second.actor.updates == first.actor.updates == 2
+    first_state = first.actor.optimizer.state_dict()["state"]
+    second_state = second.actor.optimizer.state_dict()["state"]
+    assert torch.equal(first_state[0]["exp_avg"], second_state[0]["exp_avg"])
+
+
+def test_resume_from_a_directory_without_state_is_refused(tmp_path):
+    from services.common.errors import InvalidArgument
+    from services.trainer.run import restore
+
+    trainer = make_trainer(**{"trainer.resume_from": str(tmp_path)})
+    with pytest.raises(InvalidArgument, match="trainer_state.pt"):
+        restore(trainer)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from services.common.keys import Keys
+from services.common.results import Result, decode_result, encode_result
 
 log = logging.getLogger(__name__)
 
@@ -39,38 +39,13 @@ return 1"""
 
 @dataclass(frozen=True)
 class Job:
-    """One delivery of a request to a consumer; ``deliveries`` counts this one too."""
+    """One delivery of a request to a consumer; ``deliveries`` counts this one too (for a
+    job taken out by ``drain_jobs``: the deliveries so far, 0 if it was never read)."""
 
     entry_id: str
     request_id: str
     payload: bytes
     deliveries: int
-
-
-@dataclass(frozen=True)
-class Result:
-    """The answer to a request: a payload, or an error message (then payload is usually b"")."""
-
-    request_id: str
-    payload: bytes
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-def encode_result(payload: bytes, error: str | None) -> bytes:
-    """A 4-byte error length (-1: no error), the UTF-8 error message, then the payload."""
-    message = b"" if error is None else error.encode()
-    return struct.pack(">i", -1 if error is None else len(message)) + message + payload
-
-
-def decode_result(request_id: str, raw: bytes) -> Result:
-    (size,) = struct.unpack_from(">i", raw)
-    if size < 0:
-        return Result(request_id, raw[4:])
-    return Result(request_id, raw[4 + size :], raw[4 : 4 + size].decode(errors="replace"))
 
 
 class WorkQueue:
@@ -172,13 +147,18 @@ class WorkQueue:
         """Outstanding entries, delivered or not (completed ones are deleted)."""
         return int(await self.redis.xlen(self.stream))
 
-    async def drain_entries(self) -> list[tuple[str, bytes]]:
-        """Take every outstanding entry (pending or unread) out of this stream."""
-        taken: list[tuple[str, bytes]] = []
+    async def drain_jobs(self) -> list[Job]:
+        """Take every outstanding entry (pending or unread) out of this stream, with its
+        delivery count, so whoever re-queues it can pass that on as ``prior_deliveries``."""
+        taken: list[Job] = []
         async for batch in self._batches():
             await self._remove(batch)
-            taken.extend((job.request_id, job.payload) for job in batch)
+            taken.extend(batch)
         return taken
+
+    async def drain_entries(self) -> list[tuple[str, bytes]]:
+        """``drain_jobs`` as (request_id, payload) pairs."""
+        return [(job.request_id, job.payload) for job in await self.drain_jobs()]
 
     async def move_to(self, other: WorkQueue) -> int:
         """Move outstanding work to ``other``; returns how many entries were queued there.
@@ -214,7 +194,7 @@ class WorkQueue:
         jobs = [_job(eid, fields, (counts or {}).get(eid, 1)) for eid, fields in entries if fields]
         for job in jobs:
             if job.deliveries > self.max_deliveries:
-                await self._dead_letter(job, f"delivered {job.deliveries} times")
+                await self.dead_letter(job, f"delivered {job.deliveries} times")
         return [job for job in jobs if job.deliveries <= self.max_deliveries]
 
     async def _counts(self, entries: list[_Entry]) -> _Counts:
@@ -226,7 +206,9 @@ class WorkQueue:
         pel = [p for reply in replies if isinstance(reply, list) for p in reply]
         return {_text(p["message_id"]): int(p["times_delivered"]) for p in pel}
 
-    async def _dead_letter(self, job: Job, reason: str) -> None:
+    async def dead_letter(self, job: Job, reason: str) -> None:
+        """Give up on a job: error answer for its waiters, a copy in the dead-letter stream.
+        Also for a drained job, whose entry is gone already (XACK/XDEL then do nothing)."""
         log.warning("dead-lettering request %s from %s: %s", job.request_id, self.stream, reason)
         fields = {"id": job.request_id, "payload": job.payload, "reason": reason,
                   "stream": self.stream, "deliveries": job.deliveries}  # fmt: skip

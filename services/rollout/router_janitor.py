@@ -13,8 +13,9 @@ consecutive sweeps found its stream empty, which also catches a request routed t
 instant before it died. A replica registered as ``starting`` may be silent while its engine
 loads: for ``routing.STARTUP_GRACE_S`` it is not declared dead (its stream is still emptied).
 
-Limit: a drained entry's delivery count does not travel with it, so a request that kills
-every replica it lands on is not dead-lettered, only bounced from replica to replica.
+A drained request keeps its delivery count (``prior_deliveries``); one that has been delivered
+``max_deliveries`` times already (say, a prompt that kills every replica it lands on) is
+dead-lettered with an error answer instead of bounced on, so its caller hears why.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from redis.asyncio import Redis
 
 from services.common.errors import Unavailable
 from services.common.keys import Keys
+from services.common.workqueue import Job
 from services.rollout.routing import loading
 
 if TYPE_CHECKING:
@@ -117,39 +119,52 @@ class Janitor:
         return found
 
     async def _evacuate(self, replica_id: str) -> int:
-        entries = await self._core.queue(replica_id).drain_entries()
-        if not entries:
+        drained = await self._core.queue(replica_id).drain_jobs()
+        if not drained:
             if replica_id in self._emptied and replica_id not in self._loading:
                 await self._forget(replica_id)
             else:
                 self._emptied.add(replica_id)
             return 0
         self._emptied.discard(replica_id)
+        if not (jobs := await self._give_up_on_spent(replica_id, drained)):
+            self._waiting.pop(replica_id, None)
+            return 0
         snap = await self._core.snapshot(None)
-        moved = sum([await self._reroute(snap, replica_id, *entry) for entry in entries])
-        waiting = len(entries) - moved
+        moved = sum([await self._reroute(snap, replica_id, job) for job in jobs])
+        waiting = len(jobs) - moved
         if moved or self._waiting.get(replica_id) != waiting:  # not every sweep while stuck
             log.warning(
                 "replica %s is gone: re-routed %d of its %d queued requests%s",
-                replica_id, moved, len(entries),
+                replica_id, moved, len(jobs),
                 f"; {waiting} wait: {self._why}" if waiting else "",
             )  # fmt: skip
         self._waiting[replica_id] = waiting
         return moved
 
-    async def _reroute(self, snap: Snapshot, gone_id: str, request_id: str, payload: bytes) -> int:
-        """Queue one request on a live replica (1), or put it back to retry next sweep (0)."""
+    async def _give_up_on_spent(self, gone_id: str, jobs: list[Job]) -> list[Job]:
+        """Dead-letter the requests delivered ``max_deliveries`` times already (each delivery
+        outlived by its replica), so their callers get an error; returns the others."""
+        queue = self._core.queue(gone_id)
+        for job in [job for job in jobs if job.deliveries >= queue.max_deliveries]:
+            await queue.dead_letter(job, f"delivered {job.deliveries} times, replicas died")
+        return [job for job in jobs if job.deliveries < queue.max_deliveries]
+
+    async def _reroute(self, snap: Snapshot, gone_id: str, job: Job) -> int:
+        """Queue one request on a live replica (1), or put it back to retry next sweep (0);
+        either way with its delivery count, so a poison request still ends dead-lettered."""
+        request_id, payload, prior = job.request_id, job.payload, job.deliveries
         try:
             min_version = int(json.loads(payload).get("min_weight_version", 0))
             target = self._core.choose(snap, min_version, None)
         except Unavailable as exc:
             self._why = str(exc)
-            await self._core.queue(gone_id).submit(request_id, payload)
+            await self._core.queue(gone_id).submit(request_id, payload, prior_deliveries=prior)
             return 0
         except (ValueError, AttributeError) as exc:
             log.warning("dropping unreadable request %s from %s: %s", request_id, gone_id, exc)
             return 0
-        if await self._core.queue(target).submit(request_id, payload):
+        if await self._core.queue(target).submit(request_id, payload, prior_deliveries=prior):
             await self._redis.hincrby(self._keys.inflight, target, 1)
             snap.inflight[target] = snap.inflight.get(target, 0) + 1
         return 1

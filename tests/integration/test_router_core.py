@@ -28,11 +28,13 @@ class StandIn:
     """Registers, heartbeats and answers its stream like a replica, without a model.
 
     ``answer=False`` takes jobs and never completes them (a replica stuck mid-request);
-    ``error`` completes every job with that error message.
+    ``error`` completes every job with that error message; ``crash=True`` stops heartbeating
+    and serving as soon as it takes a job (a replica killed by its input).
     """
 
-    def __init__(self, redis, keys, replica_id, version=0, answer=True, error=None):
+    def __init__(self, redis, keys, replica_id, version=0, answer=True, error=None, crash=False):
         self.replica_id, self.version, self.answer, self.error = replica_id, version, answer, error
+        self.crash = crash
         self.registry = ReplicaRegistry(redis, keys, TTL_S)
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), "rollout")
         self.seen: list[str] = []
@@ -63,6 +65,9 @@ class StandIn:
         while self.alive:
             for job in await self.queue.read(self.replica_id, count=16, block_ms=50):
                 self.seen.append(job.request_id)
+                if self.crash:  # the job stays pending in this replica's stream
+                    self.alive = False
+                    return
                 if self.answer:
                     await self.queue.complete(job, self._result(job.payload), self.error)
 
@@ -179,6 +184,21 @@ async def test_dead_replicas_queued_work_is_answered_by_another(router, spawn, r
     assert [v.info.replica_id for v in await router.list_replicas()] == ["healthy"]
     assert await inflight(redis_client, keys) == {"healthy": 0}
     assert (await router.generate(make_request("after", "s"))).replica_id == "healthy"
+
+
+async def test_request_that_kills_every_replica_is_dead_lettered(router, spawn, redis_client, keys):
+    """Its delivery count travels with each rescue, so once ``max_deliveries`` (3) replicas
+    died on it the caller gets an error answer, rather than a timeout after endless bouncing."""
+    victims = [await spawn(f"v{i}", crash=True) for i in range(4)]
+    with pytest.raises(Unavailable, match="dead-lettered.*delivered 3 times"):
+        await router.generate(make_request("poison", timeout_s=15))
+    assert sorted(len(victim.seen) for victim in victims) == [0, 1, 1, 1]
+    streams = [keys.dead_letter(keys.rollout_stream(victim.replica_id)) for victim in victims]
+    filed = [fields for s in streams for _, fields in await redis_client.xrange(s)]
+    assert [(f[b"id"], f[b"deliveries"]) for f in filed] == [(b"poison", b"3")]
+    with pytest.raises(Unavailable, match="dead-lettered"):  # a retry gets the same answer
+        await router.generate(make_request("poison"))
+    assert sum(len(victim.seen) for victim in victims) == 3
 
 
 async def test_drained_replica_gets_no_new_work(router, spawn):

@@ -175,6 +175,25 @@ async def test_drain_entries_takes_pending_and_unread_work(make_queue: MakeQueue
     assert await queue.complete(in_progress, b"late")  # the dead consumer's answer still lands
 
 
+async def test_drain_jobs_keeps_delivery_counts(make_queue: MakeQueue, keys: Keys) -> None:
+    queue = await make_queue()
+    expected = [("twice", 2), ("once", 1), ("unread", 0), ("moved-in", 2)]
+    for request_id, prior in [("twice", 0), ("once", 0), ("unread", 0), ("moved-in", 2)]:
+        await queue.submit(request_id, request_id.encode(), prior_deliveries=prior)
+    assert len(await queue.read("A", count=2, block_ms=100)) == 2  # twice, once: delivery 1
+    assert [j.request_id for j in await queue.reclaim("B", min_idle_ms=0, count=1)] == ["twice"]
+
+    jobs = await queue.drain_jobs()
+    assert [(j.request_id, j.deliveries) for j in jobs] == expected
+    assert [j.payload for j in jobs] == [name.encode() for name, _ in expected]
+    assert await queue.length() == 0 and await queue.pending_count() == 0
+    assert await queue.drain_jobs() == []
+    await queue.dead_letter(jobs[0], "its consumers died")  # its entry is gone already
+    assert "its consumers died" in (await queue.get_result("twice")).error
+    [(_, fields)] = await queue.redis.xrange(keys.dead_letter(keys.reward_stream))
+    assert (fields[b"id"], fields[b"deliveries"]) == (b"twice", b"2")
+
+
 async def test_move_to_requeues_work_with_its_delivery_history(
     make_queue: MakeQueue, keys: Keys
 ) -> None:

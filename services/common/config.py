@@ -170,6 +170,14 @@ class RefCriticConfig(Section):
     """Load the critic (value head). Off saves memory when the estimator needs no values."""
     torch_threads: int = 1
     """Intra-op threads for the refcritic's torch."""
+    workers: int = 1
+    """Queue workers per kind of job (ref; values too where the critic is) when redis_url is set."""
+    request_timeout_s: float = 600.0
+    """Queue path: a ComputeRefLogProbs/ComputeValues batch not answered by then fails."""
+    reclaim_idle_s: float = 10.0
+    """Queue path: a job pending this long on a silent (dead) worker is taken over by another."""
+    worker_delay_s: float = 0.0
+    """Testing aid only: seconds a worker holds each job before computing (so it can be killed)."""
 
 
 class AlgorithmConfig(Section):

@@ -87,8 +87,13 @@ class Keys:
 
     @property
     def refcritic_stream(self) -> str:
-        """Reference log-prob and value jobs, shared by refcritic workers."""
+        """Reference log-prob jobs, read by every refcritic process (workers scale out)."""
         return f"{self.prefix}:stream:refcritic"
+
+    @property
+    def refcritic_values_stream(self) -> str:
+        """Value jobs, read only by the process holding the trained critic (one writer)."""
+        return f"{self.prefix}:stream:refcritic:values"
 
     def result(self, request_id: str) -> str:
         """The stored answer to a request; request ids must be unique within the cluster."""

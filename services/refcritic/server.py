@@ -6,9 +6,12 @@ dead). Each call runs in a worker thread; a ``threading.Lock`` taken *inside* th
 one model computation at a time (the models are not thread-safe, and torch already uses every
 thread it was given), and stays held until the work really ends even if the caller gives up.
 
-Requests arrive directly over gRPC. Taking work from a Redis stream (``services.common.
-workqueue``), so several refcritic processes can share a backlog, is future work; one process per
-fleet is enough for the default job.
+With ``redis_url`` set, the stateless reads (ComputeRefLogProbs, ComputeValues) go through the
+Redis work queue (``services.refcritic.queue_service``): validated here, then answered by
+workers, so more processes add reference throughput and a dead worker's job is reclaimed.
+UpdateCritic, SaveCheckpoint and LoadCheckpoint always run directly in this process: the
+critic's weights and optimizer state must have exactly one writer. Without ``redis_url`` every
+call is computed directly here (one process, no Redis needed).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from typing import Any
 
 from services.common.config import RlfleetConfig
 from services.common.errors import FailedPrecondition, InvalidArgument
-from services.common.grpc_server import GrpcServer, Registration, install_stop_signals
+from services.common.grpc_server import GrpcServer, Registration
 from services.common.proto.rlfleet.v1 import refcritic_pb2, refcritic_pb2_grpc
+from services.refcritic.batch import SequenceBatch, validate_batch
 from services.refcritic.client import rows_from_proto, rows_to_proto
 
 log = logging.getLogger(__name__)
@@ -39,10 +43,18 @@ def sequences_from_proto(batch: refcritic_pb2.SequenceBatch):
 class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):
     """Thin: unpack the request, run the core in a thread, pack the answer."""
 
-    def __init__(self, reference: Any, critic: Any | None) -> None:
+    def __init__(
+        self,
+        reference: Any,
+        critic: Any | None,
+        lock: threading.Lock | None = None,
+        queued: Any | None = None,
+    ) -> None:
         self._reference = reference
         self._critic = critic
-        self._lock = threading.Lock()
+        self._lock = lock or threading.Lock()
+        self._queued = queued
+        """A QueuedCompute for the queue path; None computes reads directly."""
 
     async def _run(self, fn: Callable, *args: Any) -> Any:
         def locked() -> Any:
@@ -56,13 +68,21 @@ class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):
             raise FailedPrecondition("the critic is disabled (refcritic.critic_enabled=false)")
         return self._critic
 
+    async def _read(self, kind: str, model: Any, compute: Callable, request) -> Any:
+        """Rows from the queue (after validating here, so a bad batch costs no job) or direct."""
+        prompts, responses = sequences_from_proto(request)
+        if self._queued is None:
+            return rows_to_proto(await self._run(compute, prompts, responses))
+        validate_batch(SequenceBatch(prompts, responses), model.limits)
+        return rows_to_proto(await self._queued.compute(kind, prompts, responses))
+
     async def ComputeRefLogProbs(self, request, context):
-        rows = await self._run(self._reference.logprobs, *sequences_from_proto(request))
-        return rows_to_proto(rows)
+        reference = self._reference
+        return await self._read("ref", reference, reference.logprobs, request)
 
     async def ComputeValues(self, request, context):
         critic = self._require_critic()
-        return rows_to_proto(await self._run(critic.values, *sequences_from_proto(request)))
+        return await self._read("values", critic, critic.values, request)
 
     async def UpdateCritic(self, request, context):
         critic = self._require_critic()
@@ -96,16 +116,6 @@ def _required_path(path: str) -> str:
     return path
 
 
-def build_servicer(config: RlfleetConfig) -> RefCriticServicer:
-    """Load the reference (always) and the critic (if enabled); this is the slow part."""
-    from services.refcritic.critic import Critic
-    from services.refcritic.reference import RefPolicy
-
-    reference = RefPolicy(config)
-    critic = Critic(config) if config.refcritic.critic_enabled else None
-    return RefCriticServicer(reference, critic)
-
-
 def build_server(config: RlfleetConfig, servicer: RefCriticServicer) -> GrpcServer:
     registration = Registration(
         refcritic_pb2_grpc.add_RefCriticServicer_to_server, servicer, SERVICE_NAME
@@ -116,13 +126,11 @@ def build_server(config: RlfleetConfig, servicer: RefCriticServicer) -> GrpcServ
     )
 
 
-async def serve(config: RlfleetConfig) -> None:
-    """Load the models, then serve until SIGTERM/SIGINT (health is SERVING only once loaded)."""
-    servicer = await asyncio.to_thread(build_servicer, config)
+async def start_server(
+    config: RlfleetConfig, models: Any, lock: threading.Lock, queued: Any | None
+) -> GrpcServer:
+    """Serve ``models`` (reference, critic); health turns SERVING once this returns."""
+    servicer = RefCriticServicer(models.reference, models.critic, lock, queued)
     server = build_server(config, servicer)
     await server.start()
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    await stop.wait()
-    log.info("refcritic stopping")
-    await server.stop()
+    return server

@@ -6,11 +6,13 @@ Every process started here is stopped by its PID in a finalizer, even when a tes
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,11 +20,14 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from redis.exceptions import ResponseError
 
 from services.common.grpc_healthcheck import check
+from services.common.keys import Keys
 from services.common.model_io import load_causal_lm
-from services.common.redis_server import free_port
+from services.common.redis_server import EmbeddedRedis, free_port
 from services.refcritic.client import RefCriticClient
+from services.refcritic.queue_service import GROUP, QueuedCompute
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_MODEL = ROOT / "models" / "tiny-qwen2-arith"
@@ -72,7 +77,8 @@ def stop(process: subprocess.Popen) -> int:
     return process.wait(15)
 
 
-def start_service(model_dir: Path, log_dir: Path, *overrides: str) -> Service:
+def start_process(model_dir: Path, log_dir: Path, *args: str) -> Service:
+    """``python -m services.refcritic.main`` with ``args``; does not wait for it to be ready."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
     argv = [
@@ -83,12 +89,17 @@ def start_service(model_dir: Path, log_dir: Path, *overrides: str) -> Service:
         str(port),
         f"model.path={model_dir}",
         "refcritic.micro_batch_size=16",
-        *overrides,
+        *args,
     ]
     log = log_dir / f"refcritic-{port}.log"
     with log.open("w") as sink:
         process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    service = Service(f"127.0.0.1:{port}", process, log)
+    return Service(f"127.0.0.1:{port}", process, log)
+
+
+def start_service(model_dir: Path, log_dir: Path, *overrides: str) -> Service:
+    service = start_process(model_dir, log_dir, *overrides)
+    process = service.process
     try:
         wait_serving(service, timeout_s=120)
     except BaseException:
@@ -229,3 +240,104 @@ async def test_disabled_critic_and_api_key(model_dir: Path, tmp_path: Path):
         assert stop(service.process) == 0
     finally:
         stop(service.process)
+
+
+# ---- the queue path (redis_url set) --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def queued_service(
+    model_dir: Path, redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Service]:
+    """A refcritic whose reads go through Redis (db 0, a cluster of its own), 2 workers/kind."""
+    started = start_service(
+        model_dir,
+        tmp_path_factory.mktemp("refcritic-queued-logs"),
+        f"redis_url={redis_server.url}",
+        f"cluster=q{uuid.uuid4().hex[:10]}",
+        "refcritic.workers=2",
+    )
+    try:
+        yield started
+    finally:
+        stop(started.process)
+
+
+@pytest.fixture
+async def queued_client(queued_service: Service) -> Iterator[RefCriticClient]:
+    async with RefCriticClient(queued_service.address, timeout_s=60) as c:
+        yield c
+
+
+async def test_queued_ref_logprobs_match_the_model_run_locally(queued_client, model_dir: Path):
+    prompts, responses = random_batch(100, 7, 4, seed=5)
+    started = time.perf_counter()
+    rows = await queued_client.ref_logprobs(prompts, responses)
+    print(
+        f"queued ComputeRefLogProbs 100 x (7 + <=4): {1000 * (time.perf_counter() - started):.1f} ms"
+    )
+    expected = local_logprobs(model_dir, prompts, responses)
+    assert [len(r) for r in rows] == [len(r) for r in responses]
+    for got, want in zip(rows, expected, strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+
+
+async def test_queued_values_come_from_the_trained_critic(queued_client):
+    """Values are answered by this process's critic, so an update shows in the next read."""
+    prompts, responses = random_batch(20, 5, 3, seed=6)
+    old = await queued_client.values(prompts, responses)
+    assert [len(v) for v in old] == [len(r) for r in responses]
+    returns = [[1.0] * len(r) for r in responses]
+    await queued_client.update_critic(prompts, responses, returns, old, epochs=2)
+    assert await queued_client.values(prompts, responses) != old
+
+
+async def test_queued_bad_input_is_invalid_argument(queued_client, queued_service: Service):
+    prompts, responses = random_batch(3, 4, 2, seed=7)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await queued_client.ref_logprobs(prompts, [[999]] + responses[1:])
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(await queued_client.ref_logprobs(prompts, responses)) == 3
+    assert queued_service.process.poll() is None
+
+
+async def wait_held_by(redis_client, keys: Keys, pid: int, timeout_s: float = 120.0) -> None:
+    """Until a ref job is pending on a consumer of process ``pid`` (it has taken the job)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            pending = await redis_client.xpending_range(keys.refcritic_stream, GROUP, "-", "+", 10)
+        except ResponseError:  # group not created yet
+            pending = []
+        if any(f"-{pid}-" in p["consumer"].decode() for p in pending):
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"no worker of process {pid} took the job in {timeout_s} s")
+
+
+async def test_killed_workers_job_is_reclaimed_and_answered(
+    model_dir: Path, redis_url: str, redis_client, keys: Keys, tmp_path: Path
+):
+    """A worker-only process SIGKILLed while holding a job: another worker answers it."""
+    common = (f"redis_url={redis_url}", f"cluster={keys.cluster}", "refcritic.reclaim_idle_s=1")
+    prompts, responses = random_batch(8, 6, 3, seed=8)
+    queue = QueuedCompute(redis_client, keys, chunk_size=16, timeout_s=180)
+    await queue.start()
+    answer = asyncio.create_task(queue.compute("ref", prompts, responses))
+    slow = start_process(
+        model_dir, tmp_path, "--worker-only", *common, "refcritic.worker_delay_s=600"
+    )
+    try:
+        await wait_held_by(redis_client, keys, slow.process.pid)
+    finally:
+        slow.process.kill()
+        slow.process.wait(15)
+    assert not answer.done()
+    rescuer = start_process(model_dir, tmp_path, "--worker-only", *common)
+    try:
+        rows = await asyncio.wait_for(answer, 180)
+    finally:
+        assert stop(rescuer.process) == 0
+    for got, want in zip(rows, local_logprobs(model_dir, prompts, responses), strict=True):
+        assert got == pytest.approx(want, abs=1e-4)
+    assert "reclaimed stalled job" in rescuer.log.read_text()

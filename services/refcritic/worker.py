@@ -13,18 +13,18 @@ the event loop stays free for health checks and one computation runs at a time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
 from services.common.errors import InvalidArgument
+from services.common.job_lease import kept_alive
 from services.common.workqueue import Job, WorkQueue
 from services.refcritic.queue_service import decode_job, encode_rows, error_text
 
@@ -82,7 +82,9 @@ class RefCriticWorker:
         if not jobs:
             jobs = await self.queue.read(self.consumer, 1, READ_BLOCK_MS)
         for job in jobs:
-            async with self._kept_alive(job):
+            async with kept_alive(
+                self.queue, self.consumer, [job.entry_id], self.settings.reclaim_idle_s
+            ):
                 payload, error = await self._run_job(job)
             await self.queue.complete(job, payload, error)
             self.answered += 1
@@ -116,26 +118,6 @@ class RefCriticWorker:
             time.sleep(self.settings.delay_s)  # testing aid: hold the job so it can be killed
         with self.lock:
             return self.compute(prompts, responses)
-
-    @contextlib.asynccontextmanager
-    async def _kept_alive(self, job: Job) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._touch_forever(job.entry_id))
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _touch_forever(self, entry_id: str) -> None:
-        """Reset the entry's idle time so no other worker reclaims work still in progress."""
-        q = self.queue
-        while True:
-            await asyncio.sleep(self.settings.reclaim_idle_s / 3)
-            try:
-                await q.redis.xclaim(q.stream, q.group, self.consumer, 0, [entry_id], justid=True)
-            except RedisError as exc:
-                log.warning("worker %s could not refresh its job: %s", self.consumer, exc)
 
 
 class WorkerGroup:

@@ -14,16 +14,15 @@ from when the item starts running); a hung function costs one item an error, not
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from redis.exceptions import RedisError
 
 from services.common.errors import InvalidArgument, NotFound
+from services.common.job_lease import kept_alive
 from services.common.workqueue import Job, WorkQueue
 from services.reward.scorers import Scorer, ScorerRegistry, error_result
 from services.reward.types import ScoreRequest, ScoreResult, decode_requests, encode_results
@@ -86,7 +85,8 @@ class RewardWorker:
         if not jobs:
             jobs = await self.queue.read(self.consumer, READ_COUNT, READ_BLOCK_MS)
         if jobs:
-            async with self._kept_alive(jobs):
+            entry_ids = [job.entry_id for job in jobs]
+            async with kept_alive(self.queue, self.consumer, entry_ids, self.reclaim_idle_s):
                 results = await asyncio.gather(*(self._run_job(job) for job in jobs))
             await asyncio.gather(*(self._answer(j, r) for j, r in zip(jobs, results, strict=True)))
         return len(jobs)
@@ -101,26 +101,6 @@ class RewardWorker:
         if jobs:
             log.warning("worker %s reclaimed %d stalled job(s)", self.consumer, len(jobs))
         return jobs
-
-    @contextlib.asynccontextmanager
-    async def _kept_alive(self, jobs: list[Job]) -> AsyncIterator[None]:
-        task = asyncio.create_task(self._touch_forever([job.entry_id for job in jobs]))
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _touch_forever(self, entry_ids: list[str]) -> None:
-        """Reset the entries' idle time so no other worker reclaims work still in progress."""
-        q = self.queue
-        while True:
-            await asyncio.sleep(self.reclaim_idle_s / 3)
-            try:
-                await q.redis.xclaim(q.stream, q.group, self.consumer, 0, entry_ids, justid=True)
-            except RedisError as exc:
-                log.warning("worker %s could not refresh its jobs: %s", self.consumer, exc)
 
     async def _run_job(self, job: Job) -> list[ScoreResult] | str:
         """The chunk's results, or a string when the job itself is unusable."""

@@ -44,26 +44,8 @@ class Service:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if (COMMITTED_MODEL / "config.json").is_file():
-        return COMMITTED_MODEL
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=16,
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=256,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-    )
-    path = tmp_path_factory.mktemp("tiny-qwen2")
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    return path
+def model_dir() -> Path:
+    return COMMITTED_MODEL
 
 
 def stop(process: subprocess.Popen) -> int:

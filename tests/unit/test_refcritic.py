@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import random_qwen2
 
 from services.common.config import RlfleetConfig, load_config
 from services.common.errors import InvalidArgument, NotFound
@@ -27,22 +28,7 @@ RESPONSES = [[5, 6], [7], [8, 9, 10, 11, 2], [12, 13, 2]]
 
 
 def tiny_qwen2(attn: str = "sdpa", seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=32,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        attn_implementation=attn,
-    )
-    return Qwen2ForCausalLM(config).eval()
+    return random_qwen2(64, 2, 4, 2, VOCAB, seed, pad_token_id=0, attn_implementation=attn).eval()
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import asyncio
 
 import pytest
 import torch
+from tiny_models import random_qwen2
 
 from services.common.config import load_config
 from services.common.errors import FailedPrecondition
@@ -26,20 +27,7 @@ GOOD_TOKEN = 5
 
 
 def tiny_model():
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(config)
+    return random_qwen2(hidden=32, layers=1, heads=2, kv_heads=1, vocab=VOCAB)
 
 
 class CharTokenizer:

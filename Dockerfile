@@ -93,7 +93,7 @@ WORKDIR /app
 
 COPY data/ data/
 COPY models/ models/
-COPY pyproject.toml README.m[d] ./
+COPY pyproject.toml setup.py README.m[d] ./
 COPY protos/ protos/
 COPY scripts/ scripts/
 COPY services/ services/

@@ -81,7 +81,7 @@ async def _bench(options: Options) -> BenchResult:
 
 
 def _config(backend: str, options: Options) -> Any:
-    from services.common.config import load_config
+    from rlfleet.common.config import load_config
 
     overrides = [f"rollout.backend={backend}", f"model.path={MODEL_DIR}",
                  f"model.dtype={options.dtype}", f"rollout.torch_threads={options.hf_threads}",
@@ -91,7 +91,7 @@ def _config(backend: str, options: Options) -> Any:
 
 async def _start(engine_run: EngineRun, options: Options) -> None:
     """Start one engine; a backend that cannot start is reported, the other still runs."""
-    from services.rollout.engine import make_engine
+    from rlfleet.rollout.engine import make_engine
 
     if not options.verbose:  # vLLM logs every step of its start-up to stdout at INFO
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -115,7 +115,7 @@ async def _close(engine_run: EngineRun) -> None:
 
 
 def _prompts(engine: Any) -> list[list[int]]:
-    from services.common.model_io import encode_prompt
+    from rlfleet.common.model_io import encode_prompt
 
     with open(TEST_DATA) as handle:
         rows = [json.loads(line) for line, _ in zip(handle, range(PROMPTS), strict=False)]
@@ -137,7 +137,7 @@ async def _generation_rounds(
 
 async def _one_round(engine: Any, prompts: list[list[int]], tag: str) -> tuple[float, int]:
     """All prompts at once, as concurrent generate calls; (seconds, sampled tokens)."""
-    from services.rollout.types import SamplingParams
+    from rlfleet.rollout.types import SamplingParams
 
     sampling = SamplingParams(n=SAMPLES, temperature=1.0, max_tokens=MAX_TOKENS)
     start = time.perf_counter()

@@ -27,7 +27,7 @@ Op = Callable[[int], Awaitable[Any]]
 
 
 def run(options: Options) -> BenchResult:
-    from services.common.redis_server import EmbeddedRedis
+    from rlfleet.common.redis_server import EmbeddedRedis
 
     rounds = options.pick(full=3000, quick=300)
     options.work_dir.mkdir(parents=True, exist_ok=True)
@@ -63,8 +63,8 @@ async def _interleaved(ops: dict[str, Op], rounds: int) -> dict[str, list[float]
 
 
 async def _make_ops(client: Any) -> dict[str, Op]:
-    from services.common.keys import Keys
-    from services.common.workqueue import WorkQueue
+    from rlfleet.common.keys import Keys
+    from rlfleet.common.workqueue import WorkQueue
 
     keys = Keys("bench")
     queue = WorkQueue(client, keys, keys.reward_stream, "workers", result_ttl_s=600)

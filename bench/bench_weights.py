@@ -5,7 +5,7 @@ encode (flatten + sha256) → gRPC client stream in chunks → decode (checksum 
 drain → load into the engine → flush. Timing the codec alone next to the whole push, in the
 same run, says how much of a push is the codec and how much is transport, draining and loading.
 
-The replica is a real ``python -m services.rollout.main`` process (hf backend, an embedded
+The replica is a real ``python -m rlfleet.rollout.main`` process (hf backend, an embedded
 Redis started here); it is stopped with SIGTERM (then SIGKILL) whatever happens. The codec's
 raw speed is also measured on a larger synthetic state dict, where fixed costs stop mattering.
 """
@@ -30,7 +30,7 @@ START_TIMEOUT_S = 180.0
 
 
 def run(options: Options) -> BenchResult:
-    from services.common.redis_server import EmbeddedRedis
+    from rlfleet.common.redis_server import EmbeddedRedis
 
     options.work_dir.mkdir(parents=True, exist_ok=True)
     with EmbeddedRedis(options.work_dir / "weights-redis") as server:
@@ -53,10 +53,10 @@ class Replica:
 
 
 def _start_replica(redis_url: str, options: Options) -> Replica:
-    from services.common.redis_server import free_port
+    from rlfleet.common.redis_server import free_port
 
     port, log_path = free_port(), options.work_dir / "replica.log"
-    command = [sys.executable, "-m", "services.rollout.main", "--replica-id", "bench-weights",
+    command = [sys.executable, "-m", "rlfleet.rollout.main", "--replica-id", "bench-weights",
                "--port", str(port), f"redis_url={redis_url}", "cluster=bench",
                "rollout.backend=hf", f"model.path={MODEL_DIR}", f"model.dtype={options.dtype}",
                f"rollout.torch_threads={options.hf_threads}"]  # fmt: skip
@@ -80,7 +80,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 async def _measure(replica: Replica, options: Options) -> dict[str, list[Any]]:
-    from services.rollout.client import RolloutClient
+    from rlfleet.rollout.client import RolloutClient
 
     state_dict = _tiny_state_dict(options.dtype)
     async with RolloutClient(replica.address) as client:
@@ -135,7 +135,7 @@ def _synthetic(options: Options) -> dict[str, Any]:
 
 
 def _codec_once(state_dict: dict[str, Any]) -> dict[str, float]:
-    from services.common import weights
+    from rlfleet.common import weights
 
     start = time.perf_counter()
     header, payload = weights.encode(state_dict, version=1)
@@ -154,7 +154,7 @@ def _codec_samples(state_dict: dict[str, Any], rounds: int) -> list[dict[str, fl
 
 def _sha256_samples(state_dict: dict[str, Any], rounds: int) -> list[dict[str, float]]:
     """The checksum alone on the same payload: the part of the codec that is pure hashing."""
-    from services.common import weights
+    from rlfleet.common import weights
 
     _, payload = weights.encode(state_dict, version=1)
     samples = []
@@ -166,7 +166,7 @@ def _sha256_samples(state_dict: dict[str, Any], rounds: int) -> list[dict[str, f
 
 async def _push_once(client: Any, state_dict: dict[str, Any], version: int) -> dict[str, float]:
     """Encode here, stream, and wait for the replica to verify, load and flush."""
-    from services.common import weights
+    from rlfleet.common import weights
 
     start = time.perf_counter()
     header, payload = await asyncio.to_thread(weights.encode, state_dict, version)

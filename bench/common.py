@@ -29,8 +29,6 @@ RESULTS_DIR = REPO / "bench" / "results"
 MODEL_DIR = REPO / "models" / "tiny-qwen2-arith"
 TEST_DATA = REPO / "data" / "arith" / "test.jsonl"
 
-if str(REPO) not in sys.path:  # `python bench/x.py` puts bench/, not the repo, on sys.path
-    sys.path.insert(0, str(REPO))
 
 _T0 = time.monotonic()
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # Run from a clean checkout (no `pip install -e .`): put the repo root on the import path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +129,7 @@ def train_step(model: Any, optimizer: Any, batch: dict) -> float:
 
 
 def evaluate(model: Any, tokenizer: Any, problems: list) -> float:
-    from services.common.model_io import greedy_accuracy
+    from rlfleet.common.model_io import greedy_accuracy
 
     model.eval()
     return greedy_accuracy(model, tokenizer, problems, max_new_tokens=4)
@@ -165,7 +163,7 @@ def sft(model: Any, tokenizer: Any, train: list, test: list, args: argparse.Name
 def load_split(path: Path) -> list:
     import json
 
-    from services.common.arith import from_verl_record
+    from rlfleet.tasks.arith import from_verl_record
 
     return [from_verl_record(json.loads(line)) for line in path.open(encoding="utf-8")]
 
@@ -190,7 +188,7 @@ policy of rlfleet's default GRPO job. Built by `scripts/build_tiny_model.py` (se
 - Result: **{result.steps} steps, {result.seconds:.1f} s, greedy held-out accuracy
   {result.accuracy:.3f}** on {n_test} held-out problems (4 new tokens, leading integer compared).
 - Held-out accuracy by step: {curve}.
-- Loading: use `services.common.model_io.load_tokenizer` (or `PreTrainedTokenizerFast`).
+- Loading: use `rlfleet.common.model_io.load_tokenizer` (or `PreTrainedTokenizerFast`).
   transformers 5's `AutoTokenizer` substitutes `Qwen2Tokenizer` for any qwen2 model; it
   encodes and decodes this alphabet identically but drops unknown characters instead of
   mapping them to `<unk>`.

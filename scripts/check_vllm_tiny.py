@@ -10,14 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
-from pathlib import Path
 
 # Run from a clean checkout (no `pip install -e .`): put the repo root on the import path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.common.arith import from_verl_record, parse_answer  # noqa: E402
+from rlfleet.tasks.arith import from_verl_record, parse_answer
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +56,7 @@ def accuracy(texts: list[str], problems: list) -> float:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from services.common.model_io import (
+    from rlfleet.common.model_io import (
         encode_prompt,
         greedy_completions,
         load_causal_lm,

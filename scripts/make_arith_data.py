@@ -9,13 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 
 # Run from a clean checkout (no `pip install -e .`): put the repo root on the import path.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from services.common.arith import split_problems, to_verl_record  # noqa: E402
+from rlfleet.tasks.arith import split_problems, to_verl_record
 
 log = logging.getLogger(__name__)
 

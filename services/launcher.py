@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.common.config import RlfleetConfig, load_config
+from rlfleet.common.config import RlfleetConfig, load_config
 
 STOP_GRACE_S = 10.0
 
@@ -84,7 +84,7 @@ def _first_break(buffer: bytes) -> int:
 
 
 def free_port() -> int:
-    from services.common.redis_server import free_port as pick
+    from rlfleet.common.redis_server import free_port as pick
 
     return pick()
 
@@ -100,7 +100,7 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
         f"endpoints.trainer=127.0.0.1:{ports['trainer']}",
         *args.overrides,
     ]
-    base = [sys.executable, "-m", "services.cli"]
+    base = [sys.executable, "-m", "rlfleet.cli"]
     config_args = ["--config", args.config] if args.config else []
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLFLEET_REDIS_URL": redis_url}
 
@@ -124,7 +124,7 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
         for i in range(args.rollout_replicas)
     ]
     children.append(child("reward", "reward", f"reward.port={ports['reward']}"))
-    from services.trainer.fleet import needs_refcritic
+    from rlfleet.trainer.fleet import needs_refcritic
 
     if needs_refcritic(config):
         children.append(child("refcritic", "refcritic", f"refcritic.port={ports['refcritic']}"))
@@ -218,7 +218,7 @@ def start_redis(config: RlfleetConfig, run_dir: Path):
     """Embedded Valkey when no Redis URL is configured; None otherwise."""
     if config.redis_url:
         return None
-    from services.common.redis_server import EmbeddedRedis
+    from rlfleet.common.redis_server import EmbeddedRedis
 
     server = EmbeddedRedis(run_dir / "redis")
     server.start()

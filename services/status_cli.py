@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from services.common.entry import base_parser, resolve
+from rlfleet.common.entry import base_parser, resolve
 
 
 async def replica_lines(config) -> list[str]:
-    from services.common.keys import Keys
-    from services.common.redis_client import connect
-    from services.rollout.registry import ReplicaRegistry
+    from rlfleet.common.keys import Keys
+    from rlfleet.common.redis_client import connect
+    from rlfleet.rollout.registry import ReplicaRegistry
 
     client = connect(config.redis_url)
     try:
@@ -30,8 +30,8 @@ async def replica_lines(config) -> list[str]:
 
 
 async def trainer_line(config) -> str:
-    from services.common.grpc_client import auth_metadata, make_channel
-    from services.common.proto.rlfleet.v1 import common_pb2, trainer_pb2_grpc
+    from rlfleet.common.grpc_client import auth_metadata, make_channel
+    from rlfleet.proto import common_pb2, trainer_pb2_grpc
 
     channel = make_channel(config.endpoints.trainer, retry=False)
     try:

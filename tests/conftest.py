@@ -15,8 +15,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from services.common.keys import Keys
-from services.common.redis_server import EmbeddedRedis
+from rlfleet.common.keys import Keys
+from rlfleet.common.redis_server import EmbeddedRedis
 
 # Tests flush this database freely; longer-lived fixtures that keep data across tests use db 0.
 SCRATCH_DB = 1

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from services.common.config import RlfleetConfig, describe_fields, load_config, log_config
+from rlfleet.common.config import RlfleetConfig, describe_fields, load_config, log_config
 
 
 def base_parser(role: str, description: str) -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Exceptions the services raise, independent of gRPC.
 
-Cores raise these; ``services.common.grpc_server`` maps them to status codes so a
+Cores raise these; ``rlfleet.common.grpc_server`` maps them to status codes so a
 bad request becomes ``INVALID_ARGUMENT`` (not a crash) and a transient failure becomes
 ``UNAVAILABLE`` (which clients retry).
 """

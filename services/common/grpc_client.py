@@ -6,7 +6,7 @@ import json
 
 import grpc
 
-from services.common.grpc_server import message_options
+from rlfleet.common.grpc_server import message_options
 
 RETRY_SERVICE_CONFIG = {
     "methodConfig": [

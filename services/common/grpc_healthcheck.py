@@ -5,7 +5,7 @@ look at an exit status. The image already ships grpcio and grpcio-health-checkin
 lines of Python replace a separate ``grpc_health_probe`` binary. It imports nothing heavy
 (no torch), so a probe costs a fraction of a second.
 
-Usage: ``python -m services.common.grpc_healthcheck HOST:PORT [--service NAME] [--timeout S]``
+Usage: ``python -m rlfleet.common.grpc_healthcheck HOST:PORT [--service NAME] [--timeout S]``
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def check(address: str, service: str = "", timeout_s: float = 3.0) -> tuple[bool
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.common.grpc_healthcheck", description=__doc__.splitlines()[0]
+        prog="python -m rlfleet.common.grpc_healthcheck", description=__doc__.splitlines()[0]
     )
     parser.add_argument("address", help="host:port of the gRPC server")
     parser.add_argument("--service", default="", help='service name ("" = the whole server)')

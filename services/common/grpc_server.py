@@ -18,7 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common import errors
+from rlfleet.common import errors
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from redis.exceptions import RedisError
 
-from services.common.workqueue import WorkQueue
+from rlfleet.common.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.common.arith import Problem, parse_answer
+from rlfleet.tasks.arith import Problem, parse_answer
 
 log = logging.getLogger(__name__)
 

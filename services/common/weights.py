@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from services.common.errors import InvalidArgument
+from rlfleet.common.errors import InvalidArgument
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 

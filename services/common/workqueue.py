@@ -24,8 +24,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from services.common.keys import Keys
-from services.common.results import Result, decode_result, encode_result
+from rlfleet.common.keys import Keys
+from rlfleet.common.results import Result, decode_result, encode_result
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from rlfleet.common.errors import InvalidArgument
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.grpc_client import auth_metadata, make_channel, wait_ready
-from services.common.proto.rlfleet.v1 import common_pb2, refcritic_pb2, refcritic_pb2_grpc
+from rlfleet.common.grpc_client import auth_metadata, make_channel, wait_ready
+from rlfleet.proto import common_pb2, refcritic_pb2, refcritic_pb2_grpc
 
 
 def rows_to_proto(rows: list[list[float]]) -> common_pb2.FloatRows:

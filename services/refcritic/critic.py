@@ -7,7 +7,7 @@ The value model is the policy's backbone (the causal LM from ``model.path`` with
 plus a ``Linear(hidden, 1)`` head, zero-initialised so every value starts at 0 (a neutral
 baseline) and the backbone's features are not disturbed by a random head. The value of response
 token ``t`` is read at the *state before* it: the last hidden state of the column holding the
-prompt and ``r_0..r_{t-1}`` (verl's convention; see ``services.common.sequences``).
+prompt and ``r_0..r_{t-1}`` (verl's convention; see ``rlfleet.rl.sequences``).
 
 One ``update`` call = ``epochs`` optimizer steps over the whole batch. Micro-batches only bound
 memory: each one's token-mean loss is weighted by its share of the batch's tokens, so the
@@ -27,10 +27,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model, save_model
 
-from services.common.config import RlfleetConfig
-from services.common.errors import InvalidArgument, NotFound
-from services.common.model_io import load_causal_lm
-from services.common.sequences import (
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import InvalidArgument, NotFound
+from rlfleet.common.model_io import load_causal_lm
+from rlfleet.refcritic.batch import BatchLimits, SequenceBatch, validate_batch, validate_rows
+from rlfleet.refcritic.reference import pad_id_of, pick_device
+from rlfleet.rl.core_algos import masked_mean, value_loss_clipped
+from rlfleet.rl.sequences import (
     Packed,
     map_micro_batches,
     micro_batches,
@@ -39,9 +42,6 @@ from services.common.sequences import (
     state_hidden,
     unpack_rows,
 )
-from services.refcritic.batch import BatchLimits, SequenceBatch, validate_batch, validate_rows
-from services.refcritic.reference import pad_id_of, pick_device
-from services.trainer.core_algos import masked_mean, value_loss_clipped
 
 log = logging.getLogger(__name__)
 

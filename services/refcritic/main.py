@@ -22,8 +22,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from services.common.config import RlfleetConfig
-from services.common.entry import base_parser, resolve
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.entry import base_parser, resolve
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ def check_args(parser: argparse.ArgumentParser, config: RlfleetConfig, args) -> 
 
 def load_models(config: RlfleetConfig, worker_only: bool) -> Models:
     """The slow part; a worker-only process never needs the critic (see queue_service)."""
-    from services.refcritic.critic import Critic
-    from services.refcritic.reference import RefPolicy
+    from rlfleet.refcritic.critic import Critic
+    from rlfleet.refcritic.reference import RefPolicy
 
     with_critic = config.refcritic.critic_enabled and not worker_only
     return Models(RefPolicy(config), Critic(config) if with_critic else None)
@@ -67,7 +67,7 @@ def load_models(config: RlfleetConfig, worker_only: bool) -> Models:
 
 async def serve(config: RlfleetConfig, worker_only: bool = False) -> bool:
     """Run until SIGTERM/SIGINT (or a worker crash); False if a worker crashed."""
-    from services.common.grpc_server import install_stop_signals
+    from rlfleet.common.grpc_server import install_stop_signals
 
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -76,7 +76,7 @@ async def serve(config: RlfleetConfig, worker_only: bool = False) -> bool:
     queue = await start_queue(config, models, lock, stop) if config.redis_url else None
     server = None
     if not worker_only:
-        from services.refcritic.server import start_server
+        from rlfleet.refcritic.server import start_server
 
         server = await start_server(config, models, lock, queue.compute if queue else None)
     await stop.wait()
@@ -104,10 +104,10 @@ class QueuePath:
 async def start_queue(
     config: RlfleetConfig, models: Models, lock: threading.Lock, stop: asyncio.Event
 ) -> QueuePath:
-    from services.common.keys import Keys
-    from services.common.redis_client import connect
-    from services.refcritic.queue_service import QueuedCompute, refcritic_queue
-    from services.refcritic.worker import (
+    from rlfleet.common.keys import Keys
+    from rlfleet.common.redis_client import connect
+    from rlfleet.refcritic.queue_service import QueuedCompute, refcritic_queue
+    from rlfleet.refcritic.worker import (
         RefCriticWorker,
         WorkerGroup,
         WorkerSettings,

@@ -2,7 +2,7 @@
 
 Why a queue: reference log-probs need no state beyond the frozen weights, so any number of
 processes (``rlfleet refcritic --worker-only``) can share the work, and a job held by a worker
-that dies stays pending until a live worker reclaims it (``services.common.workqueue``).
+that dies stays pending until a live worker reclaims it (``rlfleet.common.workqueue``).
 
 A batch is cut into consecutive chunks of ``refcritic.micro_batch_size`` sequences, one job
 each (JSON ``{"kind", "prompts", "responses"}``), under request ids generated here (callers'
@@ -31,9 +31,9 @@ from typing import Literal
 
 from redis.asyncio import Redis
 
-from services.common.errors import FailedPrecondition, InvalidArgument
-from services.common.keys import Keys
-from services.common.workqueue import Result, WorkQueue
+from rlfleet.common.errors import FailedPrecondition, InvalidArgument
+from rlfleet.common.keys import Keys
+from rlfleet.common.workqueue import Result, WorkQueue
 
 GROUP = "refcritic"
 MAX_DELIVERIES = 3

@@ -12,15 +12,15 @@ from typing import Any
 
 import torch
 
-from services.common.config import RlfleetConfig
-from services.common.model_io import load_causal_lm
-from services.common.sequences import (
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.model_io import load_causal_lm
+from rlfleet.refcritic.batch import BatchLimits, SequenceBatch, validate_batch
+from rlfleet.rl.sequences import (
     map_micro_batches,
     pack_sequences,
     response_logprobs,
     unpack_rows,
 )
-from services.refcritic.batch import BatchLimits, SequenceBatch, validate_batch
 
 log = logging.getLogger(__name__)
 

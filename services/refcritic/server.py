@@ -7,7 +7,7 @@ one model computation at a time (the models are not thread-safe, and torch alrea
 thread it was given), and stays held until the work really ends even if the caller gives up.
 
 With ``redis_url`` set, the stateless reads (ComputeRefLogProbs, ComputeValues) go through the
-Redis work queue (``services.refcritic.queue_service``): validated here, then answered by
+Redis work queue (``rlfleet.refcritic.queue_service``): validated here, then answered by
 workers, so more processes add reference throughput and a dead worker's job is reclaimed.
 UpdateCritic, SaveCheckpoint and LoadCheckpoint always run directly in this process: the
 critic's weights and optimizer state must have exactly one writer. Without ``redis_url`` every
@@ -22,12 +22,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from services.common.config import RlfleetConfig
-from services.common.errors import FailedPrecondition, InvalidArgument
-from services.common.grpc_server import GrpcServer, Registration
-from services.common.proto.rlfleet.v1 import refcritic_pb2, refcritic_pb2_grpc
-from services.refcritic.batch import SequenceBatch, validate_batch
-from services.refcritic.client import rows_from_proto, rows_to_proto
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import FailedPrecondition, InvalidArgument
+from rlfleet.common.grpc_server import GrpcServer, Registration
+from rlfleet.proto import refcritic_pb2, refcritic_pb2_grpc
+from rlfleet.refcritic.batch import SequenceBatch, validate_batch
+from rlfleet.refcritic.client import rows_from_proto, rows_to_proto
 
 log = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from services.common.errors import InvalidArgument
-from services.common.job_lease import kept_alive
-from services.common.workqueue import Job, WorkQueue
-from services.refcritic.queue_service import decode_job, encode_rows, error_text
+from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.job_lease import kept_alive
+from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.refcritic.queue_service import decode_job, encode_rows, error_text
 
 log = logging.getLogger(__name__)
 

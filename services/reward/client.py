@@ -12,10 +12,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from services.common.grpc_client import auth_metadata, make_channel, wait_ready
-from services.common.proto.rlfleet.v1 import reward_pb2, reward_pb2_grpc
-from services.reward import server as glue
-from services.reward.types import ScoreRequest, ScoreResult, ScorerInfo
+from rlfleet.common.grpc_client import auth_metadata, make_channel, wait_ready
+from rlfleet.proto import reward_pb2, reward_pb2_grpc
+from rlfleet.reward import server as glue
+from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 300.0

@@ -18,9 +18,9 @@ from fastapi import Body, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-from services.common import errors
-from services.reward.service import RewardService
-from services.reward.types import ScoreRequest
+from rlfleet.common import errors
+from rlfleet.reward.service import RewardService
+from rlfleet.reward.types import ScoreRequest
 
 log = logging.getLogger(__name__)
 

@@ -14,15 +14,15 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from services.common.config import RlfleetConfig
-from services.common.entry import base_parser, resolve
-from services.common.grpc_server import GrpcServer, install_stop_signals
-from services.common.keys import Keys
-from services.common.redis_client import connect
-from services.reward.scorers import ScorerRegistry, build_registry
-from services.reward.server import registration
-from services.reward.service import REDIS_CONCURRENCY, RewardService, reward_queue
-from services.reward.worker import ANSWER_CONCURRENCY, RewardWorker, consumer_name
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.entry import base_parser, resolve
+from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
+from rlfleet.common.keys import Keys
+from rlfleet.common.redis_client import connect
+from rlfleet.reward.scorers import ScorerRegistry, build_registry
+from rlfleet.reward.server import registration
+from rlfleet.reward.service import REDIS_CONCURRENCY, RewardService, reward_queue
+from rlfleet.reward.worker import ANSWER_CONCURRENCY, RewardWorker, consumer_name
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ async def start_http(config: RlfleetConfig, service: RewardService) -> tuple[Any
     port = config.reward.http_port
     if port is None:
         return None, None
-    from services.reward.http import create_app, make_http_server
+    from rlfleet.reward.http import create_app, make_http_server
 
     server = make_http_server(create_app(service, config.api_key), config.reward.host, port)
     task = asyncio.create_task(server.serve(), name="reward-http")

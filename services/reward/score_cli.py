@@ -17,10 +17,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from services.common.config import RlfleetConfig, load_config
-from services.common.entry import base_parser, setup_logging
-from services.common.errors import InvalidArgument, RlfleetError
-from services.reward.types import ScoreRequest, ScoreResult
+from rlfleet.common.config import RlfleetConfig, load_config
+from rlfleet.common.entry import base_parser, setup_logging
+from rlfleet.common.errors import InvalidArgument, RlfleetError
+from rlfleet.reward.types import ScoreRequest, ScoreResult
 
 
 @dataclass
@@ -84,7 +84,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, RlfleetConfig]:
 async def score_file(args: argparse.Namespace, config: RlfleetConfig) -> Summary:
     from tqdm import tqdm
 
-    from services.reward.client import RewardClient
+    from rlfleet.reward.client import RewardClient
 
     summary = Summary()
     window = args.batch_size * args.concurrency

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common import arith
-from services.common.config import RewardConfig, UserScorerConfig
-from services.common.errors import NotFound
-from services.reward.types import ScoreRequest, ScoreResult, ScorerInfo, as_number, finite_metrics
+from rlfleet.common.config import RewardConfig, UserScorerConfig
+from rlfleet.common.errors import NotFound
+from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo, as_number, finite_metrics
+from rlfleet.tasks import arith
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from typing import Any
 import grpc
 from google.protobuf import json_format, struct_pb2
 
-from services.common import errors
-from services.common.grpc_server import Registration
-from services.common.proto.rlfleet.v1 import common_pb2, reward_pb2, reward_pb2_grpc
-from services.reward.service import RewardService
-from services.reward.types import ScoreRequest, ScoreResult, ScorerInfo
+from rlfleet.common import errors
+from rlfleet.common.grpc_server import Registration
+from rlfleet.proto import common_pb2, reward_pb2, reward_pb2_grpc
+from rlfleet.reward.service import RewardService
+from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo
 
 SERVICE_NAME = "rlfleet.v1.Reward"
 RpcError = grpc.aio.AioRpcError

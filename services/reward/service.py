@@ -24,11 +24,11 @@ from typing import TypeVar
 
 from redis.asyncio import Redis
 
-from services.common.config import RewardConfig
-from services.common.keys import Keys
-from services.common.workqueue import Result, WorkQueue
-from services.reward.scorers import ScorerRegistry
-from services.reward.types import (
+from rlfleet.common.config import RewardConfig
+from rlfleet.common.keys import Keys
+from rlfleet.common.workqueue import Result, WorkQueue
+from rlfleet.reward.scorers import ScorerRegistry
+from rlfleet.reward.types import (
     ScoreRequest,
     ScoreResult,
     ScorerInfo,

@@ -14,7 +14,7 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from rlfleet.common.errors import InvalidArgument
 
 MAX_ID_CHARS = 256
 MAX_TEXT_BYTES = 1 << 20  # solution_str, ground_truth and extra_info (as JSON) each

@@ -21,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from redis.exceptions import RedisError
 
-from services.common.errors import InvalidArgument, NotFound
-from services.common.job_lease import kept_alive
-from services.common.workqueue import Job, WorkQueue
-from services.reward.scorers import Scorer, ScorerRegistry, error_result
-from services.reward.types import ScoreRequest, ScoreResult, decode_requests, encode_results
+from rlfleet.common.errors import InvalidArgument, NotFound
+from rlfleet.common.job_lease import kept_alive
+from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.reward.scorers import Scorer, ScorerRegistry, error_result
+from rlfleet.reward.types import ScoreRequest, ScoreResult, decode_requests, encode_results
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Async client for ``rlfleet.v1.Rollout``: one replica, or the router (same Generate).
 
-Callers get plain objects and ``services.common.errors`` exceptions, never protobuf or
+Callers get plain objects and ``rlfleet.common.errors`` exceptions, never protobuf or
 ``grpc`` errors: a status code becomes the matching exception (INVALID_ARGUMENT ->
 ``InvalidArgument``, UNAVAILABLE and DEADLINE_EXCEEDED -> ``Unavailable``, ...) with the
 original error chained. The channel retries UNAVAILABLE on its own (see ``grpc_client``).
@@ -13,11 +13,11 @@ from typing import Any
 
 import grpc
 
-from services.common import errors, weights
-from services.common.grpc_client import auth_metadata, make_channel, wait_ready
-from services.common.proto.rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.rollout import convert
-from services.rollout.types import GenerateRequest, GenerateResult
+from rlfleet.common import errors, weights
+from rlfleet.common.grpc_client import auth_metadata, make_channel, wait_ready
+from rlfleet.proto import common_pb2, rollout_pb2, rollout_pb2_grpc
+from rlfleet.rollout import convert
+from rlfleet.rollout.types import GenerateRequest, GenerateResult
 
 ERROR_BY_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,

@@ -1,7 +1,7 @@
 """Proto <-> plain objects for the Rollout service, used by the replica's server and its client.
 
 Protobuf types stop here: the replica core and its callers pass the dataclasses of
-``services.rollout.types`` and ``services.common.weights``. Proto3 zeros mean "unset" where a
+``rlfleet.rollout.types`` and ``rlfleet.common.weights``. Proto3 zeros mean "unset" where a
 zero would be invalid: ``n`` and ``max_tokens`` fall back to the dataclass defaults and
 ``top_p`` 0 means 1 (the router's converters follow the same rules). Temperature 0 is greedy.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from services.common.proto.rlfleet.v1 import common_pb2, rollout_pb2
-from services.common.weights import TensorEntry, WeightHeader
-from services.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
+from rlfleet.common.weights import TensorEntry, WeightHeader
+from rlfleet.proto import common_pb2, rollout_pb2
+from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 
 STATUS_FIELDS = ("replica_id", "address", "weight_version", "state", "in_flight", "backend",
                  "served", "heartbeat_age_s")  # fmt: skip

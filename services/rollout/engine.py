@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from services.common.errors import InvalidArgument
-from services.rollout.types import Completion, SamplingParams
+from rlfleet.common.errors import InvalidArgument
+from rlfleet.rollout.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
-    from services.common.config import RlfleetConfig
+    from rlfleet.common.config import RlfleetConfig
 
 FINISH_REASONS = ("stop", "length", "abort")
 
@@ -85,7 +85,7 @@ class Engine(abc.ABC):
 
     def encode(self, text: str) -> list[int]:
         """Token ids for a text prompt, the way the trainer tokenizes it."""
-        from services.common.model_io import encode_prompt
+        from rlfleet.common.model_io import encode_prompt
 
         return encode_prompt(self.tokenizer, text)
 
@@ -170,11 +170,11 @@ def make_engine(config: RlfleetConfig) -> Engine:
     """The configured backend; its heavy imports happen only here."""
     backend = resolve_backend(config.rollout.backend)
     if backend == "vllm":
-        from services.rollout.engine_vllm import VllmEngine
+        from rlfleet.rollout.engine_vllm import VllmEngine
 
         return VllmEngine(config)
     if backend == "hf":
-        from services.rollout.engine_hf import HFEngine
+        from rlfleet.rollout.engine_hf import HFEngine
 
         return HFEngine(config)
     raise ValueError(f"unknown rollout.backend {config.rollout.backend!r}")

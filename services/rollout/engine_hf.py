@@ -30,9 +30,9 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from services.common.config import RlfleetConfig
-from services.rollout.engine import Engine, check_state_dict, tokens_until_stop
-from services.rollout.types import Completion, SamplingParams
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.rollout.engine import Engine, check_state_dict, tokens_until_stop
+from rlfleet.rollout.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class HFEngine(Engine):
         self._loop_task = asyncio.create_task(self._batch_loop(), name="hf-batcher")
 
     def _load(self) -> None:
-        from services.common.model_io import load_causal_lm, load_tokenizer
+        from rlfleet.common.model_io import load_causal_lm, load_tokenizer
 
         self.tokenizer = load_tokenizer(self.config.model.path)
         self._model = load_causal_lm(self.config.model.path, self.config.model.dtype)

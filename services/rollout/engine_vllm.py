@@ -36,10 +36,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from services.common.config import RlfleetConfig
-from services.common.errors import InvalidArgument
-from services.rollout.engine import Engine, check_state_dict, kv_cache_gib
-from services.rollout.types import Completion, SamplingParams
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import InvalidArgument
+from rlfleet.rollout.engine import Engine, check_state_dict, kv_cache_gib
+from rlfleet.rollout.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class VllmEngine(Engine):
 
     async def start(self) -> None:
         _set_environment(self.config)
-        from services.common.model_io import load_tokenizer
+        from rlfleet.common.model_io import load_tokenizer
 
         self.tokenizer = load_tokenizer(self.config.model.path)
         self._shapes, self._optional = checkpoint_shapes(self.config.model.path)

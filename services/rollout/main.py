@@ -14,9 +14,9 @@ import logging
 import socket
 import uuid
 
-from services.common.config import RlfleetConfig
-from services.common.entry import base_parser, resolve
-from services.common.keys import Keys
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.entry import base_parser, resolve
+from rlfleet.common.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,11 @@ def default_replica_id() -> str:
 
 
 async def serve(config: RlfleetConfig) -> None:
-    from services.common.grpc_server import GrpcServer, install_stop_signals
-    from services.common.redis_client import connect
-    from services.rollout.engine import make_engine
-    from services.rollout.replica import Replica
-    from services.rollout.server import registration
+    from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
+    from rlfleet.common.redis_client import connect
+    from rlfleet.rollout.engine import make_engine
+    from rlfleet.rollout.replica import Replica
+    from rlfleet.rollout.server import registration
 
     rollout = config.rollout
     redis = connect(config.redis_url)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from services.common.keys import Keys
+from rlfleet.common.keys import Keys
 
 
 @dataclass

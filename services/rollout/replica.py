@@ -28,14 +28,14 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from services.common import weights
-from services.common.config import RlfleetConfig
-from services.common.errors import FailedPrecondition, Unavailable
-from services.common.keys import Keys
-from services.common.workqueue import Job, WorkQueue
-from services.rollout.engine import Engine
-from services.rollout.registry import ReplicaInfo, ReplicaRegistry
-from services.rollout.types import GenerateRequest, GenerateResult
+from rlfleet.common import weights
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import FailedPrecondition, Unavailable
+from rlfleet.common.keys import Keys
+from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.rollout.engine import Engine
+from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
+from rlfleet.rollout.types import GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from services.common.config import RlfleetConfig
-from services.common.errors import InvalidArgument, NotFound, Unavailable
-from services.common.keys import Keys
-from services.common.workqueue import Result, WorkQueue, decode_result
-from services.rollout.registry import ReplicaInfo
-from services.rollout.router_janitor import Janitor
-from services.rollout.routing import loading, pick_replica
-from services.rollout.types import GenerateRequest, GenerateResult
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import InvalidArgument, NotFound, Unavailable
+from rlfleet.common.keys import Keys
+from rlfleet.common.workqueue import Result, WorkQueue, decode_result
+from rlfleet.rollout.registry import ReplicaInfo
+from rlfleet.rollout.router_janitor import Janitor
+from rlfleet.rollout.routing import loading, pick_replica
+from rlfleet.rollout.types import GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
 

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
-from services.common.errors import Unavailable
-from services.common.keys import Keys
-from services.common.workqueue import Job
-from services.rollout.routing import loading
+from rlfleet.common.errors import Unavailable
+from rlfleet.common.keys import Keys
+from rlfleet.common.workqueue import Job
+from rlfleet.rollout.routing import loading
 
 if TYPE_CHECKING:
-    from services.rollout.router import RouterCore, Snapshot
+    from rlfleet.rollout.router import RouterCore, Snapshot
 
 log = logging.getLogger(__name__)
 

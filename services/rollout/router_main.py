@@ -9,19 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.common.config import RlfleetConfig
-from services.common.entry import base_parser, resolve
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.entry import base_parser, resolve
 
 log = logging.getLogger(__name__)
 
 
 async def serve(config: RlfleetConfig, port: int) -> None:
     """Run the gRPC server and the janitor until a stop signal arrives."""
-    from services.common.grpc_server import GrpcServer, install_stop_signals
-    from services.common.keys import Keys
-    from services.common.redis_client import connect
-    from services.rollout.router import RouterCore
-    from services.rollout.router_server import registrations
+    from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
+    from rlfleet.common.keys import Keys
+    from rlfleet.common.redis_client import connect
+    from rlfleet.rollout.router import RouterCore
+    from rlfleet.rollout.router_server import registrations
 
     # No socket timeout: redis-py's default (5 s) wraps every write in asyncio.wait_for, which
     # on Python 3.11 can swallow task cancellation; keepalive and health checks catch dead links.

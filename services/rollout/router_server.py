@@ -7,10 +7,10 @@ target one engine and must go to each replica directly, so here they answer UNIM
 
 from __future__ import annotations
 
-from services.common.grpc_server import Registration
-from services.common.proto.rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
-from services.rollout.convert import request_from_proto, result_to_proto
-from services.rollout.router import ReplicaView, RouterCore
+from rlfleet.common.grpc_server import Registration
+from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
+from rlfleet.rollout.convert import request_from_proto, result_to_proto
+from rlfleet.rollout.router import ReplicaView, RouterCore
 
 DIRECT_ONLY = (
     "the router only routes Generate; call {} on each replica directly "

@@ -13,8 +13,8 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Mapping
 
-from services.common.errors import Unavailable
-from services.rollout.registry import ReplicaInfo
+from rlfleet.common.errors import Unavailable
+from rlfleet.rollout.registry import ReplicaInfo
 
 SERVING = "serving"
 STARTUP_GRACE_S = 600.0  # how long a replica may stay silent while its engine loads

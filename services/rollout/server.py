@@ -1,7 +1,7 @@
 """gRPC glue for one rollout replica: ``rlfleet.v1.Rollout`` over ``Replica``.
 
 Each method converts the proto, calls the replica core, and converts the answer back; errors
-are plain ``services.common.errors`` exceptions that ``GrpcServer``'s interceptor maps to status
+are plain ``rlfleet.common.errors`` exceptions that ``GrpcServer``'s interceptor maps to status
 codes (a bad update is INVALID_ARGUMENT, a paused or starting replica UNAVAILABLE).
 
 UpdateWeights is a client stream: a header first, then raw byte chunks. The bytes are buffered
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from services.common import weights
-from services.common.errors import InvalidArgument
-from services.common.grpc_server import Registration
-from services.common.proto.rlfleet.v1 import rollout_pb2, rollout_pb2_grpc
-from services.rollout import convert
-from services.rollout.replica import Replica
+from rlfleet.common import weights
+from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.grpc_server import Registration
+from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
+from rlfleet.rollout import convert
+from rlfleet.rollout.replica import Replica
 
 SERVICE_NAME = "rlfleet.v1.Rollout"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from services.common.errors import InvalidArgument
+from rlfleet.common.errors import InvalidArgument
 
 MAX_SAMPLES = 1024
 MAX_NEW_TOKENS = 1 << 16

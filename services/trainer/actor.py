@@ -13,15 +13,15 @@ from pathlib import Path
 
 import torch
 
-from services.common.config import RlfleetConfig
-from services.common.sequences import (
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.rl import core_algos
+from rlfleet.rl.sequences import (
     pack_sequences,
     pad_rows,
     response_logits,
     response_logprobs,
     unpack_rows,
 )
-from services.trainer import core_algos
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class Actor:
 
     def load_training_state(self, path: Path) -> dict:
         """Restore optimizer/scheduler state saved by ``save_training_state``; returns extras."""
-        from services.common.errors import InvalidArgument
+        from rlfleet.common.errors import InvalidArgument
 
         file = path / "trainer_state.pt"
         if not file.is_file():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.trainer.data import PromptRecord
+from rlfleet.trainer.data import PromptRecord
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import InvalidArgument
+from rlfleet.common.errors import InvalidArgument
 
 
 @dataclass
@@ -51,7 +51,7 @@ def to_record(row: dict, where: str) -> PromptRecord:
 
 def load_records(files: list[str], tokenizer, max_prompt_length: int) -> list[PromptRecord]:
     """Read, validate and tokenize every row of ``files``."""
-    from services.common.model_io import encode_prompt
+    from rlfleet.common.model_io import encode_prompt
 
     records = []
     for file in files:

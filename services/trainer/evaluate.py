@@ -8,8 +8,8 @@ import asyncio
 import uuid
 from collections import defaultdict
 
-from services.rollout.types import GenerateRequest, SamplingParams
-from services.trainer.data import PromptRecord
+from rlfleet.rollout.types import GenerateRequest, SamplingParams
+from rlfleet.trainer.data import PromptRecord
 
 
 async def greedy_responses(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.config import RlfleetConfig
+from rlfleet.common.config import RlfleetConfig
 
 
 @dataclass
@@ -37,14 +37,14 @@ def needs_refcritic(config: RlfleetConfig) -> bool:
 
 async def connect_fleet(config: RlfleetConfig) -> Fleet:
     """Clients for the router, reward, refcritic and the replica registry."""
-    from services.common.errors import FailedPrecondition
-    from services.common.keys import Keys
-    from services.common.redis_client import connect
-    from services.refcritic.client import RefCriticClient
-    from services.reward.client import RewardClient
-    from services.rollout.client import RolloutClient
-    from services.rollout.registry import ReplicaRegistry
-    from services.trainer.weight_sync import WeightSync
+    from rlfleet.common.errors import FailedPrecondition
+    from rlfleet.common.keys import Keys
+    from rlfleet.common.redis_client import connect
+    from rlfleet.refcritic.client import RefCriticClient
+    from rlfleet.reward.client import RewardClient
+    from rlfleet.rollout.client import RolloutClient
+    from rlfleet.rollout.registry import ReplicaRegistry
+    from rlfleet.trainer.weight_sync import WeightSync
 
     if not config.redis_url:
         raise FailedPrecondition("the trainer needs redis_url (RLFLEET_REDIS_URL) to find replicas")

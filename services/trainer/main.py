@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from services.common.entry import base_parser, resolve
+from rlfleet.common.entry import base_parser, resolve
 
 
 def print_summary(summary: dict) -> None:
@@ -22,8 +22,8 @@ def print_summary(summary: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("trainer", "The controller: trains the policy through the fleet.")
     config, _ = resolve(parser, "trainer", argv)
-    from services.trainer.run import run_training
-    from services.trainer.server import control_server
+    from rlfleet.trainer.run import run_training
+    from rlfleet.trainer.server import control_server
 
     summary = asyncio.run(run_training(config, control_server(config)))
     print_summary(summary)

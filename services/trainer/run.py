@@ -8,11 +8,11 @@ import logging
 import time
 from pathlib import Path
 
-from services.common.config import RlfleetConfig
-from services.trainer.data import batches, load_records
-from services.trainer.evaluate import accuracy_by_source, greedy_responses
-from services.trainer.metrics import MetricsWriter, plot_reward_curve
-from services.trainer.trainer import Trainer
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.trainer.data import batches, load_records
+from rlfleet.trainer.evaluate import accuracy_by_source, greedy_responses
+from rlfleet.trainer.metrics import MetricsWriter, plot_reward_curve
+from rlfleet.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +21,8 @@ def build_actor(config: RlfleetConfig):
     """Tokenizer, actor (model + optimizer); torch threads set from config."""
     import torch
 
-    from services.common.model_io import load_causal_lm, load_tokenizer
-    from services.trainer.actor import Actor
+    from rlfleet.common.model_io import load_causal_lm, load_tokenizer
+    from rlfleet.trainer.actor import Actor
 
     torch.set_num_threads(config.trainer.torch_threads)
     torch.manual_seed(config.trainer.seed)
@@ -51,7 +51,7 @@ async def validate(trainer: Trainer, records) -> dict[str, float]:
     responses = await greedy_responses(
         trainer.fleet.rollout, records, trainer.config.rollout.max_tokens, trainer.version
     )
-    from services.trainer.batch import RolloutBatch
+    from rlfleet.trainer.batch import RolloutBatch
 
     batch = RolloutBatch(records=list(records), responses=responses)
     batch.texts = [trainer.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
@@ -100,7 +100,7 @@ def save_checkpoint(trainer: Trainer, path: Path) -> Path:
 
 async def run_training(config: RlfleetConfig, control_server_factory=None) -> dict:
     """The whole job; returns the summary also written to ``run_dir/summary.json``."""
-    from services.trainer.fleet import connect_fleet
+    from rlfleet.trainer.fleet import connect_fleet
 
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

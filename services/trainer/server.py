@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from services.common.grpc_server import GrpcServer, Registration
-from services.common.proto.rlfleet.v1 import trainer_pb2, trainer_pb2_grpc
+from rlfleet.common.grpc_server import GrpcServer, Registration
+from rlfleet.proto import trainer_pb2, trainer_pb2_grpc
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
@@ -40,7 +40,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         return self._status()
 
     async def SaveCheckpoint(self, request, context):
-        from services.trainer.run import save_checkpoint
+        from rlfleet.trainer.run import save_checkpoint
 
         t = self._trainer
         path = Path(request.path or Path(t.config.run_dir) / "checkpoints" / f"manual_{t.step}")

@@ -13,15 +13,15 @@ import asyncio
 import logging
 import uuid
 
-from services.common.config import RlfleetConfig
-from services.common.errors import FailedPrecondition
-from services.common.sequences import pad_rows
-from services.rollout.types import GenerateRequest, SamplingParams
-from services.trainer import core_algos
-from services.trainer.batch import RolloutBatch, response_mask, token_level_rewards
-from services.trainer.data import PromptRecord
-from services.trainer.fleet import Fleet
-from services.trainer.metrics import Timer, batch_metrics, tensor_stats
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import FailedPrecondition
+from rlfleet.rl import core_algos
+from rlfleet.rl.sequences import pad_rows
+from rlfleet.rollout.types import GenerateRequest, SamplingParams
+from rlfleet.trainer.batch import RolloutBatch, response_mask, token_level_rewards
+from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Trainer:
             )
 
     async def score(self, batch: RolloutBatch) -> None:
-        from services.reward.types import ScoreRequest
+        from rlfleet.reward.types import ScoreRequest
 
         requests = [
             ScoreRequest(

@@ -1,7 +1,7 @@
 """Pushing the actor's weights to every rollout replica.
 
 The trainer is the only writer of weights. After each update it encodes the state dict
-once (header + payload, ``services.common.weights``) and streams it to all live replicas
+once (header + payload, ``rlfleet.common.weights``) and streams it to all live replicas
 in parallel. A replica that fails to take it stays at its old version, and the router's
 version gating keeps it out of the next step. Replicas that join mid-run register at
 version 0; ``catch_up`` pushes the current weights to them before they are routed to.
@@ -13,9 +13,9 @@ import asyncio
 import logging
 import time
 
-from services.common import weights
-from services.common.errors import Unavailable
-from services.rollout.registry import ReplicaInfo, ReplicaRegistry
+from rlfleet.common import weights
+from rlfleet.common.errors import Unavailable
+from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Start, find and stop real rollout replica processes for integration tests.
 
-A replica is launched as ``python -m services.rollout.main`` with ``--port 0``; its address is
+A replica is launched as ``python -m rlfleet.rollout.main`` with ``--port 0``; its address is
 read back from the Redis registry once it reports ``serving``. Tests stop only the processes
 they started, by PID.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-from services.common.keys import Keys
+from rlfleet.common.keys import Keys
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "tiny-qwen2-arith"
@@ -42,7 +42,7 @@ def start_replica(
     redis_url: str, keys: Keys, replica_id: str, log_path: Path, *extra: str
 ) -> ReplicaProc:
     """Launch the replica and wait until the registry says it serves (address included)."""
-    command = [sys.executable, "-m", "services.rollout.main", "--replica-id", replica_id,
+    command = [sys.executable, "-m", "rlfleet.rollout.main", "--replica-id", replica_id,
                "--port", "0", f"redis_url={redis_url}", f"cluster={keys.cluster}",
                f"model.path={MODEL}", "rollout.heartbeat_interval_s=0.5", *extra]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}

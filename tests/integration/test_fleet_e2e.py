@@ -24,7 +24,7 @@ def run_up(
     argv = [
         sys.executable,
         "-m",
-        "services.cli",
+        "rlfleet.cli",
         "up",
         "--config",
         str(ROOT / "configs" / "default.yaml"),
@@ -75,7 +75,7 @@ def test_up_stops_everything_and_names_the_failed_service(tmp_path):
     argv = [
         sys.executable,
         "-m",
-        "services.cli",
+        "rlfleet.cli",
         "up",
         "--rollout-replicas",
         "1",
@@ -99,7 +99,7 @@ def test_ctrl_c_stops_the_whole_fleet(tmp_path):
 
     marker = tmp_path / "interrupted-run"
     argv = [
-        sys.executable, "-m", "services.cli", "up", "--no-trainer", "--rollout-replicas", "2",
+        sys.executable, "-m", "rlfleet.cli", "up", "--no-trainer", "--rollout-replicas", "2",
         f"run_dir={marker}", "rollout.backend=hf",
     ]  # fmt: skip
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

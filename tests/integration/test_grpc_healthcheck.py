@@ -1,6 +1,6 @@
 """The container health probe against a real rlfleet gRPC server.
 
-docker-compose.yml gates every role on ``python -m services.common.grpc_healthcheck``; a probe
+docker-compose.yml gates every role on ``python -m rlfleet.common.grpc_healthcheck``; a probe
 that said "healthy" too early would let the trainer start against a replica still loading its
 model, and one that never said it would hold the fleet forever. So the probe is run the way
 Docker runs it (a child process, judged by exit status) against the server helper every role
@@ -13,11 +13,11 @@ import asyncio
 import subprocess
 import sys
 
-from services.common.grpc_server import GrpcServer
+from rlfleet.common.grpc_server import GrpcServer
 
 
 async def probe(address: str, *extra: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "services.common.grpc_healthcheck", address, *extra]
+    argv = [sys.executable, "-m", "rlfleet.common.grpc_healthcheck", address, *extra]
     return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=30)
 
 

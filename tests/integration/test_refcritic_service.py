@@ -1,4 +1,4 @@
-"""The refcritic as a real process (``python -m services.refcritic.main``) on a free port.
+"""The refcritic as a real process (``python -m rlfleet.refcritic.main``) on a free port.
 
 Uses the committed tiny model when it exists, else a tiny random Qwen2 saved for the session.
 Every process started here is stopped by its PID in a finalizer, even when a test fails.
@@ -22,12 +22,12 @@ import pytest
 import torch
 from redis.exceptions import ResponseError
 
-from services.common.grpc_healthcheck import check
-from services.common.keys import Keys
-from services.common.model_io import load_causal_lm
-from services.common.redis_server import EmbeddedRedis, free_port
-from services.refcritic.client import RefCriticClient
-from services.refcritic.queue_service import GROUP, QueuedCompute
+from rlfleet.common.grpc_healthcheck import check
+from rlfleet.common.keys import Keys
+from rlfleet.common.model_io import load_causal_lm
+from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.refcritic.client import RefCriticClient
+from rlfleet.refcritic.queue_service import GROUP, QueuedCompute
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_MODEL = ROOT / "models" / "tiny-qwen2-arith"
@@ -60,13 +60,13 @@ def stop(process: subprocess.Popen) -> int:
 
 
 def start_process(model_dir: Path, log_dir: Path, *args: str) -> Service:
-    """``python -m services.refcritic.main`` with ``args``; does not wait for it to be ready."""
+    """``python -m rlfleet.refcritic.main`` with ``args``; does not wait for it to be ready."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
     argv = [
         sys.executable,
         "-m",
-        "services.refcritic.main",
+        "rlfleet.refcritic.main",
         "--port",
         str(port),
         f"model.path={model_dir}",

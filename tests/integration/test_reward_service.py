@@ -1,4 +1,4 @@
-"""The reward service as real processes (``python -m services.reward.main``) on a real Redis.
+"""The reward service as real processes (``python -m rlfleet.reward.main``) on a real Redis.
 
 Covers the front doors (gRPC through RewardClient, HTTP), per-item errors, bad requests, and
 crash recovery: a worker SIGKILLed mid-job leaves its entry pending, and a fresh worker-only
@@ -23,11 +23,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.common.errors import InvalidArgument, NotFound, Unauthenticated
-from services.common.redis_server import free_port
-from services.reward.client import RewardClient, SyncRewardClient
-from services.reward.service import reward_queue
-from services.reward.types import ScoreRequest
+from rlfleet.common.errors import InvalidArgument, NotFound, Unauthenticated
+from rlfleet.common.redis_server import free_port
+from rlfleet.reward.client import RewardClient, SyncRewardClient
+from rlfleet.reward.service import reward_queue
+from rlfleet.reward.types import ScoreRequest
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +66,7 @@ class Launcher:
 
     def start(self, *overrides: str, worker_only: bool = False, flags: tuple = ()) -> Proc:
         log_path, port, http_port = self.tmp_path / f"reward-{len(self.procs)}.log", 0, 0
-        args = [sys.executable, "-m", "services.reward.main", f"cluster={self.cluster}",
+        args = [sys.executable, "-m", "rlfleet.reward.main", f"cluster={self.cluster}",
                 f"redis_url={self.redis_url}", *overrides]  # fmt: skip
         if not worker_only:  # overrides first: argparse wants positionals together
             port, http_port = free_port(), free_port()
@@ -183,7 +183,7 @@ def test_score_cli_writes_scores_and_summary(service, tmp_path):
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(row) + "\n" for row in rows))
     done = subprocess.run(
-        [sys.executable, "-m", "services.reward.score_cli", "--input", str(src), "--output",
+        [sys.executable, "-m", "rlfleet.reward.score_cli", "--input", str(src), "--output",
          str(dst), "--address", service.address, "--batch-size", "2", "--no-progress"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

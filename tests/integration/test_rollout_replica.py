@@ -1,4 +1,4 @@
-"""A real rollout replica process (``python -m services.rollout.main``) on a real Redis.
+"""A real rollout replica process (``python -m rlfleet.rollout.main``) on a real Redis.
 
 What is checked: weight updates change greedy outputs and restoring the weights restores them;
 malformed updates are rejected with INVALID_ARGUMENT and change nothing; requests put on the
@@ -20,15 +20,15 @@ import torch
 from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from safetensors.torch import load_file
 
-from services.common import weights
-from services.common.errors import InvalidArgument
-from services.common.keys import Keys
-from services.common.proto.rlfleet.v1 import rollout_pb2
-from services.common.redis_server import EmbeddedRedis
-from services.common.workqueue import WorkQueue
-from services.rollout import convert
-from services.rollout.client import RolloutClient
-from services.rollout.types import GenerateRequest, GenerateResult, SamplingParams
+from rlfleet.common import weights
+from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.keys import Keys
+from rlfleet.common.redis_server import EmbeddedRedis
+from rlfleet.common.workqueue import WorkQueue
+from rlfleet.proto import rollout_pb2
+from rlfleet.rollout import convert
+from rlfleet.rollout.client import RolloutClient
+from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams
 
 PROMPTS = ["12+34=", "57+18=", "90+9=", "33+66=", "41+27="]
 GREEDY = SamplingParams(temperature=0, max_tokens=6)

@@ -17,13 +17,13 @@ import redis.asyncio as aioredis
 from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from safetensors.torch import load_file
 
-from services.common import weights
-from services.common.errors import Unavailable
-from services.common.keys import Keys
-from services.common.redis_server import EmbeddedRedis
-from services.common.workqueue import WorkQueue
-from services.rollout.client import RolloutClient
-from services.rollout.types import GenerateRequest, GenerateResult, SamplingParams
+from rlfleet.common import weights
+from rlfleet.common.errors import Unavailable
+from rlfleet.common.keys import Keys
+from rlfleet.common.redis_server import EmbeddedRedis
+from rlfleet.common.workqueue import WorkQueue
+from rlfleet.rollout.client import RolloutClient
+from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams
 
 DELAY_S = 2.0
 SLOW = ("rollout.backend=hf", f"rollout.debug_generate_delay_s={DELAY_S}",

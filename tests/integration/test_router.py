@@ -23,12 +23,12 @@ import pytest
 import redis.asyncio as aioredis
 from replica_proc import MODEL, ROOT, ReplicaProc, start_replica, stop_replica
 
-from services.common.grpc_client import make_channel
-from services.common.keys import Keys
-from services.common.proto.rlfleet.v1 import common_pb2, rollout_pb2, rollout_pb2_grpc
-from services.common.redis_server import EmbeddedRedis, free_port
-from services.rollout.convert import request_to_proto
-from services.rollout.types import GenerateRequest, SamplingParams
+from rlfleet.common.grpc_client import make_channel
+from rlfleet.common.keys import Keys
+from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.proto import common_pb2, rollout_pb2, rollout_pb2_grpc
+from rlfleet.rollout.convert import request_to_proto
+from rlfleet.rollout.types import GenerateRequest, SamplingParams
 
 pytestmark = [
     pytest.mark.slow,
@@ -48,9 +48,9 @@ class Fleet:
 
 
 def start_router(redis_url: str, keys: Keys, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """Launch ``python -m services.rollout.router_main`` and wait until it says it is ready."""
+    """Launch ``python -m rlfleet.rollout.router_main`` and wait until it says it is ready."""
     port = free_port()
-    command = [sys.executable, "-m", "services.rollout.router_main", "--port", str(port),
+    command = [sys.executable, "-m", "rlfleet.rollout.router_main", "--port", str(port),
                f"redis_url={redis_url}", f"cluster={keys.cluster}",
                "router.janitor_interval_s=0.3"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}

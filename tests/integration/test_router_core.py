@@ -13,13 +13,13 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from services.common.config import load_config
-from services.common.errors import InvalidArgument, NotFound, Unavailable
-from services.common.keys import Keys
-from services.common.workqueue import WorkQueue
-from services.rollout.registry import ReplicaInfo, ReplicaRegistry
-from services.rollout.router import RouterCore
-from services.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
+from rlfleet.common.config import load_config
+from rlfleet.common.errors import InvalidArgument, NotFound, Unavailable
+from rlfleet.common.keys import Keys
+from rlfleet.common.workqueue import WorkQueue
+from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
+from rlfleet.rollout.router import RouterCore
+from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 
 TTL_S = 0.6
 

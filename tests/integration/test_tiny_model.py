@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.arith import from_verl_record
-from services.common.model_io import encode_prompt, greedy_accuracy, load_causal_lm, load_tokenizer
+from rlfleet.common.model_io import encode_prompt, greedy_accuracy, load_causal_lm, load_tokenizer
+from rlfleet.tasks.arith import from_verl_record
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "models" / "tiny-qwen2-arith"

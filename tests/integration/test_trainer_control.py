@@ -6,12 +6,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.common.config import load_config
-from services.common.grpc_client import auth_metadata, make_channel
-from services.common.proto.rlfleet.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
-from services.trainer.metrics import MetricsWriter
-from services.trainer.server import control_server
-from services.trainer.trainer import Trainer
+from rlfleet.common.config import load_config
+from rlfleet.common.grpc_client import auth_metadata, make_channel
+from rlfleet.proto import common_pb2, trainer_pb2, trainer_pb2_grpc
+from rlfleet.trainer.metrics import MetricsWriter
+from rlfleet.trainer.server import control_server
+from rlfleet.trainer.trainer import Trainer
 
 
 @pytest.fixture

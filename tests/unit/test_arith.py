@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.arith import (
+from rlfleet.tasks.arith import (
     Problem,
     from_verl_record,
     parse_answer,

@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from services.cli import VERBS
+from rlfleet.cli import VERBS
 
 HEAVY = ("torch", "vllm", "transformers")
 
 PROBE = """
 import sys
-from services.cli import main
+from rlfleet.cli import main
 try:
     main([{verb!r}, "--help"])
 except SystemExit:
@@ -29,7 +29,7 @@ def test_verb_help_imports_nothing_heavy(verb):
 
 
 def test_top_level_help_lists_every_verb(capsys):
-    from services.cli import main
+    from rlfleet.cli import main
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
@@ -38,7 +38,7 @@ def test_top_level_help_lists_every_verb(capsys):
 
 
 def test_unknown_verb_is_an_error(capsys):
-    from services.cli import main
+    from rlfleet.cli import main
 
     assert main(["nonsense"]) == 2
     assert "unknown verb" in capsys.readouterr().err

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import RlfleetConfig, describe_fields, load_config
+from rlfleet.common.config import RlfleetConfig, describe_fields, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

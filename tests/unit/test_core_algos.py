@@ -1,4 +1,4 @@
-"""Hand-computed checks of the trainer's RL math (services/trainer/core_algos.py).
+"""Hand-computed checks of the trainer's RL math (services/rl/core_algos.py).
 
 Every expected number is written out here and was worked out by hand from the formulas, so a
 test fails if the implementation drifts from the papers, not just if it changes.
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from services.trainer import core_algos as ca
+from rlfleet.rl import core_algos as ca
 
 
 def t(rows) -> torch.Tensor:

@@ -7,10 +7,10 @@ import asyncio
 import pytest
 import torch
 
-from services.common.errors import InvalidArgument
-from services.rollout.engine import check_state_dict, cut_at_stop, kv_cache_gib, tokens_until_stop
-from services.rollout.engine_hf import _Request, plan_batches
-from services.rollout.types import SamplingParams
+from rlfleet.common.errors import InvalidArgument
+from rlfleet.rollout.engine import check_state_dict, cut_at_stop, kv_cache_gib, tokens_until_stop
+from rlfleet.rollout.engine_hf import _Request, plan_batches
+from rlfleet.rollout.types import SamplingParams
 
 
 def test_plan_batches_groups_by_settings_and_isolates_seeds() -> None:

@@ -14,10 +14,10 @@ import pytest
 import pytest_asyncio
 import torch
 
-from services.common.config import load_config
-from services.common.errors import InvalidArgument
-from services.rollout.engine_hf import HFEngine
-from services.rollout.types import SamplingParams
+from rlfleet.common.config import load_config
+from rlfleet.common.errors import InvalidArgument
+from rlfleet.rollout.engine_hf import HFEngine
+from rlfleet.rollout.types import SamplingParams
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen2-arith"
 EOS = 2

@@ -17,7 +17,7 @@ def test_generated_stubs_are_up_to_date():
 
 
 def test_pinned_services_and_rpcs_exist():
-    from services.common.proto.rlfleet.v1 import (
+    from rlfleet.proto import (
         refcritic_pb2,
         reward_pb2,
         rollout_pb2,

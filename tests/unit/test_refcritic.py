@@ -8,9 +8,12 @@ import pytest
 import torch
 from tiny_models import random_qwen2
 
-from services.common.config import RlfleetConfig, load_config
-from services.common.errors import InvalidArgument, NotFound
-from services.common.sequences import (
+from rlfleet.common.config import RlfleetConfig, load_config
+from rlfleet.common.errors import InvalidArgument, NotFound
+from rlfleet.refcritic.batch import BatchLimits, SequenceBatch, validate_batch, validate_rows
+from rlfleet.refcritic.critic import Critic
+from rlfleet.refcritic.reference import RefPolicy
+from rlfleet.rl.sequences import (
     map_micro_batches,
     micro_batches,
     pack_sequences,
@@ -18,9 +21,6 @@ from services.common.sequences import (
     response_logprobs,
     unpack_rows,
 )
-from services.refcritic.batch import BatchLimits, SequenceBatch, validate_batch, validate_rows
-from services.refcritic.critic import Critic
-from services.refcritic.reference import RefPolicy
 
 VOCAB = 16
 PROMPTS = [[1, 4, 5], [1, 6, 7, 8, 9, 10], [1], [1, 11, 12, 13]]

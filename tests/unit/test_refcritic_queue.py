@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import FailedPrecondition, InvalidArgument
-from services.common.workqueue import Result
-from services.refcritic.queue_service import (
+from rlfleet.common.errors import FailedPrecondition, InvalidArgument
+from rlfleet.common.workqueue import Result
+from rlfleet.refcritic.queue_service import (
     chunk_batch,
     decode_job,
     encode_job,

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from services.common.errors import Unavailable
-from services.rollout.registry import ReplicaInfo
-from services.rollout.routing import loading, pick_replica
+from rlfleet.common.errors import Unavailable
+from rlfleet.rollout.registry import ReplicaInfo
+from rlfleet.rollout.routing import loading, pick_replica
 
 
 def replica(rid: str, version: int = 0, state: str = "serving", alive: bool = True) -> ReplicaInfo:

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from services.common.config import RewardConfig, UserScorerConfig
-from services.common.errors import InvalidArgument, NotFound
-from services.reward.score_cli import row_to_request
-from services.reward.scorers import Scorer, ScorerRegistry, build_registry, load_user_function
-from services.reward.server import request_from_proto, request_to_proto
-from services.reward.types import MAX_TEXT_BYTES, ScoreRequest, ScoreResult, validate_batch
-from services.reward.worker import RewardWorker
+from rlfleet.common.config import RewardConfig, UserScorerConfig
+from rlfleet.common.errors import InvalidArgument, NotFound
+from rlfleet.reward.score_cli import row_to_request
+from rlfleet.reward.scorers import Scorer, ScorerRegistry, build_registry, load_user_function
+from rlfleet.reward.server import request_from_proto, request_to_proto
+from rlfleet.reward.types import MAX_TEXT_BYTES, ScoreRequest, ScoreResult, validate_batch
+from rlfleet.reward.worker import RewardWorker
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_reward.py"
 

@@ -13,14 +13,14 @@ import pytest
 import torch
 from tiny_models import random_qwen2
 
-from services.common.config import load_config
-from services.common.errors import FailedPrecondition
-from services.reward.types import ScoreResult
-from services.rollout.types import Completion, GenerateResult
-from services.trainer.actor import Actor
-from services.trainer.data import PromptRecord
-from services.trainer.fleet import Fleet
-from services.trainer.trainer import Trainer
+from rlfleet.common.config import load_config
+from rlfleet.common.errors import FailedPrecondition
+from rlfleet.reward.types import ScoreResult
+from rlfleet.rollout.types import Completion, GenerateResult
+from rlfleet.trainer.actor import Actor
+from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.trainer import Trainer
 
 VOCAB = 16
 GOOD_TOKEN = 5
@@ -160,7 +160,7 @@ def test_grpo_steps_raise_probability_of_rewarded_token():
 
 
 def test_resume_continues_step_version_optimizer_and_weights(tmp_path):
-    from services.trainer.run import restore, save_checkpoint
+    from rlfleet.trainer.run import restore, save_checkpoint
 
     class SavingTokenizer(CharTokenizer):
         def save_pretrained(self, path):
@@ -187,8 +187,8 @@ def test_resume_continues_step_version_optimizer_and_weights(tmp_path):
 
 
 def test_resume_from_a_directory_without_state_is_refused(tmp_path):
-    from services.common.errors import InvalidArgument
-    from services.trainer.run import restore
+    from rlfleet.common.errors import InvalidArgument
+    from rlfleet.trainer.run import restore
 
     trainer = make_trainer(**{"trainer.resume_from": str(tmp_path)})
     with pytest.raises(InvalidArgument, match="trainer_state.pt"):

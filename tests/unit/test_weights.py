@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from services.common import weights
-from services.common.errors import InvalidArgument
+from rlfleet.common import weights
+from rlfleet.common.errors import InvalidArgument
 
 
 def sample_state() -> dict:

@@ -15,9 +15,9 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from services.common.keys import Keys
-from services.common.redis_server import EmbeddedRedis
-from services.common.workqueue import Result, WorkQueue
+from rlfleet.common.keys import Keys
+from rlfleet.common.redis_server import EmbeddedRedis
+from rlfleet.common.workqueue import Result, WorkQueue
 
 MakeQueue = Callable[..., Awaitable[WorkQueue]]
 

@@ -22,7 +22,7 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
-from services.common.proto.rlfleet.v1 import common_pb2 as rlfleet_dot_v1_dot_common__pb2
+from rlfleet.proto import common_pb2 as rlfleet_dot_v1_dot_common__pb2
 
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/trainer.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"j\n\rTrainerStatus\x12\r\n\x05state\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x03\x12\x16\n\x0eweight_version\x18\x04 \x01(\x03\x12\x0f\n\x07run_dir\x18\x05 \x01(\t\"%\n\x15SaveCheckpointRequest\x12\x0c\n\x04path\x18\x01 \x01(\t\"4\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\")\n\x14StreamMetricsRequest\x12\x11\n\tfrom_step\x18\x01 \x01(\x03\"\x86\x01\n\rMetricsRecord\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x37\n\x07metrics\x18\x02 \x03(\x0b\x32&.rlfleet.v1.MetricsRecord.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x92\x03\n\x07Trainer\x12\x39\n\tGetStatus\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.TrainerStatus\x12\x35\n\x05Pause\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.TrainerStatus\x12\x36\n\x06Resume\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.TrainerStatus\x12W\n\x0eSaveCheckpoint\x12!.rlfleet.v1.SaveCheckpointRequest\x1a\".rlfleet.v1.SaveCheckpointResponse\x12\x34\n\x04Stop\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.TrainerStatus\x12N\n\rStreamMetrics\x12 .rlfleet.v1.StreamMetricsRequest\x1a\x19.rlfleet.v1.MetricsRecord0\x01\x62\x06proto3')

@@ -3,8 +3,8 @@
 import grpc
 import warnings
 
-from services.common.proto.rlfleet.v1 import common_pb2 as rlfleet_dot_v1_dot_common__pb2
-from services.common.proto.rlfleet.v1 import reward_pb2 as rlfleet_dot_v1_dot_reward__pb2
+from rlfleet.proto import common_pb2 as rlfleet_dot_v1_dot_common__pb2
+from rlfleet.proto import reward_pb2 as rlfleet_dot_v1_dot_reward__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

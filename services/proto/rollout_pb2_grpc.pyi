@@ -5,8 +5,8 @@ isort:skip_file
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from services.common.proto.rlfleet.v1 import common_pb2 as _common_pb2
-from services.common.proto.rlfleet.v1 import rollout_pb2 as _rollout_pb2
+from rlfleet.proto import common_pb2 as _common_pb2
+from rlfleet.proto import rollout_pb2 as _rollout_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.trainer.core_algos import logprobs_from_logits
+from rlfleet.rl.core_algos import logprobs_from_logits
 
 
 @dataclass

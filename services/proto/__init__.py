@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for the rlfleet.v1 protos (scripts/gen_proto.py)."""

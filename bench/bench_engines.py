@@ -27,7 +27,7 @@ NAME = "engines"
 TITLE = "Rollout engines: vLLM vs transformers (hf)"
 BACKENDS = ("vllm", "hf")
 PROMPTS, SAMPLES, MAX_TOKENS = 64, 8, 8
-NOTES_REF = ("NOTES.md (64 prompts x 8 samples x 32 tokens): vLLM bf16 ~19k tok/s, fp32 10-16k; "
+NOTES_REF = ("docs/architecture.md (64 prompts x 8 samples x 32 tokens): vLLM bf16 ~19k tok/s, fp32 10-16k; "
              "transformers generate ~7-8k tok/s.")  # fmt: skip
 THREADS_NOTE = (
     "hf runs with torch_threads={threads} (--hf-threads; rollout.torch_threads defaults to 1); "
@@ -42,7 +42,7 @@ FLUSH_NOTE = (
 LOAD_NOTE = (
     "Both engines suffer from a busy machine, vLLM far more: at a load average of ~9 on 2 cores "
     "vLLM's own offline LLM.generate also ran only ~1k tok/s (32 tokens, ignore_eos) against "
-    "NOTES.md's 10-16k. Read the ratio together with the load average below."
+    "docs/architecture.md's 10-16k. Read the ratio together with the load average below."
 )
 
 

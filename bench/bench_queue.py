@@ -135,7 +135,7 @@ def _result(samples: dict[str, list[float]], rounds: int) -> BenchResult:
             "Round trips to Redis: ping 1, raw_stream 3, workqueue 4 (Lua submit, XREADGROUP, "
             "MULTI answer+ack+delete, GET), workqueue_waiting 7 (a GET miss, the BLPOP, a GET "
             "and the token hand-on on the waiter's side, overlapping the worker's calls).",
-            "NOTES.md (sync client, same machine type): PING ~0.12 ms; XADD+XREADGROUP+XACK "
+            "docs/architecture.md (sync client, same machine type): PING ~0.12 ms; XADD+XREADGROUP+XACK "
             "p50 0.17 ms, p99 0.42 ms.",
         ],
     )  # fmt: skip

@@ -13,7 +13,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "trainer": ("rlfleet.trainer.main", "the controller: GRPO/PPO training loop"),
     "rollout": ("rlfleet.rollout.main", "one rollout replica (vLLM or transformers engine)"),
     "router": (
-        "rlfleet.rollout.router_main",
+        "rlfleet.rollout.router.main",
         "the generation front door (least in-flight, sticky)",
     ),
     "reward": ("rlfleet.reward.main", "the reward service (gRPC, optional HTTP) and its workers"),

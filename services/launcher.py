@@ -124,9 +124,7 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
         for i in range(args.rollout_replicas)
     ]
     children.append(child("reward", "reward", f"reward.port={ports['reward']}"))
-    from rlfleet.trainer.fleet import needs_refcritic
-
-    if needs_refcritic(config):
+    if config.needs_refcritic:
         children.append(child("refcritic", "refcritic", f"refcritic.port={ports['refcritic']}"))
     if not args.no_trainer:
         children.append(
@@ -203,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         children = plan_children(config, args, redis.url if redis else config.redis_url, log_dir)
         for child in children:
             child.start()
-        return supervise(children)
+        code = supervise(children)
+        if code == 0 and not args.no_trainer:
+            print_run_summary(run_dir / "summary.json")
+        return code
     except KeyboardInterrupt:
         print("\nrlfleet up: interrupted, stopping the fleet", file=sys.stderr)
         return 130
@@ -212,6 +213,25 @@ def main(argv: list[str] | None = None) -> int:
         if redis is not None:
             redis.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def print_run_summary(path: Path) -> None:
+    """The job's headline numbers, unprefixed, as the last lines ``rlfleet up`` prints."""
+    import json
+
+    if not path.is_file():
+        return
+    summary = json.loads(path.read_text())
+    reached = summary.get("time_to_target_s")
+    target = summary.get("target_accuracy", 0.85)
+    before, after = summary.get("val_before", {}), summary.get("val_after", {})
+    for name, value in after.items():
+        start = f"{before[name]:.3f}" if name in before else "n/a"
+        print(f"held-out {name}: {start} -> {value:.3f}")
+    print(f"time_to_{target:g}_s: {'never' if reached is None else reached}")
+    print(
+        f"training_time_s: {summary.get('training_time_s')}  wall_time_s: {summary['wall_time_s']}"
+    )
 
 
 def start_redis(config: RlfleetConfig, run_dir: Path):

@@ -1,14 +1,30 @@
-"""``rlfleet status``: replicas (from Redis) and the trainer's state (over gRPC)."""
+"""``rlfleet status``: replicas (from the router's ListReplicas) and the trainer's state.
+
+The replica registry is the rollout role's own: status asks a router, as the trainer does. Only
+when no router answers does it read the registry in Redis directly (if ``redis_url`` is set),
+so a fleet whose router is down can still be inspected.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import sys
 
+from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
+from rlfleet.common.errors import RlfleetError
+from rlfleet.rollout.types import ReplicaState, ReplicaStatus
 
 
-async def replica_lines(config) -> list[str]:
+async def router_replicas(config: RlfleetConfig) -> list[ReplicaStatus]:
+    from rlfleet.rollout.client import RolloutClient
+
+    async with RolloutClient(config.endpoints.router, api_key=config.api_key) as client:
+        return await client.list_replicas(timeout_s=3.0)
+
+
+async def registry_replicas(config: RlfleetConfig) -> list[ReplicaStatus]:
+    """Fallback without a router: the registry as stored (no in-flight counts, no drains)."""
     from rlfleet.common.keys import Keys
     from rlfleet.common.redis_client import connect
     from rlfleet.rollout.registry import ReplicaRegistry
@@ -16,20 +32,41 @@ async def replica_lines(config) -> list[str]:
     client = connect(config.redis_url)
     try:
         registry = ReplicaRegistry(client, Keys(config.cluster), config.rollout.heartbeat_ttl_s)
-        replicas = await registry.list()
+        infos = await registry.list()
     finally:
         await client.aclose()
-    lines = [f"replicas ({len(replicas)}):"]
+    return [
+        ReplicaStatus(
+            r.replica_id,
+            r.address,
+            r.weight_version,
+            r.state if r.alive else ReplicaState.DEAD,
+            0,
+            r.backend,
+            r.served,
+            r.heartbeat_age_s,
+        )  # fmt: skip
+        for r in infos
+    ]
+
+
+async def replica_lines(config: RlfleetConfig) -> list[str]:
+    try:
+        replicas, source = await router_replicas(config), f"router {config.endpoints.router}"
+    except (RlfleetError, TimeoutError) as exc:
+        if not config.redis_url:
+            return [f"replicas: unknown (router not reachable: {type(exc).__name__})"]
+        replicas, source = await registry_replicas(config), "redis registry"
+    lines = [f"replicas ({len(replicas)}, from {source}):"]
     for r in replicas:
-        alive = "alive" if r.alive else "DEAD"
         lines.append(
             f"  {r.replica_id:<16} {r.address:<22} v{r.weight_version:<5} {r.state:<9} "
-            f"{alive:<5} served={r.served} backend={r.backend}"
+            f"in_flight={r.in_flight} served={r.served} backend={r.backend}"
         )
     return lines
 
 
-async def trainer_line(config) -> str:
+async def trainer_line(config: RlfleetConfig) -> str:
     from rlfleet.common.grpc_client import auth_metadata, make_channel
     from rlfleet.proto import common_pb2, trainer_pb2_grpc
 
@@ -49,14 +86,8 @@ async def trainer_line(config) -> str:
         await channel.close()
 
 
-async def collect(config) -> list[str]:
-    lines = []
-    if config.redis_url:
-        lines += await replica_lines(config)
-    else:
-        lines.append("replicas: unknown (set RLFLEET_REDIS_URL or redis_url=...)")
-    lines.append(await trainer_line(config))
-    return lines
+async def collect(config: RlfleetConfig) -> list[str]:
+    return [*await replica_lines(config), await trainer_line(config)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,16 +9,30 @@ rules are checked at load time so a bad config fails before any model loads.
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-log = logging.getLogger(__name__)
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
+"""The folder that holds the rlfleet package (``services/``): the repository in a source
+checkout, which is where the default model (``models/``) and data (``data/``) ship."""
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+def shipped_path(path: str) -> str:
+    """``path`` itself when it is absolute or exists from here; else the same relative path
+    under ``SOURCE_ROOT`` when it exists there. Why: the defaults are relative to the
+    repository, so a role started from another directory would miss them, and transformers
+    would take the missing folder for a Hub model id and report a network error."""
+    given = Path(path).expanduser()
+    if given.is_absolute() or given.exists():
+        return path
+    shipped = SOURCE_ROOT / given
+    return str(shipped) if shipped.exists() else path
 
 
 class Section(BaseModel):
@@ -238,6 +252,19 @@ class TrainerConfig(Section):
     """Checkpoint directory written by this trainer (``run_dir/checkpoints/global_step_N`` or
     ``final``) to continue from: actor weights, optimizer, schedule, step and data position.
     The reference policy stays ``model.path``."""
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: generate with the weights being trained (strictly on-policy). ``async``:
+    replicas generate the next batches while the trainer updates; see ``max_staleness``."""
+    max_staleness: int = 1
+    """Async mode: the oldest weight version a trained response may come from is
+    ``current - max_staleness``; older ones are dropped (counted in ``async/dropped``)."""
+    is_cap: float = 2.0
+    """Async mode: cap of the per-token importance weight pi_prox / pi_behav."""
+    test_freq: int = 0
+    """Validate (greedy accuracy on the held-out set) every N steps; 0 = only before/after."""
+    target_accuracy: float = 0.85
+    """Held-out accuracy whose first crossing is reported as ``time_to_<target>_s`` (training
+    clock, validation excluded)."""
     min_replicas: int = 1
     """Rollout replicas that must be serving before training starts (``rlfleet up`` sets N)."""
     replica_wait_s: float = 600.0
@@ -253,8 +280,8 @@ class RlfleetConfig(Section):
     """If set, every RPC must carry ``authorization: Bearer <key>`` (health checks excepted)."""
     run_dir: str = "runs/default"
     """Where logs, metrics.jsonl, plots and checkpoints go."""
-    log_level: str = "INFO"
-    """Logging level for every role."""
+    log_level: LogLevel = "INFO"
+    """Logging level for every role: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."""
     max_message_mb: int = 64
     """gRPC send/receive message size limit (weights travel in chunks below this)."""
     model: ModelConfig = ModelConfig()
@@ -266,6 +293,21 @@ class RlfleetConfig(Section):
     refcritic: RefCriticConfig = RefCriticConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     trainer: TrainerConfig = TrainerConfig()
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_capitals(cls, level: Any) -> Any:
+        """``debug`` works like ``DEBUG``; a misspelt level is an error, not silently INFO."""
+        return level.upper() if isinstance(level, str) else level
+
+    @model_validator(mode="after")
+    def _find_shipped_files(self) -> RlfleetConfig:
+        """Relative model and data paths missing from the working directory are looked up
+        where the package ships them (see ``shipped_path``)."""
+        self.model.path = shipped_path(self.model.path)
+        self.data.train_files = [shipped_path(f) for f in self.data.train_files]
+        self.data.val_files = [shipped_path(f) for f in self.data.val_files]
+        return self
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> RlfleetConfig:
@@ -281,7 +323,24 @@ class RlfleetConfig(Section):
             raise ValueError(f"trainer.ppo_mini_batch_size={mini} must divide {batch} sequences")
         if self.data.max_prompt_length + self.rollout.max_tokens > self.rollout.max_model_len:
             raise ValueError("data.max_prompt_length + rollout.max_tokens > rollout.max_model_len")
+        if self.trainer.max_staleness < 0 or self.trainer.is_cap <= 0:
+            raise ValueError("trainer.max_staleness must be >= 0 and trainer.is_cap > 0")
         return self
+
+    @property
+    def needs_reference(self) -> bool:
+        """The loss has a KL term, so reference log-probs are computed every step."""
+        return self.trainer.use_kl_loss and self.trainer.kl_loss_coef > 0
+
+    @property
+    def needs_critic(self) -> bool:
+        """The advantage estimator reads critic values (GAE)."""
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def needs_refcritic(self) -> bool:
+        """Whether the refcritic service has to run at all."""
+        return self.needs_reference or self.needs_critic
 
 
 ENV_OVERRIDES = {
@@ -343,22 +402,24 @@ def load_config(
     return RlfleetConfig.model_validate(tree)
 
 
-def log_config(config: RlfleetConfig, role: str) -> None:
-    """Log the fully resolved config once at start-up (secrets masked)."""
-    data = config.model_dump()
-    if data.get("api_key"):
-        data["api_key"] = "***"
-    log.info("%s resolved config:\n%s", role, json.dumps(data, indent=1, default=str))
-
-
 def describe_fields(model: type[BaseModel] = RlfleetConfig, prefix: str = "") -> list[str]:
-    """``dotted.name (type, default): docstring`` lines for every field, for --help-config."""
+    """``dotted.name = default: docstring`` for every field, for --help-config. Sections are
+    spelled out field by field, optional ones (``reward.custom``) included."""
     lines = []
     for name, field in model.model_fields.items():
         dotted = f"{prefix}{name}"
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            lines.extend(describe_fields(annotation, f"{dotted}."))
-            continue
-        lines.append(f"{dotted} = {field.default!r}: {field.description or ''}")
+        section = _section_of(field.annotation)
+        if section is None or field.description:
+            default = "(required)" if field.is_required() else f"= {field.default!r}"
+            lines.append(f"{dotted} {default}: {field.description or ''}")
+        if section is not None:
+            lines.extend(describe_fields(section, f"{dotted}."))
     return lines
+
+
+def _section_of(annotation: Any) -> type[BaseModel] | None:
+    """The config section a field holds, also behind ``| None``; None for plain values."""
+    for candidate in (annotation, *get_args(annotation)):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None

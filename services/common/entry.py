@@ -1,16 +1,28 @@
-"""Shared start-up for role entry points: arguments, config, logging.
+"""Shared start-up for role entry points: arguments, config, logging, the resolved config.
 
 Entry points stay short and import torch/vLLM only after this returns, so
-``rlfleet <verb> --help`` answers instantly.
+``rlfleet <verb> --help`` answers instantly. At start each role logs one line about its
+config and writes the whole resolved config to ``run_dir/config.<role>.yaml``: the log stays
+readable, and what a process actually ran with can still be looked up afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
+from urllib.parse import urlsplit
 
-from rlfleet.common.config import RlfleetConfig, describe_fields, load_config, log_config
+import yaml
+
+from rlfleet.common.config import RlfleetConfig, describe_fields, load_config
+
+log = logging.getLogger(__name__)
+
+SERVICE_ROLES = frozenset({"rollout", "router", "reward", "refcritic", "trainer"})
+"""Roles that record their resolved config; client verbs (``status``) only read one."""
 
 
 def base_parser(role: str, description: str) -> argparse.ArgumentParser:
@@ -24,8 +36,9 @@ def base_parser(role: str, description: str) -> argparse.ArgumentParser:
 
 
 def setup_logging(level: str, role: str) -> None:
+    """Configure the root logger; an unknown level name raises ValueError (never a default)."""
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
+        level=level.upper(),
         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
         force=True,
@@ -35,7 +48,7 @@ def setup_logging(level: str, role: str) -> None:
 def resolve(
     parser: argparse.ArgumentParser, role: str, argv: list[str] | None
 ) -> tuple[RlfleetConfig, argparse.Namespace]:
-    """Parse args, print field docs on --help-config, load + log the config."""
+    """Parse args, print field docs on --help-config, load the config and report it."""
     args = parser.parse_intermixed_args(argv)
     if args.help_config:
         print("\n".join(describe_fields()))
@@ -45,5 +58,45 @@ def resolve(
     except (ValueError, OSError) as exc:
         parser.error(f"bad config: {exc}")
     setup_logging(config.log_level, role)
-    log_config(config, role)
+    where = record_config(config, role) if role in SERVICE_ROLES else None
+    log.info("%s (resolved config: %s)", config_summary(config, role), where or "not written")
     return config, args
+
+
+def config_summary(config: RlfleetConfig, role: str) -> str:
+    """One line with what tells runs apart: cluster, model, Redis, run directory."""
+    return (
+        f"{role} config: cluster={config.cluster} model={config.model.path} "
+        f"redis={safe_url(config.redis_url)} run_dir={config.run_dir} "
+        f"log_level={config.log_level} api_key={'set' if config.api_key else 'none'}"
+    )
+
+
+def record_config(config: RlfleetConfig, role: str) -> Path | None:
+    """Write the resolved config (secrets masked) to ``run_dir/config.<name>.yaml``, where a
+    replica's name is its id so replicas sharing a run directory keep a file each. A run
+    directory that cannot be written is a warning, not a failed start."""
+    name = config.rollout.replica_id if role == "rollout" and config.rollout.replica_id else role
+    path = Path(config.run_dir) / f"config.{name}.yaml"
+    data = config.model_dump(mode="json")
+    data["api_key"] = "***" if config.api_key else None
+    data["redis_url"] = safe_url(config.redis_url) if config.redis_url else None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        partial.write_text(yaml.safe_dump(data, sort_keys=False))
+        partial.replace(path)  # atomic: a reader never sees half a file
+    except OSError as exc:
+        log.warning("could not write the resolved config to %s: %s", path, exc)
+        return None
+    return path
+
+
+def safe_url(url: str | None) -> str:
+    """``url`` without its password (Redis URLs may carry one)."""
+    if not url:
+        return "none"
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")).geturl()

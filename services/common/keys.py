@@ -27,6 +27,11 @@ from dataclasses import dataclass
 
 _FORBIDDEN = set(": \t\r\n{}")
 
+# Consumer group of each kind of stream: every producer and consumer of a stream must agree.
+ROLLOUT_GROUP = "rollout"  # each replica's request stream, read by that replica
+REWARD_GROUP = "reward"  # the scoring stream, read by every reward worker
+REFCRITIC_GROUP = "refcritic"  # both refcritic streams (ref, values)
+
 
 def _check_part(kind: str, value: str) -> str:
     """Reject names that would blur the namespace (``a:b`` could alias another key)."""

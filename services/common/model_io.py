@@ -33,6 +33,22 @@ def _saved_as_generic_fast(path: Path) -> bool:
     return json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in _GENERIC_FAST
 
 
+def local_model_dir(path: str | Path) -> Path:
+    """`path` as an existing directory, or FileNotFoundError("model path not found: ...").
+
+    Why check first: transformers takes a folder that does not exist for a Hugging Face Hub id
+    and, with local files only, reports that it could not connect to huggingface.co, which
+    hides the real cause (usually a relative path and a different working directory).
+    """
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"model path not found: {path} (model.path must be a local Hugging Face model "
+            f"directory; relative paths are read from {Path.cwd()} or the rlfleet checkout)"
+        )
+    return directory
+
+
 def load_tokenizer(path: str | Path) -> Any:
     """The tokenizer saved in `path` (a Hugging Face directory), read from local files only.
 
@@ -41,9 +57,9 @@ def load_tokenizer(path: str | Path) -> Any:
     fast tokenizer (like the default job's character tokenizer) is therefore loaded directly,
     exactly as its tokenizer.json defines it.
     """
+    path = local_model_dir(path)
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    path = Path(path)
     if _saved_as_generic_fast(path):
         return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -55,7 +71,7 @@ def load_causal_lm(path: str | Path, dtype: str = "float32") -> Any:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=getattr(torch, dtype), local_files_only=True
+        str(local_model_dir(path)), dtype=getattr(torch, dtype), local_files_only=True
     )
     log.info("loaded %s (%s, %d parameters)", path, dtype, model.num_parameters())
     return model.eval()

@@ -24,8 +24,9 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from rlfleet.common.errors import ErrorCode
 from rlfleet.common.keys import Keys
-from rlfleet.common.results import Result, decode_result, encode_result
+from rlfleet.common.results import Failure, Result, decode_result, encode_result
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class WorkQueue:
             raise ValueError("WorkQueue needs a Redis client with decode_responses=False")
         if max_deliveries < 1 or result_ttl_s < 1 or poll_s <= 0:
             raise ValueError("max_deliveries, result_ttl_s and poll_s must be positive")
-        self.redis, self.keys, self.stream, self.group = redis, keys, stream, group
+        self._redis, self.keys, self.stream, self.group = redis, keys, stream, group
         self.max_deliveries, self.result_ttl_s, self.poll_s = max_deliveries, result_ttl_s, poll_s
         self.dead_stream = keys.dead_letter(stream)
         self._submit_script = redis.register_script(_SUBMIT_LUA)
@@ -76,7 +77,7 @@ class WorkQueue:
     async def ensure_group(self) -> None:
         """Create the group (and stream); from id 0 so entries queued before it are served."""
         try:
-            await self.redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+            await self._redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -90,7 +91,7 @@ class WorkQueue:
         return bool(added)
 
     async def get_result(self, request_id: str) -> Result | None:
-        raw = await self.redis.get(self.keys.result(request_id))
+        raw = await self._redis.get(self.keys.result(request_id))
         return None if raw is None else decode_result(request_id, raw)
 
     async def wait_result(self, request_id: str, timeout_s: float) -> Result | None:
@@ -106,7 +107,7 @@ class WorkQueue:
             if (remaining := deadline - loop.time()) <= 0:
                 return None
             timeout = max(0.01, min(self.poll_s, remaining))  # BLPOP 0 would block forever
-            woken = bool(await self.redis.blpop([notify], timeout=timeout))
+            woken = bool(await self._redis.blpop([notify], timeout=timeout))
         if woken:
             await self._pass_token_on(notify)
         return result
@@ -124,14 +125,21 @@ class WorkQueue:
                 return await self._to_jobs(entries, await self._counts(entries))
         return await self._to_jobs(await self._xread(consumer, ">", count, block_ms))
 
-    async def complete(self, job: Job, result_payload: bytes, error: str | None = None) -> bool:
-        """Answer a job and drop it from the stream; True if this was the first answer."""
-        return await self._finish(job, encode_result(result_payload, error))
+    async def complete(self, job: Job, payload: bytes, failure: Failure | None = None) -> bool:
+        """Answer a job (a payload, or why it failed) and drop it from the stream; True if this
+        was the first answer."""
+        return await self._finish(job, encode_result(payload, failure))
+
+    async def touch(self, consumer: str, jobs: list[Job]) -> None:
+        """Reset the idle time of ``consumer``'s jobs, so ``reclaim`` leaves them alone while it
+        works on them. ``XCLAIM ... JUSTID`` does not count as a delivery (no dead-lettering)."""
+        ids = [job.entry_id for job in jobs]
+        await self._redis.xclaim(self.stream, self.group, consumer, 0, ids, justid=True)
 
     async def reclaim(self, consumer: str, min_idle_ms: int, count: int = 10) -> list[Job]:
         """Take over entries other (likely dead) consumers have held for ``min_idle_ms``."""
         args = (self.stream, self.group, consumer, min_idle_ms, self._claim_cursor)
-        reply = await self._group_call(lambda: self.redis.xautoclaim(*args, count=count))
+        reply = await self._group_call(lambda: self._redis.xautoclaim(*args, count=count))
         if not reply:
             return []
         self._claim_cursor = _text(reply[0])
@@ -140,12 +148,21 @@ class WorkQueue:
 
     async def pending_count(self) -> int:
         """Entries delivered to some consumer and not yet completed."""
-        summary = await self._group_call(lambda: self.redis.xpending(self.stream, self.group))
+        summary = await self._group_call(lambda: self._redis.xpending(self.stream, self.group))
         return int(summary["pending"]) if summary else 0
 
     async def length(self) -> int:
         """Outstanding entries, delivered or not (completed ones are deleted)."""
-        return int(await self.redis.xlen(self.stream))
+        return int(await self._redis.xlen(self.stream))
+
+    async def forget(self, request_ids: list[str]) -> None:
+        """Drop stored answers that their only reader has read (saves memory until the TTL)."""
+        if request_ids:
+            await self._redis.unlink(*[self.keys.result(rid) for rid in request_ids])
+
+    async def ping(self) -> bool:
+        """Whether Redis answers (a health check for the role holding the queue)."""
+        return bool(await self._redis.ping())
 
     async def drain_jobs(self) -> list[Job]:
         """Take every outstanding entry (pending or unread) out of this stream, with its
@@ -181,7 +198,7 @@ class WorkQueue:
         block = block_ms if block_ms > 0 else None  # BLOCK 0 would mean "forever"
         streams = {self.stream: start}
         reply = await self._group_call(
-            lambda: self.redis.xreadgroup(self.group, consumer, streams, count=count, block=block)
+            lambda: self._redis.xreadgroup(self.group, consumer, streams, count=count, block=block)
         )
         return _stream_entries(reply)
 
@@ -190,7 +207,7 @@ class WorkQueue:
         acked away; over-delivered ones are dead-lettered instead of returned."""
         stale = [eid for eid, fields in entries if not fields]
         if stale:
-            await self.redis.xack(self.stream, self.group, *stale)
+            await self._redis.xack(self.stream, self.group, *stale)
         jobs = [_job(eid, fields, (counts or {}).get(eid, 1)) for eid, fields in entries if fields]
         for job in jobs:
             if job.deliveries > self.max_deliveries:
@@ -199,7 +216,7 @@ class WorkQueue:
 
     async def _counts(self, entries: list[_Entry]) -> _Counts:
         """How often each entry was delivered so far (absent: never, or no group)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
+        async with self._redis.pipeline(transaction=False) as pipe:
             for eid, _ in entries:
                 pipe.xpending_range(self.stream, self.group, eid, eid, 1)
             replies = await pipe.execute(raise_on_error=False)
@@ -212,14 +229,14 @@ class WorkQueue:
         log.warning("dead-lettering request %s from %s: %s", job.request_id, self.stream, reason)
         fields = {"id": job.request_id, "payload": job.payload, "reason": reason,
                   "stream": self.stream, "deliveries": job.deliveries}  # fmt: skip
-        error = encode_result(b"", f"dead-lettered after too many deliveries: {reason}")
-        await self._finish(job, error, dead=fields)
+        failure = Failure(ErrorCode.INTERNAL, f"dead-lettered after too many deliveries: {reason}")
+        await self._finish(job, encode_result(b"", failure), dead=fields)
 
     async def _finish(self, job: Job, answer: bytes, dead: dict[str, Any] | None = None) -> bool:
         """One transaction: store the answer unless one exists (True if stored), wake waiters,
         ack and delete the entry, and file it as dead if asked."""
         notify = self.keys.notify(job.request_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self._redis.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.result(job.request_id), answer, nx=True, ex=self.result_ttl_s)
             pipe.rpush(notify, b"1").expire(notify, self._notify_ttl_s)
             pipe.xack(self.stream, self.group, job.entry_id).xdel(self.stream, job.entry_id)
@@ -229,13 +246,13 @@ class WorkQueue:
 
     async def _pass_token_on(self, notify: str) -> None:
         """A waiter that popped the wake-up token puts it back for the next waiter."""
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self._redis.pipeline(transaction=True) as pipe:
             await pipe.rpush(notify, b"1").expire(notify, self._notify_ttl_s).execute()
 
     async def _batches(self) -> AsyncIterator[list[Job]]:
         """Outstanding entries in id order; ``deliveries`` = deliveries so far (0 if unread)."""
         start = "-"
-        while raw := await self.redis.xrange(self.stream, start, "+", count=_BATCH):
+        while raw := await self._redis.xrange(self.stream, start, "+", count=_BATCH):
             entries = [(_text(eid), fields) for eid, fields in raw]
             counts = await self._counts(entries)
             yield [_job(eid, fields, counts.get(eid, 0)) for eid, fields in entries]
@@ -244,7 +261,7 @@ class WorkQueue:
     async def _remove(self, jobs: list[Job]) -> None:
         """Ack and delete (XACK fails harmlessly when the stream never had a group)."""
         ids = [job.entry_id for job in jobs]
-        async with self.redis.pipeline(transaction=True) as pipe:
+        async with self._redis.pipeline(transaction=True) as pipe:
             pipe.xack(self.stream, self.group, *ids).xdel(self.stream, *ids)
             await pipe.execute(raise_on_error=False)
 

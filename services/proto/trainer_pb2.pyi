@@ -28,7 +28,7 @@ class TrainerStatus(_message.Message):
     WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
     RUN_DIR_FIELD_NUMBER: _builtins.int
     state: _builtins.str
-    """"starting" | "running" | "paused" | "stopping" | "done" | "failed" """
+    """"starting" | "running" | "paused" | "done" (trainer/state.py)"""
     step: _builtins.int
     total_steps: _builtins.int
     weight_version: _builtins.int

@@ -1,37 +1,17 @@
-"""Async client for the refcritic, on plain lists, plus the list <-> proto codec both sides use.
+"""Async client for the refcritic, on plain lists (conversions in ``convert``).
 
-Why plain lists: the trainer keeps per-sequence Python lists (token ids in, one float per
-response token out) and should not see protobuf types. Failed calls raise gRPC's ``AioRpcError``
-with the server's status code (INVALID_ARGUMENT for a bad batch, FAILED_PRECONDITION when the
-critic is disabled, NOT_FOUND for a missing checkpoint); UNAVAILABLE is retried by the channel.
+Failed calls raise the matching ``rlfleet.common.errors`` exception with the gRPC error as its
+``__cause__`` (``InvalidArgument`` for a bad batch, ``FailedPrecondition`` when the critic is
+disabled, ``NotFound`` for a missing checkpoint); UNAVAILABLE is retried by the channel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlfleet.common.grpc_client import auth_metadata, make_channel, wait_ready
-from rlfleet.proto import common_pb2, refcritic_pb2, refcritic_pb2_grpc
-
-
-def rows_to_proto(rows: list[list[float]]) -> common_pb2.FloatRows:
-    return common_pb2.FloatRows(rows=[common_pb2.FloatRow(values=row) for row in rows])
-
-
-def rows_from_proto(message: common_pb2.FloatRows) -> list[list[float]]:
-    return [list(row.values) for row in message.rows]
-
-
-def sequences_to_proto(
-    prompts: list[list[int]], responses: list[list[int]]
-) -> refcritic_pb2.SequenceBatch:
-    if len(prompts) != len(responses):
-        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-    sequences = [
-        refcritic_pb2.Sequence(prompt_token_ids=p, response_token_ids=r)
-        for p, r in zip(prompts, responses, strict=True)
-    ]
-    return refcritic_pb2.SequenceBatch(sequences=sequences)
+from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
+from rlfleet.proto import refcritic_pb2, refcritic_pb2_grpc
+from rlfleet.refcritic.convert import rows_from_proto, rows_to_proto, sequences_to_proto
 
 
 @dataclass
@@ -63,7 +43,8 @@ class RefCriticClient:
         await wait_ready(self._channel, timeout_s)
 
     async def _call(self, method, request):
-        return await method(request, timeout=self._timeout_s, metadata=self._metadata)
+        call = method(request, timeout=self._timeout_s, metadata=self._metadata)
+        return await checked(call, "refcritic")
 
     async def ref_logprobs(
         self, prompts: list[list[int]], responses: list[list[int]]

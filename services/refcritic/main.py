@@ -104,15 +104,11 @@ class QueuePath:
 async def start_queue(
     config: RlfleetConfig, models: Models, lock: threading.Lock, stop: asyncio.Event
 ) -> QueuePath:
+    from rlfleet.common.jobs import WorkerGroup, consumer_name
     from rlfleet.common.keys import Keys
     from rlfleet.common.redis_client import connect
     from rlfleet.refcritic.queue_service import QueuedCompute, refcritic_queue
-    from rlfleet.refcritic.worker import (
-        RefCriticWorker,
-        WorkerGroup,
-        WorkerSettings,
-        consumer_name,
-    )
+    from rlfleet.refcritic.worker import RefCriticWorker
 
     settings, keys = config.refcritic, Keys(config.cluster)
     redis = connect(config.redis_url, 4 * settings.workers + 64)
@@ -121,14 +117,12 @@ async def start_queue(
     computes = {"ref": models.reference.logprobs}
     if models.critic is not None:  # values only where the trained critic lives
         computes["values"] = models.critic.values
-    group = WorkerGroup()
-    options = WorkerSettings(settings.reclaim_idle_s, settings.worker_delay_s)
+    group = WorkerGroup(stop.set)
+    timing = (settings.reclaim_idle_s, settings.worker_delay_s)
     for kind, fn in computes.items():
         for index in range(settings.workers):
             queue = refcritic_queue(redis, keys, kind)
-            group.add(
-                RefCriticWorker(queue, fn, lock, consumer_name(kind, index), options), stop.set
-            )
+            group.add(RefCriticWorker(queue, fn, lock, consumer_name(kind, index), *timing))
     log.info("refcritic queue path: %d worker(s) for %s", settings.workers, ", ".join(computes))
     return QueuePath(compute, group, redis)
 

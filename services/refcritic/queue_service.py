@@ -5,9 +5,10 @@ processes (``rlfleet refcritic --worker-only``) can share the work, and a job he
 that dies stays pending until a live worker reclaims it (``rlfleet.common.workqueue``).
 
 A batch is cut into consecutive chunks of ``refcritic.micro_batch_size`` sequences, one job
-each (JSON ``{"kind", "prompts", "responses"}``), under request ids generated here (callers'
-ids would collide from batch to batch). Answers (JSON rows) are put back in input order; a batch
-not fully answered within ``refcritic.request_timeout_s`` raises TimeoutError.
+each (JSON ``{"kind", "prompts", "responses"}``), handed to the shared ``ScatterGather``
+producer (``rlfleet.common.jobs``). Answers (JSON rows) are put back in input order; a batch
+not fully answered within ``refcritic.request_timeout_s`` raises DeadlineExceeded (a
+TimeoutError); a worker's failure is re-raised by its error code (``Result.unwrap``).
 
 Two streams, because the two reads differ in who may answer them:
 
@@ -23,36 +24,30 @@ This module never imports grpc; ``server.py`` wraps it.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Literal
 
 from redis.asyncio import Redis
 
-from rlfleet.common.errors import FailedPrecondition, InvalidArgument
-from rlfleet.common.keys import Keys
+from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.jobs import ScatterGather
+from rlfleet.common.keys import REFCRITIC_GROUP, Keys
 from rlfleet.common.workqueue import Result, WorkQueue
 
-GROUP = "refcritic"
+GROUP = REFCRITIC_GROUP  # re-exported for tools and tests that inspect the streams
 MAX_DELIVERIES = 3
 RESULT_TTL_S = 900
 
 Kind = Literal["ref", "values"]
+KINDS: tuple[Kind, ...] = ("ref", "values")
 Rows = list[list[float]]
-_ERRORS = {"InvalidArgument": InvalidArgument, "FailedPrecondition": FailedPrecondition}
-
-
-def values_stream(keys: Keys) -> str:
-    """Stream of values jobs: the refcritic stream's name plus ``:values`` (same namespace)."""
-    return keys.refcritic_values_stream
 
 
 def refcritic_queue(redis: Redis, keys: Keys, kind: Kind) -> WorkQueue:
     """The queue of one kind of job; producers and workers build it the same way."""
-    stream = keys.refcritic_stream if kind == "ref" else values_stream(keys)
-    return WorkQueue(redis, keys, stream, GROUP, MAX_DELIVERIES, RESULT_TTL_S)
+    stream = keys.refcritic_stream if kind == "ref" else keys.refcritic_values_stream
+    return WorkQueue(redis, keys, stream, REFCRITIC_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
 
 
 @dataclass
@@ -107,58 +102,30 @@ def encode_rows(rows: Rows) -> bytes:
     return json.dumps(rows).encode()
 
 
-def error_text(exc: Exception) -> str:
-    """How a worker reports a failure: ``<ExceptionName>: message`` (see ``raise_answer``)."""
-    return f"{type(exc).__name__}: {exc}"
-
-
 def rows_of(answer: Result) -> Rows:
-    """The rows of an answer; a worker's InvalidArgument / FailedPrecondition is re-raised as
-    such (so callers still get the right status), anything else as RuntimeError."""
-    if answer.ok:
-        return json.loads(answer.payload)
-    name, _, message = (answer.error or "unknown queue error").partition(": ")
-    raise _ERRORS.get(name, RuntimeError)(message if name in _ERRORS else answer.error)
+    """The rows of an answer; a worker's failure is raised as its code's rlfleet exception."""
+    return json.loads(answer.unwrap())
 
 
 class QueuedCompute:
     """Producer side: submit a batch's chunks, wait for all answers, return rows in order."""
 
     def __init__(self, redis: Redis, keys: Keys, chunk_size: int, timeout_s: float) -> None:
-        self.queues = {kind: refcritic_queue(redis, keys, kind) for kind in ("ref", "values")}
-        self.keys, self.chunk_size, self.timeout_s = keys, chunk_size, timeout_s
+        self.chunk_size = chunk_size
+        self.producers = {
+            kind: ScatterGather(refcritic_queue(redis, keys, kind), timeout_s, "refcritic workers")
+            for kind in KINDS
+        }
 
     async def start(self) -> None:
-        for queue in self.queues.values():
-            await queue.ensure_group()
+        for producer in self.producers.values():
+            await producer.start()
 
     async def compute(self, kind: Kind, prompts: list[list[int]], responses: list[list[int]]):
-        """Rows for every sequence, in order; TimeoutError if workers do not answer in time."""
-        queue, chunks = self.queues[kind], chunk_batch(prompts, responses, self.chunk_size)
+        """Rows for every sequence, in order; DeadlineExceeded if workers do not answer in time."""
+        chunks = chunk_batch(prompts, responses, self.chunk_size)
         if not chunks:
             return []
-        batch = uuid.uuid4().hex
-        qids = [f"refcritic-{kind}-{batch}-{i}" for i in range(len(chunks))]
-        try:
-            for qid, chunk in zip(qids, chunks, strict=True):
-                await queue.submit(qid, encode_job(kind, chunk.prompts, chunk.responses))
-            answers = await self._wait_all(queue, qids)
-        finally:
-            await queue.redis.unlink(*[self.keys.result(qid) for qid in qids])
+        payloads = [encode_job(kind, chunk.prompts, chunk.responses) for chunk in chunks]
+        answers = await self.producers[kind].run(payloads)
         return reassemble(chunks, [rows_of(answer) for answer in answers])
-
-    async def _wait_all(self, queue: WorkQueue, qids: list[str]) -> list[Result]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
-
-        async def wait(qid: str) -> Result | None:
-            return await queue.wait_result(qid, max(0.01, deadline - loop.time()))
-
-        answers = await asyncio.gather(*(wait(qid) for qid in qids))
-        missing = sum(answer is None for answer in answers)
-        if missing:
-            raise TimeoutError(
-                f"{missing} of {len(qids)} {queue.stream} jobs not answered within "
-                f"{self.timeout_s:g}s (are refcritic workers running?)"
-            )
-        return list(answers)

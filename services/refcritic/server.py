@@ -27,17 +27,11 @@ from rlfleet.common.errors import FailedPrecondition, InvalidArgument
 from rlfleet.common.grpc_server import GrpcServer, Registration
 from rlfleet.proto import refcritic_pb2, refcritic_pb2_grpc
 from rlfleet.refcritic.batch import SequenceBatch, validate_batch
-from rlfleet.refcritic.client import rows_from_proto, rows_to_proto
+from rlfleet.refcritic.convert import rows_from_proto, rows_to_proto, sequences_from_proto
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rlfleet.v1.RefCritic"
-
-
-def sequences_from_proto(batch: refcritic_pb2.SequenceBatch):
-    """(prompts, responses) as plain lists of token ids."""
-    prompts = [list(s.prompt_token_ids) for s in batch.sequences]
-    return prompts, [list(s.response_token_ids) for s in batch.sequences]
 
 
 class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):

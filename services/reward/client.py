@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from rlfleet.common.grpc_client import auth_metadata, make_channel, wait_ready
-from rlfleet.proto import reward_pb2, reward_pb2_grpc
-from rlfleet.reward import server as glue
+from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
+from rlfleet.proto import common_pb2, reward_pb2, reward_pb2_grpc
+from rlfleet.reward import convert as glue
 from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ class RewardClient:
         return [glue.result_from_proto(item) for item in reply.results]
 
     async def list_scorers(self) -> list[ScorerInfo]:
-        reply = await self._call(self._stub.ListScorers, glue.empty())
+        reply = await self._call(self._stub.ListScorers, common_pb2.Empty())
         return [glue.scorer_info_from_proto(info) for info in reply.scorers]
 
     async def close(self) -> None:
@@ -66,10 +66,8 @@ class RewardClient:
         await self.close()
 
     async def _call(self, method: Callable[..., Awaitable[T]], message: Any) -> T:
-        try:
-            return await method(message, metadata=self._metadata, timeout=self.timeout_s)
-        except glue.RpcError as exc:
-            raise glue.error_from_rpc(exc) from exc
+        call = method(message, metadata=self._metadata, timeout=self.timeout_s)
+        return await checked(call, "reward")
 
 
 class SyncRewardClient:

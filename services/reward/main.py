@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,12 +18,13 @@ from redis.asyncio import Redis
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
 from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
+from rlfleet.common.jobs import WorkerGroup, consumer_name
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_client import connect
 from rlfleet.reward.scorers import ScorerRegistry, build_registry
 from rlfleet.reward.server import registration
 from rlfleet.reward.service import REDIS_CONCURRENCY, RewardService, reward_queue
-from rlfleet.reward.worker import ANSWER_CONCURRENCY, RewardWorker, consumer_name
+from rlfleet.reward.worker import READ_COUNT, RewardWorker
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +66,8 @@ async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
     install_stop_signals(stop)
     keys = Keys(config.cluster)
     registry = build_registry(config.reward)
-    worker_redis = redis_client(config.redis_url, config.reward.workers * (ANSWER_CONCURRENCY + 3))
-    pool = WorkerPool(worker_redis, keys, registry, args)
-    pool.start(config.reward.workers, on_crash=stop.set)
+    worker_redis = redis_client(config.redis_url, config.reward.workers * (READ_COUNT + 3))
+    pool = start_workers(worker_redis, keys, registry, args, config.reward.workers, stop.set)
     front = None if args.worker_only else await start_front_doors(config, keys, registry)
     await stop.wait()
     log.info("stopping reward %s", "workers" if front is None else "service")
@@ -83,46 +84,18 @@ def redis_client(url: str, max_connections: int) -> Redis:
     return connect(url, max_connections)
 
 
-class WorkerPool:
+def start_workers(
+    redis: Redis, keys: Keys, registry: ScorerRegistry, args: argparse.Namespace, count: int,
+    on_crash: Callable[[], None],
+) -> WorkerGroup:  # fmt: skip
     """``count`` RewardWorker tasks in this process, each its own consumer of the stream."""
-
-    def __init__(
-        self, redis: Redis, keys: Keys, registry: ScorerRegistry, args: argparse.Namespace
-    ) -> None:
-        self.redis, self.keys, self.registry, self.args = redis, keys, registry, args
-        self.tasks: list[asyncio.Task] = []
-        self.crashed = False
-        self._stop = asyncio.Event()
-
-    def start(self, count: int, on_crash: Any) -> None:
-        for index in range(count):
-            worker = RewardWorker(
-                reward_queue(self.redis, self.keys),
-                self.registry,
-                consumer_name(index),
-                item_timeout_s=self.args.item_timeout_s,
-                reclaim_idle_s=self.args.reclaim_idle_s,
-            )
-            task = asyncio.create_task(worker.run(self._stop), name=worker.consumer)
-            task.add_done_callback(lambda t: self._on_done(t, on_crash))
-            self.tasks.append(task)
-        log.info("%d reward worker(s) running", count)
-
-    def _on_done(self, task: asyncio.Task, on_crash: Any) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("reward worker %s crashed", task.get_name(), exc_info=task.exception())
-            self.crashed = True
-            on_crash()
-
-    async def stop(self) -> None:
-        """Let workers finish their current batch; cancel any still busy after WORKER_STOP_S."""
-        self._stop.set()
-        if not self.tasks:
-            return
-        _, pending = await asyncio.wait(self.tasks, timeout=WORKER_STOP_S)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+    group = WorkerGroup(on_crash, stop_after_s=WORKER_STOP_S)
+    for index in range(count):
+        queue = reward_queue(redis, keys)
+        name = consumer_name("reward", index)
+        group.add(RewardWorker(queue, registry, name, args.item_timeout_s, args.reclaim_idle_s))
+    log.info("%d reward worker(s) running", count)
+    return group
 
 
 @dataclass

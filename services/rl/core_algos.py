@@ -1,4 +1,7 @@
-"""RL math for the trainer: advantages, KL penalties, policy and value losses.
+"""RL math below every role: KL penalties, policy and value losses, masked reductions.
+
+Advantage estimators live in ``rlfleet.rl.advantages``; the actor's whole loss in
+``rlfleet.rl.losses``.
 
 Everything here is a pure function over torch tensors, so the controller stays blind to the
 algorithm and each piece can be checked on a tiny hand-computed case. Shapes: ``B`` sequences,
@@ -18,7 +21,6 @@ Sources:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,7 +28,6 @@ import torch
 
 KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
-GroupIndex = Sequence | torch.Tensor
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -51,135 +52,6 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     count = mask.sum()
     var = masked_sum((x - mean) ** 2, mask) / (count - 1).clamp_min(1)
     return (x - mean) * torch.rsqrt(var + 1e-8) * mask
-
-
-def _group_ids(group_index: GroupIndex, device: torch.device) -> torch.Tensor:
-    """Map any group labels (uid strings, ints, a tensor) to dense ids 0..G-1, shape [B]."""
-    if isinstance(group_index, torch.Tensor):
-        return torch.unique(group_index, return_inverse=True)[1].to(device)
-    dense: dict = {}
-    ids = [dense.setdefault(label, len(dense)) for label in group_index]
-    return torch.tensor(ids, dtype=torch.long, device=device)
-
-
-def _group_stats(scores: torch.Tensor, ids: torch.Tensor):
-    """Per-sample (group mean, unbiased group std, group size), each [B].
-
-    A group of one has no spread to compare against: it gets mean 0 and std 1, so its
-    advantage is its raw score (as in verl).
-    """
-    n_groups = int(ids.max()) + 1 if ids.numel() else 0
-    count = torch.bincount(ids, minlength=n_groups).to(scores.dtype)
-    mean = torch.zeros_like(count).index_add_(0, ids, scores) / count.clamp_min(1)
-    sq_dev = torch.zeros_like(count).index_add_(0, ids, (scores - mean[ids]) ** 2)
-    std = (sq_dev / (count - 1).clamp_min(1)).sqrt()
-    single = count[ids] == 1
-    return mean[ids].masked_fill(single, 0.0), std[ids].masked_fill(single, 1.0), count[ids]
-
-
-def grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    group_index: GroupIndex,
-    eps: float = 1e-6,
-    norm_by_std: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GRPO: each sample's score relative to the other samples of its prompt, no critic needed.
-
-    Args: rewards and mask [B, T]; ``group_index`` [B], one label per prompt group.
-    ``norm_by_std=False`` keeps only the mean baseline (Dr. GRPO style).
-    Returns (advantages [B, T], returns [B, T]); both are the same broadcast score.
-    """
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
-    mean, std, _ = _group_stats(scores, _group_ids(group_index, scores.device))
-    adv = scores - mean
-    if norm_by_std:
-        adv = adv / (std + eps)
-    adv = adv.unsqueeze(-1) * response_mask
-    return adv, adv
-
-
-def rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    group_index: GroupIndex,
-    eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLOO: baseline is the mean score of the *other* samples in the group (unbiased).
-
-    score_i - mean(others) equals n/(n-1) * (score_i - group mean). A group of one keeps its raw
-    score. ``eps`` is accepted for a uniform signature with GRPO and unused.
-    Returns (advantages [B, T], returns [B, T]).
-    """
-    scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
-    mean, _, count = _group_stats(scores, _group_ids(group_index, scores.device))
-    scale = torch.where(count > 1, count / (count - 1).clamp_min(1), torch.ones_like(count))
-    adv = (scale * (scores - mean)).unsqueeze(-1) * response_mask
-    return adv, adv
-
-
-def _discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float):
-    """Reward-to-go per token, [B, T]; the running sum restarts at masked tokens."""
-    returns = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[1])):
-        running = (rewards[:, t] + gamma * running) * mask[:, t]
-        returns[:, t] = running
-    return returns
-
-
-def reinforce_plus_plus_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++: discounted return per token, whitened over the whole batch (global baseline).
-
-    Returns (advantages [B, T], returns [B, T]).
-    """
-    returns = _discounted_returns(token_level_rewards, response_mask, gamma)
-    return masked_whiten(returns, response_mask), returns
-
-
-def gae_advantage(
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    gamma: float,
-    lam: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE(gamma, lambda) with a critic. All inputs [B, T].
-
-    Masked tokens are skipped, not treated as terminal: the next value and the running GAE pass
-    through them unchanged, so padding (or tool output inside a response) never leaks a value.
-    Returns (advantages whitened over the mask [B, T], returns = raw advantages + values [B, T]).
-    """
-    next_value = torch.zeros_like(values[:, 0])
-    last_gae = torch.zeros_like(values[:, 0])
-    raw = torch.zeros_like(values)
-    for t in reversed(range(values.shape[1])):
-        m = response_mask[:, t].bool()
-        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
-        gae_t = delta + gamma * lam * last_gae
-        raw[:, t] = gae_t
-        next_value = torch.where(m, values[:, t], next_value)
-        last_gae = torch.where(m, gae_t, last_gae)
-    returns = (raw + values) * response_mask
-    return masked_whiten(raw, response_mask), returns
-
-
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
-    "grpo": grpo_outcome_advantage,
-    "rloo": rloo_outcome_advantage,
-    "reinforce_plus_plus": reinforce_plus_plus_advantage,
-    "gae": gae_advantage,
-}
-
-
-def compute_advantage(name: str, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the estimator called ``name`` with ``kwargs``; returns (advantages, returns)."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        valid = ", ".join(sorted(ADVANTAGE_ESTIMATORS))
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {valid}")
-    return ADVANTAGE_ESTIMATORS[name](**kwargs)
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: KLKind) -> torch.Tensor:
@@ -238,18 +110,23 @@ def policy_loss_ppo_clip(
     clip_ratio_low: float = 0.2,
     clip_ratio_high: float = 0.2,
     loss_agg_mode: LossAggMode = "token-mean",
+    token_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate; all inputs [B, T].
 
     The ratio is clipped to [1 - low, 1 + high] (separate bounds allow DAPO's clip-higher), and
     the pessimistic (larger) loss is kept, so a token that already moved past the bound in the
     advantage's direction contributes no gradient. ``ppo_kl`` is mean(old - new log-prob).
+    ``token_weights`` (detached, [B, T]) scale each token's loss: importance weights for
+    responses sampled by an older policy (``rlfleet.rl.losses``).
     """
     log_ratio = (logprob - old_logprob).clamp(-20, 20)  # keeps exp finite for stale tokens
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
     losses = torch.maximum(unclipped, clipped)
+    if token_weights is not None:
+        losses = losses * token_weights
     return PolicyLossOutput(
         pg_loss=agg_loss(losses, response_mask, loss_agg_mode),
         pg_clipfrac=masked_mean((clipped > unclipped).float(), response_mask),

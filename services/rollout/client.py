@@ -1,32 +1,22 @@
-"""Async client for ``rlfleet.v1.Rollout``: one replica, or the router (same Generate).
+"""Async client for a rollout replica or a router (both serve ``rlfleet.v1.Rollout``).
 
-Callers get plain objects and ``rlfleet.common.errors`` exceptions, never protobuf or
-``grpc`` errors: a status code becomes the matching exception (INVALID_ARGUMENT ->
-``InvalidArgument``, UNAVAILABLE and DEADLINE_EXCEEDED -> ``Unavailable``, ...) with the
-original error chained. The channel retries UNAVAILABLE on its own (see ``grpc_client``).
+Callers pass and get the plain objects of ``rlfleet.rollout.types``; the protobuf conversion
+lives in ``convert``. A failed call raises the matching ``rlfleet.common.errors`` exception
+(``grpc_client.checked``: INVALID_ARGUMENT -> ``InvalidArgument``, UNAVAILABLE ->
+``Unavailable``, ...) with the gRPC error chained. The channel retries UNAVAILABLE on its own.
+Against a router, ``list_replicas`` and ``drain_replica`` reach its ``Router`` service:
+that is how the trainer and ``rlfleet status`` learn the fleet without reading Redis.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from collections.abc import AsyncIterator
 
-import grpc
-
-from rlfleet.common import errors, weights
-from rlfleet.common.grpc_client import auth_metadata, make_channel, wait_ready
+from rlfleet.common import weights
+from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
 from rlfleet.proto import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
-from rlfleet.rollout.types import GenerateRequest, GenerateResult
-
-ERROR_BY_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: errors.NotFound,
-    grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
-    grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: errors.Unavailable,
-    grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
-}
+from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaStatus, UpdateOutcome
 
 
 class RolloutClient:
@@ -36,6 +26,7 @@ class RolloutClient:
         self.address = address
         self._channel = make_channel(address, max_message_mb)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
+        self._router = rollout_pb2_grpc.RouterStub(self._channel)
         self._metadata = auth_metadata(api_key)
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -48,41 +39,52 @@ class RolloutClient:
         timeout = timeout_s if timeout_s is not None else (request.timeout_s or None)
         call = self._stub.Generate(convert.request_to_proto(request), timeout=timeout,
                                    metadata=self._metadata)  # fmt: skip
-        return convert.result_from_proto(await _checked(call))
+        return convert.result_from_proto(await checked(call))
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> ReplicaStatus:
         call = self._stub.GetStatus(common_pb2.Empty(), metadata=self._metadata)
-        return convert.status_from_proto(await _checked(call))
+        return convert.status_from_proto(await checked(call))
 
     async def flush_cache(self) -> bool:
         call = self._stub.FlushCache(common_pb2.Empty(), metadata=self._metadata)
-        return (await _checked(call)).flushed
+        return (await checked(call)).flushed
 
-    async def pause(self) -> dict[str, Any]:
+    async def pause(self) -> ReplicaStatus:
         call = self._stub.Pause(common_pb2.Empty(), metadata=self._metadata)
-        return convert.status_from_proto(await _checked(call))
+        return convert.status_from_proto(await checked(call))
 
-    async def resume(self) -> dict[str, Any]:
+    async def resume(self) -> ReplicaStatus:
         call = self._stub.Resume(common_pb2.Empty(), metadata=self._metadata)
-        return convert.status_from_proto(await _checked(call))
+        return convert.status_from_proto(await checked(call))
 
     async def push_weights(
         self, header: weights.WeightHeader, payload: bytes,
         chunk_bytes: int = weights.DEFAULT_CHUNK_BYTES, timeout_s: float | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
-        """Stream the header, then the payload in chunks; the replica answers once loaded."""
+    ) -> UpdateOutcome:  # fmt: skip
+        """Stream the header, then the payload in chunks; the replica answers once loaded,
+        with the version it now serves."""
         messages = _weight_messages(header, payload, chunk_bytes)
         call = self._stub.UpdateWeights(messages, timeout=timeout_s, metadata=self._metadata)
-        reply = await _checked(call)
-        return {"version": reply.version, "load_seconds": reply.load_seconds,
-                "cache_flushed": reply.cache_flushed}  # fmt: skip
+        return convert.outcome_from_proto(await checked(call))
 
     async def send_weight_messages(
         self, messages: AsyncIterator[rollout_pb2.WeightChunk], timeout_s: float | None = None
-    ) -> rollout_pb2.UpdateWeightsResponse:
+    ) -> UpdateOutcome:
         """Send a hand-made message stream (tests use it to check malformed updates)."""
         call = self._stub.UpdateWeights(messages, timeout=timeout_s, metadata=self._metadata)
-        return await _checked(call)
+        return convert.outcome_from_proto(await checked(call))
+
+    async def list_replicas(self, timeout_s: float | None = 10.0) -> list[ReplicaStatus]:
+        """Every replica a router knows, with its state as routing sees it (router only)."""
+        call = self._router.ListReplicas(common_pb2.Empty(), timeout=timeout_s,
+                                         metadata=self._metadata)  # fmt: skip
+        return [convert.status_from_proto(r) for r in (await checked(call)).replicas]
+
+    async def drain_replica(self, replica_id: str) -> ReplicaStatus:
+        """Stop the router sending new work to one replica (router only)."""
+        request = rollout_pb2.DrainReplicaRequest(replica_id=replica_id)
+        call = self._router.DrainReplica(request, metadata=self._metadata)
+        return convert.status_from_proto(await checked(call))
 
     async def close(self) -> None:
         await self._channel.close()
@@ -100,12 +102,3 @@ async def _weight_messages(
     yield rollout_pb2.WeightChunk(header=convert.header_to_proto(header))
     for chunk in weights.iter_chunks(payload, chunk_bytes):
         yield rollout_pb2.WeightChunk(data=chunk)
-
-
-async def _checked(call: Awaitable[Any]) -> Any:
-    """Await a call, turning a gRPC status into the matching rlfleet exception."""
-    try:
-        return await call
-    except grpc.aio.AioRpcError as exc:
-        error_type = ERROR_BY_STATUS.get(exc.code(), errors.RlfleetError)
-        raise error_type(f"{exc.code().name}: {exc.details()}") from exc

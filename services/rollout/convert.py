@@ -9,14 +9,18 @@ zero would be invalid: ``n`` and ``max_tokens`` fall back to the dataclass defau
 from __future__ import annotations
 
 from dataclasses import asdict, fields
-from typing import Any
 
 from rlfleet.common.weights import TensorEntry, WeightHeader
 from rlfleet.proto import common_pb2, rollout_pb2
-from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
-
-STATUS_FIELDS = ("replica_id", "address", "weight_version", "state", "in_flight", "backend",
-                 "served", "heartbeat_age_s")  # fmt: skip
+from rlfleet.rollout.types import (
+    Completion,
+    GenerateRequest,
+    GenerateResult,
+    ReplicaState,
+    ReplicaStatus,
+    SamplingParams,
+    UpdateOutcome,
+)
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
@@ -94,10 +98,18 @@ def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
     )  # fmt: skip
 
 
-def status_to_proto(status: Any) -> rollout_pb2.ReplicaStatus:
-    """Any object with the ReplicaStatus attributes (the replica's ``ReplicaStatus``)."""
-    return rollout_pb2.ReplicaStatus(**{name: getattr(status, name) for name in STATUS_FIELDS})
+def status_to_proto(status: ReplicaStatus) -> rollout_pb2.ReplicaStatus:
+    return rollout_pb2.ReplicaStatus(**{**asdict(status), "state": str(status.state)})
 
 
-def status_from_proto(msg: rollout_pb2.ReplicaStatus) -> dict[str, Any]:
-    return {name: getattr(msg, name) for name in STATUS_FIELDS}
+def status_from_proto(msg: rollout_pb2.ReplicaStatus) -> ReplicaStatus:
+    values = {f.name: getattr(msg, f.name) for f in fields(ReplicaStatus)}
+    return ReplicaStatus(**{**values, "state": ReplicaState.parse(msg.state)})
+
+
+def outcome_to_proto(outcome: UpdateOutcome) -> rollout_pb2.UpdateWeightsResponse:
+    return rollout_pb2.UpdateWeightsResponse(**asdict(outcome))
+
+
+def outcome_from_proto(msg: rollout_pb2.UpdateWeightsResponse) -> UpdateOutcome:
+    return UpdateOutcome(msg.version, msg.load_seconds, msg.cache_flushed)

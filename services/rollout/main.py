@@ -13,10 +13,18 @@ import asyncio
 import logging
 import socket
 import uuid
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
 
-from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.config import RlfleetConfig, RolloutConfig
 from rlfleet.common.entry import base_parser, resolve
 from rlfleet.common.keys import Keys
+
+if TYPE_CHECKING:  # heavy (torch, grpc): imported at run time only after parsing
+    from redis.asyncio import Redis
+
+    from rlfleet.common.grpc_server import GrpcServer
+    from rlfleet.rollout.replica import Replica
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +81,7 @@ async def serve(config: RlfleetConfig) -> None:
         await _shutdown(replica, server, redis)
 
 
-async def _run_until(stop: asyncio.Event, replica, server) -> None:
+async def _run_until(stop: asyncio.Event, replica: Replica, server: GrpcServer) -> None:
     """Serve until a stop signal; an engine that fails to start or dies ends the process."""
     starting = asyncio.create_task(replica.start())
     await _first(starting, stop.wait())
@@ -89,7 +97,7 @@ async def _run_until(stop: asyncio.Event, replica, server) -> None:
     log.info("stop requested; shutting down")
 
 
-async def _first(*awaitables) -> None:
+async def _first(*awaitables: Awaitable[object]) -> None:
     """Wait for the first to finish; cancel the helper tasks made for the other coroutines."""
     tasks = [asyncio.ensure_future(a) for a in awaitables]
     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -98,18 +106,16 @@ async def _first(*awaitables) -> None:
             task.cancel()
 
 
-async def _shutdown(replica, server, redis) -> None:
+async def _shutdown(replica: Replica, server: GrpcServer, redis: Redis) -> None:
     await replica.shutdown()
     await server.stop(grace_s=2.0)
     await replica.engine.close()
     await redis.aclose()
 
 
-def advertised_host(rollout) -> str:
+def advertised_host(rollout: RolloutConfig) -> str:
     """The host others dial: explicit setting, else our hostname when bound to every interface
     (so each ``docker compose --scale`` container registers its own name), else the bind host."""
-    import socket
-
     if rollout.advertise_host:
         return rollout.advertise_host
     if rollout.host in ("0.0.0.0", "::", ""):

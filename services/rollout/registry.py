@@ -1,16 +1,62 @@
-"""The replica registry in Redis: who is out there, at which weight version, and alive?
+"""The replica registry in Redis: who is out there, at which weight version, alive, and loaded?
 
 A replica writes its hash (address, version, state) and refreshes a heartbeat key with a
-TTL; membership lives in a set. Routers and the trainer read it. A replica whose
-heartbeat key has expired is dead, whatever its hash says.
+TTL; membership lives in a set. A replica whose heartbeat key has expired is dead, whatever
+its hash says. Routers add what they share with each other: in-flight counts, the sticky map
+and the draining set.
+
+This class is the only code that touches those keys, and it is private to the rollout role:
+replicas and routers use it; everyone else (trainer, ``rlfleet status``) asks a router over
+``Router.ListReplicas``, so the key layout can change without them noticing.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
 
 from rlfleet.common.keys import Keys
+from rlfleet.rollout.types import ReplicaState
+
+# Everything a routing decision needs, in one round trip: the member ids, each member's hash
+# and heartbeat, the in-flight counts, the draining set and (if asked) a session's sticky id.
+# Per-replica key names are prefix .. id (.. suffix), as ``Keys`` builds them.
+_SNAPSHOT_LUA = """
+local ids = redis.call('SMEMBERS', KEYS[1])
+local hashes, alive = {}, {}
+for i, id in ipairs(ids) do
+  hashes[i] = redis.call('HGETALL', ARGV[1] .. id)
+  alive[i] = redis.call('EXISTS', ARGV[1] .. id .. ARGV[2])
+end
+local sticky = ''
+if #KEYS > 3 then sticky = redis.call('GET', KEYS[4]) or '' end
+return {ids, hashes, alive, redis.call('HGETALL', KEYS[2]), redis.call('SMEMBERS', KEYS[3]), sticky}
+"""
+
+# Decrement, never below zero (a replica deregistered meanwhile has no field).
+_RELEASE_LUA = """
+local n = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+if n > 0 then return redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
+return 0
+"""
+
+# Release the janitor lock only if we still hold it (it may have expired and been retaken).
+_UNLOCK_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# Forget a replica unless its heartbeat came back meanwhile (same id, restarted).
+_REMOVE_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SREM', KEYS[2], ARGV[1])
+redis.call('SREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('DEL', KEYS[5], KEYS[6])
+return 1
+"""
 
 
 @dataclass
@@ -18,7 +64,7 @@ class ReplicaInfo:
     replica_id: str
     address: str
     weight_version: int = 0
-    state: str = "starting"
+    state: ReplicaState = ReplicaState.STARTING
     backend: str = ""
     served: int = 0
     heartbeat_at: float = 0.0
@@ -32,7 +78,7 @@ class ReplicaInfo:
         return {
             "address": self.address,
             "weight_version": str(self.weight_version),
-            "state": self.state,
+            "state": str(self.state),
             "backend": self.backend,
             "served": str(self.served),
             "heartbeat_at": str(self.heartbeat_at),
@@ -45,7 +91,7 @@ class ReplicaInfo:
             replica_id=replica_id,
             address=text.get("address", ""),
             weight_version=int(text.get("weight_version", 0)),
-            state=text.get("state", "unknown"),
+            state=ReplicaState.parse(text.get("state", "unknown")),
             backend=text.get("backend", ""),
             served=int(text.get("served", 0)),
             heartbeat_at=float(text.get("heartbeat_at", 0.0)),
@@ -53,19 +99,43 @@ class ReplicaInfo:
         )
 
 
-def _s(value) -> str:
+@dataclass
+class RegistrySnapshot:
+    """Routing state as one consistent read: replicas (sorted by id), load, drains, sticky."""
+
+    replicas: list[ReplicaInfo]
+    inflight: dict[str, int] = field(default_factory=dict)
+    draining: set[str] = field(default_factory=set)
+    sticky: str | None = None
+
+
+def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class ReplicaRegistry:
-    """Reads and writes replica entries; ``redis`` is a ``redis.asyncio.Redis``."""
+def _pairs(flat: list) -> dict[str, str]:
+    return {_s(k): _s(v) for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
-    def __init__(self, redis, keys: Keys, heartbeat_ttl_s: float = 5.0) -> None:
+
+class ReplicaRegistry:
+    """Reads and writes replica entries and the routers' shared counters."""
+
+    def __init__(self, redis: Redis, keys: Keys, heartbeat_ttl_s: float = 5.0) -> None:
         self._redis = redis
         self._keys = keys
         self._ttl_ms = int(heartbeat_ttl_s * 1000)
+        self._snapshot = redis.register_script(_SNAPSHOT_LUA)
+        self._release = redis.register_script(_RELEASE_LUA)
+        self._remove = redis.register_script(_REMOVE_LUA)
+        self._unlock = redis.register_script(_UNLOCK_LUA)
+        sample = keys.replica("_")
+        self._replica_prefix = sample[:-1]
+        self._heartbeat_suffix = keys.heartbeat("_")[len(sample) :]
+
+    # ---- a replica's own entry -----------------------------------------------------------
 
     async def register(self, info: ReplicaInfo) -> None:
+        """Write the whole entry, (re-)join the set and refresh the heartbeat."""
         info.heartbeat_at = time.time()
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.replica(info.replica_id), mapping=info.to_hash())
@@ -73,7 +143,7 @@ class ReplicaRegistry:
             pipe.set(self._keys.heartbeat(info.replica_id), "1", px=self._ttl_ms)
             await pipe.execute()
 
-    async def heartbeat(self, replica_id: str, **fields) -> None:
+    async def heartbeat(self, replica_id: str, **fields: object) -> None:
         """Refresh liveness and optionally update fields (state, weight_version, served)."""
         mapping = {k: str(v) for k, v in fields.items()}
         mapping["heartbeat_at"] = str(time.time())
@@ -83,11 +153,14 @@ class ReplicaRegistry:
             await pipe.execute()
 
     async def deregister(self, replica_id: str) -> None:
+        """A graceful exit; the replica's stream stays for the janitor to empty."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.srem(self._keys.replicas, replica_id)
             pipe.delete(self._keys.replica(replica_id), self._keys.heartbeat(replica_id))
             pipe.hdel(self._keys.inflight, replica_id)
             await pipe.execute()
+
+    # ---- reads -----------------------------------------------------------------------------
 
     async def get(self, replica_id: str) -> ReplicaInfo | None:
         raw = await self._redis.hgetall(self._keys.replica(replica_id))
@@ -97,15 +170,79 @@ class ReplicaRegistry:
         return ReplicaInfo.from_hash(replica_id, raw, alive)
 
     async def list(self) -> list[ReplicaInfo]:
-        """Every registered replica, alive or not, sorted by id."""
-        ids = sorted(_s(i) for i in await self._redis.smembers(self._keys.replicas))
-        infos = [await self.get(replica_id) for replica_id in ids]
-        return [info for info in infos if info is not None]
+        """Every registered replica with an entry, alive or not, sorted by id (every hash this
+        class writes has ``heartbeat_at``; a member without one is half-removed)."""
+        return [r for r in (await self.snapshot()).replicas if r.heartbeat_at]
+
+    async def is_registered(self, replica_id: str) -> bool:
+        return bool(await self._redis.sismember(self._keys.replicas, replica_id))
+
+    async def snapshot(self, session_id: str | None = None) -> RegistrySnapshot:
+        """Replicas, in-flight counts, draining set (and a session's sticky replica) at once."""
+        keys = [self._keys.replicas, self._keys.inflight, self._keys.draining]
+        if session_id:
+            keys.append(self._keys.sticky(session_id))
+        args = [self._replica_prefix, self._heartbeat_suffix]
+        ids, hashes, alive, inflight, draining, sticky = await self._snapshot(keys, args)
+        infos = [
+            ReplicaInfo.from_hash(_s(rid), _pairs(raw), bool(up))
+            for rid, raw, up in zip(ids, hashes, alive, strict=True)
+        ]
+        return RegistrySnapshot(
+            replicas=sorted(infos, key=lambda r: r.replica_id),
+            inflight={k: int(v) for k, v in _pairs(inflight).items()},
+            draining={_s(d) for d in draining},
+            sticky=_s(sticky) or None,
+        )
+
+    async def streams_without_replica(self, registered: set[str]) -> set[str]:
+        """Ids whose rollout stream exists but who are not registered (left, or forgotten
+        by a router that restarted): their queued work still needs a home."""
+        prefix = self._keys.rollout_stream("x")[:-1]
+        found = set()
+        async for name in self._redis.scan_iter(match=prefix + "*", count=1000):
+            replica_id = _s(name)[len(prefix) :]
+            if ":" not in replica_id and replica_id not in registered:
+                found.add(replica_id)
+        return found
+
+    # ---- the routers' shared state ---------------------------------------------------------
+
+    async def claim(self, replica_id: str, session_id: str = "", sticky_ttl_s: float = 0) -> None:
+        """Count one more request in flight on a replica; pin the session to it."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(self._keys.inflight, replica_id, 1)
+            if session_id:
+                ttl_ms = int(sticky_ttl_s * 1000)
+                pipe.set(self._keys.sticky(session_id), replica_id, px=ttl_ms)
+            await pipe.execute()
+
+    async def release(self, replica_id: str) -> None:
+        """One request fewer in flight (never below zero)."""
+        await self._release(keys=[self._keys.inflight], args=[replica_id])
+
+    async def mark_draining(self, replica_id: str) -> None:
+        await self._redis.sadd(self._keys.draining, replica_id)
+
+    async def remove(self, replica_id: str) -> bool:
+        """Delete everything left of a replica (entry, marks, counts, stream) unless it is
+        alive again; True when it was removed."""
+        k = self._keys
+        keys = [k.heartbeat(replica_id), k.replicas, k.draining, k.inflight,
+                k.replica(replica_id), k.rollout_stream(replica_id)]  # fmt: skip
+        return bool(await self._remove(keys=keys, args=[replica_id]))
+
+    async def lock_janitor(self, token: str, ttl_ms: int) -> bool:
+        """Take the lock that lets one router at a time move dead replicas' work."""
+        return bool(await self._redis.set(self._keys.janitor_lock, token, nx=True, px=ttl_ms))
+
+    async def unlock_janitor(self, token: str) -> None:
+        await self._unlock(keys=[self._keys.janitor_lock], args=[token])
 
     async def live(self, min_version: int = 0) -> list[ReplicaInfo]:
         """Alive replicas that are serving at ``min_version`` or newer."""
         return [
             r
             for r in await self.list()
-            if r.alive and r.state == "serving" and r.weight_version >= min_version
+            if r.alive and r.state == ReplicaState.SERVING and r.weight_version >= min_version
         ]

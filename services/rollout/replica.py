@@ -24,57 +24,45 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
 
 from rlfleet.common import weights
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.errors import FailedPrecondition, Unavailable
-from rlfleet.common.keys import Keys
-from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.common.errors import ErrorCode, FailedPrecondition, Unavailable
+from rlfleet.common.keys import ROLLOUT_GROUP, Keys
+from rlfleet.common.workqueue import Failure, Job, WorkQueue
 from rlfleet.rollout.engine import Engine
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
-from rlfleet.rollout.types import GenerateRequest, GenerateResult
+from rlfleet.rollout.types import (
+    GenerateRequest,
+    GenerateResult,
+    ReplicaState,
+    ReplicaStatus,
+    UpdateOutcome,
+)
 
 log = logging.getLogger(__name__)
 
-GROUP = "rollout"
+GROUP = ROLLOUT_GROUP
 READ_BLOCK_MS = 500  # how long one read waits; bounds how fast pause/stop take effect
-
-
-@dataclass
-class ReplicaStatus:
-    replica_id: str
-    address: str
-    weight_version: int
-    state: str
-    in_flight: int
-    backend: str
-    served: int
-    heartbeat_age_s: float
-
-
-@dataclass
-class UpdateOutcome:
-    version: int
-    load_seconds: float
-    cache_flushed: bool
+S = ReplicaState
 
 
 class Replica:
     """The replica core; see the module docstring."""
 
     def __init__(
-        self, config: RlfleetConfig, engine: Engine, redis: Any, keys: Keys,
+        self, config: RlfleetConfig, engine: Engine, redis: Redis, keys: Keys,
         replica_id: str, address: str,
     ) -> None:  # fmt: skip
         self.config, self.engine, self.keys = config, engine, keys
         self.replica_id, self.address = replica_id, address
         self.registry = ReplicaRegistry(redis, keys, config.rollout.heartbeat_ttl_s)
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), GROUP)
-        self.version, self.state, self.served, self._paused = 0, "starting", 0, False
-        self._serving = asyncio.Event()  # set exactly when state == "serving"
+        self.version, self.state, self.served, self._paused = 0, S.STARTING, 0, False
+        self._serving = asyncio.Event()  # set exactly when state is SERVING
         self._changed = asyncio.Event()  # pulsed on every state change
         self._running: dict[str, asyncio.Task] = {}  # engine request id -> task
         self._retry: deque[Job] = deque()  # jobs cancelled by an update, still unacked
@@ -91,7 +79,7 @@ class Replica:
         await self.engine.start()
         log.info("%s engine started in %.1f s", self.engine.name, time.perf_counter() - started)
         await self.queue.ensure_group()
-        self._set_state("paused" if self._paused else "serving")
+        self._set_state(S.PAUSED if self._paused else S.SERVING)
         await self._beat()
         self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
                        asyncio.create_task(self._consume_loop(), name="consume")]  # fmt: skip
@@ -99,7 +87,7 @@ class Replica:
 
     async def shutdown(self, grace_s: float = 10.0) -> None:
         """Stop consuming, give in-flight work ``grace_s`` to finish, deregister."""
-        self._set_state("draining")
+        self._set_state(S.DRAINING)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -137,7 +125,7 @@ class Replica:
             raise FailedPrecondition(f"needs weight version >= {request.min_weight_version}, "
                                      f"replica has {self.version}")  # fmt: skip
 
-    def _track(self, make: Callable[[str], Coroutine[Any, Any, Any]]) -> asyncio.Task:
+    def _track(self, make: Callable[[str], Awaitable[object]]) -> asyncio.Task:
         """Run ``make(engine_request_id)`` as a task that updates and shutdown can find."""
         key = f"{self.replica_id}-{next(self._ids)}"
         task = asyncio.create_task(make(key))
@@ -173,7 +161,8 @@ class Replica:
             request = GenerateRequest.from_json(job.payload)
             request.validate()
         except (ValueError, TypeError, KeyError) as exc:
-            await self._complete(job, b"", f"InvalidArgument: bad request: {exc}")
+            bad = Failure(ErrorCode.INVALID_ARGUMENT, f"bad request: {exc}")
+            await self._complete(job, b"", bad)
             return
         try:
             if self.config.rollout.debug_generate_delay_s > 0:
@@ -186,12 +175,12 @@ class Replica:
             if not self.engine.is_alive():
                 return  # not the request's fault: leave it queued for whoever takes over
             log.warning("request %s failed: %s", job.request_id, exc)
-            await self._complete(job, b"", f"{type(exc).__name__}: {exc}")
+            await self._complete(job, b"", Failure.of(exc))
             return
         await self._complete(job, result.to_json(), None)
         self.served += 1
 
-    async def _complete(self, job: Job, payload: bytes, error: str | None) -> None:
+    async def _complete(self, job: Job, payload: bytes, error: Failure | None) -> None:
         for attempt in range(3):
             try:
                 await self.queue.complete(job, payload, error)
@@ -205,14 +194,14 @@ class Replica:
         """Verify, drain, load in one step, flush, bump the version; old weights on failure."""
         async with self._update_lock:
             state_dict = await asyncio.to_thread(weights.decode, header, payload)
-            if self.state not in ("serving", "paused"):
+            if self.state not in (S.SERVING, S.PAUSED):
                 raise Unavailable(f"replica {self.replica_id} is {self.state}")
-            self._set_state("updating")
+            self._set_state(S.UPDATING)
             await self._beat()
             try:
                 return await self._load(header, state_dict)
             finally:
-                self._set_state("paused" if self._paused else "serving")
+                self._set_state(S.PAUSED if self._paused else S.SERVING)
                 await self._beat()
 
     async def _load(self, header: weights.WeightHeader, state_dict: dict) -> UpdateOutcome:
@@ -245,12 +234,14 @@ class Replica:
 
     async def pause(self) -> ReplicaStatus:
         """Stop taking new work (in-flight requests finish); direct calls get Unavailable."""
-        return await self._set_paused(True, "serving", "paused")
+        return await self._set_paused(True, S.SERVING, S.PAUSED)
 
     async def resume(self) -> ReplicaStatus:
-        return await self._set_paused(False, "paused", "serving")
+        return await self._set_paused(False, S.PAUSED, S.SERVING)
 
-    async def _set_paused(self, paused: bool, from_state: str, to_state: str) -> ReplicaStatus:
+    async def _set_paused(
+        self, paused: bool, from_state: ReplicaState, to_state: ReplicaState
+    ) -> ReplicaStatus:
         self._paused = paused  # an update in progress ends in the state this asks for
         if self.state == from_state:
             self._set_state(to_state)
@@ -262,9 +253,9 @@ class Replica:
         return ReplicaStatus(self.replica_id, self.address, self.version, self.state,
                              len(self._running), self.engine.name, self.served, age)  # fmt: skip
 
-    def _set_state(self, state: str) -> None:
+    def _set_state(self, state: ReplicaState) -> None:
         self.state = state
-        (self._serving.set if state == "serving" else self._serving.clear)()
+        (self._serving.set if state is S.SERVING else self._serving.clear)()
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -274,8 +265,8 @@ class Replica:
 
     async def _wait_until_serving(self) -> None:
         """Direct calls wait out an update; paused, starting or draining replicas refuse."""
-        while self.state != "serving":
-            if self.state != "updating":
+        while self.state is not S.SERVING:
+            if self.state is not S.UPDATING:
                 raise Unavailable(f"replica {self.replica_id} is {self.state}")
             await self._wait_changed()
 

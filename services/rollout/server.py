@@ -33,11 +33,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     async def UpdateWeights(self, request_iterator, context):  # noqa: N802
         header, payload = await receive_update(request_iterator)
-        outcome = await self._replica.update_weights(header, payload)
-        return rollout_pb2.UpdateWeightsResponse(
-            version=outcome.version, load_seconds=outcome.load_seconds,
-            cache_flushed=outcome.cache_flushed,
-        )  # fmt: skip
+        return convert.outcome_to_proto(await self._replica.update_weights(header, payload))
 
     async def FlushCache(self, request, context):  # noqa: N802
         return rollout_pb2.FlushCacheResponse(flushed=await self._replica.flush_cache())

@@ -6,6 +6,7 @@ nor the replica's core needs protobuf; ``server.py`` files convert to and from p
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import asdict, dataclass, field
 
@@ -13,6 +14,49 @@ from rlfleet.common.errors import InvalidArgument
 
 MAX_SAMPLES = 1024
 MAX_NEW_TOKENS = 1 << 16
+
+
+class ReplicaState(enum.StrEnum):
+    """Where a replica is in its life; travels as its string value (Redis, protos)."""
+
+    STARTING = "starting"  # registered, engine still loading
+    SERVING = "serving"  # takes new work
+    PAUSED = "paused"  # finishes in-flight work, takes none
+    UPDATING = "updating"  # loading new weights
+    DRAINING = "draining"  # shutting down, or marked by a router: no new work
+    DEAD = "dead"  # heartbeat expired (as the router reports it)
+    UNKNOWN = "unknown"  # an entry without (or with an unreadable) state
+
+    @classmethod
+    def parse(cls, text: str) -> ReplicaState:
+        """The state a string names; UNKNOWN for anything else (a newer peer's state)."""
+        try:
+            return cls(text)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+@dataclass
+class ReplicaStatus:
+    """One replica as reported by itself (GetStatus) or by a router (ListReplicas)."""
+
+    replica_id: str
+    address: str
+    weight_version: int
+    state: ReplicaState
+    in_flight: int
+    backend: str
+    served: int
+    heartbeat_age_s: float
+
+
+@dataclass
+class UpdateOutcome:
+    """A replica's answer to a weight update: the version it now serves."""
+
+    version: int
+    load_seconds: float
+    cache_flushed: bool
 
 
 @dataclass

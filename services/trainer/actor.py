@@ -15,6 +15,7 @@ import torch
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.rl import core_algos
+from rlfleet.rl.losses import LossInputs, LossParams, actor_loss
 from rlfleet.rl.sequences import (
     pack_sequences,
     pad_rows,
@@ -37,6 +38,16 @@ class Actor:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.updates = 0
+        cfg = config.trainer
+        self.loss_params = LossParams(
+            clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high,
+            loss_agg_mode=cfg.loss_agg_mode,
+            kl_coef=cfg.kl_loss_coef if config.needs_reference else 0.0,
+            kl_type=cfg.kl_loss_type,
+            entropy_coeff=cfg.entropy_coeff,
+            is_cap=cfg.is_cap,
+        )
 
     def _lr_factor(self, step: int) -> float:
         warmup = self.cfg.lr_warmup_steps
@@ -63,23 +74,18 @@ class Actor:
     def update(self, batch, advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
         """PPO epochs over mini-batches; returns verl-named metrics (means over mini-batches)."""
         self.model.train()
-        width = mask.shape[1]
-        old = pad_rows(batch.old_logprobs, width) if batch.old_logprobs else None
-        ref = pad_rows(batch.ref_logprobs, width) if batch.ref_logprobs else None
+        extras = self._padded_extras(batch, mask.shape[1])
         size = self.cfg.ppo_mini_batch_size or len(batch)
         sums: dict[str, float] = {}
         count = 0
         for _ in range(self.cfg.ppo_epochs):
             order = torch.randperm(len(batch)).tolist()
             for start in range(0, len(order), size):
-                idx = order[start : start + size]
-                rows = (
-                    old[idx] if old is not None else None,
-                    ref[idx] if ref is not None else None,
-                    advantages[idx],
-                    mask[idx],
+                idx, scale = self._rows_with_gradient(order[start : start + size], advantages, mask)
+                rows = {name: value[idx] for name, value in extras.items()}
+                step_metrics = self._mini_batch_step(
+                    batch, idx, advantages[idx], mask[idx], rows, scale
                 )
-                step_metrics = self._mini_batch_step(batch, idx, *rows)
                 for key, value in step_metrics.items():
                     sums[key] = sums.get(key, 0.0) + value
                 count += 1
@@ -88,7 +94,45 @@ class Actor:
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
-    def _mini_batch_step(self, batch, idx, old, ref, adv, mask) -> dict[str, float]:
+    def _rows_with_gradient(self, idx: list[int], advantages, mask) -> tuple[list[int], float]:
+        """Drop rows whose advantage is zero on every token, when that is exact.
+
+        With no KL and no entropy term, such a row's loss is ``-0 * ratio``: it adds nothing
+        to the gradient, only to the aggregation's denominator. Training the other rows and
+        scaling their loss by their share of that denominator gives the same gradient for
+        less compute (GRPO groups whose samples all scored the same). Returns the rows and
+        the scale.
+        """
+        params = self.loss_params
+        if params.kl_coef or params.entropy_coeff:
+            return idx, 1.0
+        rows_mask = mask[idx]
+        live = ((advantages[idx] != 0) & (rows_mask > 0)).any(-1)
+        if bool(live.all()):
+            return idx, 1.0
+        if params.loss_agg_mode == "token-mean":
+            total, kept = rows_mask.sum(), rows_mask[live].sum()
+        else:
+            total, kept = (rows_mask.sum(-1) > 0).sum(), live.sum()
+        kept_idx = [i for i, keep in zip(idx, live.tolist(), strict=True) if keep]
+        return kept_idx, float(kept / total.clamp_min(1))
+
+    @staticmethod
+    def _padded_extras(batch, width: int) -> dict[str, torch.Tensor]:
+        """The optional per-token inputs the batch carries, padded to ``[B, width]``."""
+        sources = {
+            "old_logprob": batch.old_logprobs,
+            "ref_logprob": batch.ref_logprobs,
+            "behaviour_logprob": batch.behaviour_logprobs,
+        }
+        return {name: pad_rows(rows, width) for name, rows in sources.items() if rows}
+
+    def _mini_batch_step(self, batch, idx, adv, mask, rows, scale=1.0) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        if not idx:  # no row carries a gradient; the optimizer still steps (momentum, decay)
+            for param in self.model.parameters():
+                param.grad = torch.zeros_like(param)
+            return self._step_optimizer({"actor/trained_fraction": 0.0})
         packed = pack_sequences(
             [batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], self.pad_id
         )
@@ -96,42 +140,29 @@ class Actor:
         temperature = self.config.rollout.temperature or 1.0
         logits = logits / temperature if temperature != 1.0 else logits
         width = packed.response_width
-        adv, mask = adv[:, :width], mask[:, :width]
         logprob = core_algos.logprobs_from_logits(logits, packed.responses)
+        rows = {name: value[:, :width] for name, value in rows.items()}
         # No old log-probs means an on-policy single step: the ratio is 1 by construction.
-        old = old[:, :width] if old is not None else logprob.detach()
-        loss, metrics = self._loss(logits, logprob, old, ref, adv, mask)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        rows.setdefault("old_logprob", logprob.detach())
+        inputs = LossInputs(
+            logits=logits,
+            logprob=logprob,
+            advantages=adv[:, :width],
+            response_mask=mask[:, :width],
+            **rows,
+        )
+        loss, metrics = actor_loss(self.loss_params, inputs)
+        (loss * scale).backward()
+        metrics["actor/trained_fraction"] = scale
+        return self._step_optimizer(metrics)
+
+    def _step_optimizer(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Clip, step, and record the gradient norm."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.updates += 1
         metrics["actor/grad_norm"] = float(grad_norm)
         return metrics
-
-    def _loss(self, logits, logprob, old, ref, adv, mask):
-        cfg = self.cfg
-        out = core_algos.policy_loss_ppo_clip(
-            old, logprob, adv, mask, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.loss_agg_mode
-        )
-        loss = out.pg_loss
-        metrics = {
-            "actor/pg_loss": out.pg_loss.item(),
-            "actor/pg_clipfrac": out.pg_clipfrac.item(),
-            "actor/ppo_kl": out.ppo_kl.item(),
-        }
-        if cfg.use_kl_loss and ref is not None:
-            kl = core_algos.kl_penalty(logprob, ref[:, : mask.shape[1]], cfg.kl_loss_type)
-            kl_loss = core_algos.agg_loss(kl, mask, cfg.loss_agg_mode)
-            loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.item()
-        entropy = core_algos.agg_loss(
-            core_algos.entropy_from_logits(logits), mask, cfg.loss_agg_mode
-        )
-        if cfg.entropy_coeff:
-            loss = loss - cfg.entropy_coeff * entropy
-        metrics["actor/entropy"] = entropy.item()
-        return loss, metrics
 
     def save_hf(self, path: Path, tokenizer) -> Path:
         """Hugging Face directory (config, safetensors, tokenizer) loadable by vLLM and HF."""

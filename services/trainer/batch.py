@@ -2,7 +2,7 @@
 
 ``RolloutBatch`` is filled in stages by the trainer (generate -> score -> log-probs ->
 advantages); ``tensors()`` turns the ragged lists into padded ``[B, R]`` tensors with a
-response mask, the layout every function in ``core_algos`` expects.
+response mask, the layout every function in ``rlfleet.rl`` expects.
 """
 
 from __future__ import annotations
@@ -25,9 +25,14 @@ class RolloutBatch:
     finish_reasons: list[str] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     score_errors: int = 0
+    behaviour_logprobs: list[list[float]] = field(default_factory=list)
+    """Log-probs the sampling engine reported (async mode's off-policy correction)."""
     old_logprobs: list[list[float]] = field(default_factory=list)
     ref_logprobs: list[list[float]] = field(default_factory=list)
     values: list[list[float]] = field(default_factory=list)
+    engine_logprobs: list[list[float]] = field(default_factory=list)
+    """Per-token log-probs of every completion as the engine sampled it (kept, not trained on
+    unless copied to ``behaviour_logprobs`` for an off-policy update)."""
 
     def __len__(self) -> int:
         return len(self.responses)
@@ -42,6 +47,24 @@ class RolloutBatch:
             self.weight_versions.append(result.weight_version)
             self.replica_ids.append(result.replica_id)
             self.finish_reasons.append(completion.finish_reason)
+            self.engine_logprobs.append(list(completion.logprobs))
+
+    def select(self, rows: list[int]) -> RolloutBatch:
+        """A batch of only ``rows`` (every per-sequence list filtered the same way)."""
+        picked = RolloutBatch(score_errors=self.score_errors)
+        for name, value in vars(self).items():
+            if isinstance(value, list) and len(value) == len(self):
+                setattr(picked, name, [value[i] for i in rows])
+        return picked
+
+    def use_engine_logprobs_as_behaviour(self) -> bool:
+        """Train with the engine's log-probs as the behaviour policy, if every token has one."""
+        complete = len(self.engine_logprobs) == len(self) and all(
+            len(lp) == len(r) for lp, r in zip(self.engine_logprobs, self.responses, strict=True)
+        )
+        if complete:
+            self.behaviour_logprobs = self.engine_logprobs
+        return complete
 
     def response_lengths(self) -> list[int]:
         return [len(r) for r in self.responses]

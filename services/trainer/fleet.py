@@ -31,39 +31,20 @@ class Fleet:
             await self.redis.aclose()
 
 
-def needs_refcritic(config: RlfleetConfig) -> bool:
-    return config.trainer.use_kl_loss or config.algorithm.adv_estimator == "gae"
-
-
 async def connect_fleet(config: RlfleetConfig) -> Fleet:
-    """Clients for the router, reward, refcritic and the replica registry."""
-    from rlfleet.common.errors import FailedPrecondition
-    from rlfleet.common.keys import Keys
-    from rlfleet.common.redis_client import connect
+    """Clients for the router, reward and refcritic; weight sync learns replicas from the router."""
     from rlfleet.refcritic.client import RefCriticClient
     from rlfleet.reward.client import RewardClient
     from rlfleet.rollout.client import RolloutClient
-    from rlfleet.rollout.registry import ReplicaRegistry
-    from rlfleet.trainer.weight_sync import WeightSync
+    from rlfleet.trainer.weight_sync import grpc_weight_sync
 
-    if not config.redis_url:
-        raise FailedPrecondition("the trainer needs redis_url (RLFLEET_REDIS_URL) to find replicas")
     key, mb = config.api_key, config.max_message_mb
-    redis = connect(config.redis_url)
-    registry = ReplicaRegistry(redis, Keys(config.cluster), config.rollout.heartbeat_ttl_s)
     refcritic = (
-        RefCriticClient(config.endpoints.refcritic, api_key=key)
-        if needs_refcritic(config)
-        else None
+        RefCriticClient(config.endpoints.refcritic, api_key=key) if config.needs_refcritic else None
     )
     return Fleet(
         rollout=RolloutClient(config.endpoints.router, api_key=key, max_message_mb=mb),
         reward=RewardClient(config.endpoints.reward, api_key=key),
         refcritic=refcritic,
-        weight_sync=WeightSync(
-            registry,
-            lambda address: RolloutClient(address, api_key=key, max_message_mb=mb),
-            chunk_bytes=min(4, mb // 2) * 2**20,
-        ),
-        redis=redis,
+        weight_sync=grpc_weight_sync(config.endpoints.router, key, mb),
     )

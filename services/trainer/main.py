@@ -14,6 +14,9 @@ def print_summary(summary: dict) -> None:
         start = f"{before[name]:.3f}" if name in before else "n/a"
         print(f"held-out {name}: {start} -> {after[name]:.3f}")
     print(f"steps: {summary['steps']}  wall time: {summary['wall_time_s']} s")
+    reached = summary.get("time_to_target_s")
+    print(f"time_to_{summary['target_accuracy']:g}_s: {'never' if reached is None else reached}")
+    print(f"training time (validation excluded): {summary['training_time_s']} s")
     print(f"metrics: {summary['metrics_file']}")
     print(f"reward curve: {summary['reward_curve']}")
     print(f"checkpoint: {summary['checkpoint']}")

@@ -65,30 +65,97 @@ def progress(total: int):
     return tqdm(total=total, desc="GRPO steps", unit="step", dynamic_ncols=True)
 
 
-async def train_loop(trainer: Trainer, train_records, writer: MetricsWriter) -> None:
+class TrainingClock:
+    """Training time with validation excluded, and when validation first reached the target.
+
+    ``time_to_target_s`` runs from the start of the first step to the end of the step after
+    which validation first showed ``>= target`` (what ``make run`` prints as
+    ``time_to_0.85_s``)."""
+
+    def __init__(self, target: float) -> None:
+        self.target = target
+        self.training_s = 0.0
+        self.time_to_target_s: float | None = None
+        self._started: float | None = None
+
+    def begin(self) -> None:
+        self._started = time.perf_counter()
+
+    def pause(self) -> None:
+        if self._started is not None:
+            self.training_s += time.perf_counter() - self._started
+            self._started = None
+
+    def observe(self, accuracy: float | None) -> None:
+        if accuracy is not None and accuracy >= self.target and self.time_to_target_s is None:
+            self.time_to_target_s = self.training_s
+
+
+async def validate_during_training(trainer: Trainer, val, writer, clock, rollouts) -> None:
+    """Periodic validation: the clock and the async producer stand still meanwhile."""
+    clock.pause()
+    if rollouts is not None:
+        await rollouts.pause()
+    await trainer.finish_push()
+    accuracy = await validate(trainer, val)
+    writer.write(trainer.step, {**accuracy, "training/time_s": clock.training_s})
+    clock.observe(_first(accuracy))
+    log.info("step %d held-out: %s (training %.1f s)", trainer.step, accuracy, clock.training_s)
+    if rollouts is not None:
+        rollouts.resume()
+    clock.begin()
+
+
+async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None) -> None:
+    from rlfleet.trainer.pipeline import AsyncRollouts
+
     cfg = trainer.config
+    clock = clock or TrainingClock(1.0)
     data = batches(train_records, cfg.data.train_batch_size, cfg.data.seed)
     for _ in range(trainer.step):  # a resumed run continues the same data order
         next(data)
+    rollouts = None
+    if cfg.trainer.mode == "async":
+        rollouts = AsyncRollouts(trainer, data, trainer.step)
+        rollouts.start()
     bar = progress(cfg.trainer.total_steps)
     bar.update(trainer.step)
-    while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
-        await trainer.wait_if_paused()
+    clock.begin()
+    try:
+        while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
+            await trainer.wait_if_paused()
+            metrics = await one_step(trainer, data, rollouts)
+            after_step(trainer, writer, bar, metrics)
+            if cfg.trainer.test_freq and trainer.step % cfg.trainer.test_freq == 0 and val:
+                await validate_during_training(trainer, val, writer, clock, rollouts)
+        clock.pause()
+        await trainer.finish_push()
+    finally:
+        if rollouts is not None:
+            await rollouts.close()
+        bar.close()
+
+
+async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:
+    if rollouts is None:
         await trainer.push_weights(only_stale=True)  # replicas that joined mid-run
-        metrics = await trainer.train_step(next(data))
-        trainer.step += 1
-        metrics["training/global_step"] = float(trainer.step)
-        writer.write(trainer.step, metrics)
-        bar.update(1)
-        bar.set_postfix(
-            score=f"{metrics.get('critic/score/mean', 0):.3f}",
-            s_per_step=f"{metrics['timing_s/step']:.2f}",
-        )
-        if cfg.trainer.save_freq and trainer.step % cfg.trainer.save_freq == 0:
-            save_checkpoint(
-                trainer, Path(cfg.run_dir) / "checkpoints" / f"global_step_{trainer.step}"
-            )
-    bar.close()
+        return await trainer.train_step(next(data))
+    # Async: every background push goes to all live replicas, joiners included.
+    return await trainer.train_step_async(rollouts)
+
+
+def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float]) -> None:
+    cfg = trainer.config
+    trainer.step += 1
+    metrics["training/global_step"] = float(trainer.step)
+    writer.write(trainer.step, metrics)
+    bar.update(1)
+    bar.set_postfix(
+        score=f"{metrics.get('critic/score/mean', 0):.3f}",
+        s_per_step=f"{metrics.get('timing_s/step', 0):.2f}",
+    )
+    if cfg.trainer.save_freq and trainer.step % cfg.trainer.save_freq == 0:
+        save_checkpoint(trainer, Path(cfg.run_dir) / "checkpoints" / f"global_step_{trainer.step}")
 
 
 def save_checkpoint(trainer: Trainer, path: Path) -> Path:
@@ -131,8 +198,13 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
     await trainer.start(config.trainer.min_replicas, config.trainer.replica_wait_s)
     before = await validate(trainer, val) if config.trainer.val_before_train else {}
     log.info("held-out before training: %s", before)
-    await train_loop(trainer, train, writer)
+    clock = TrainingClock(config.trainer.target_accuracy)
+    clock.observe(_first(before))
+    if clock.time_to_target_s is not None:
+        clock.time_to_target_s = 0.0
+    await train_loop(trainer, train, writer, val, clock)
     after = await validate(trainer, val)
+    clock.observe(_first(after))
     log.info("held-out after training: %s", after)
     checkpoint = save_checkpoint(trainer, run_dir / "checkpoints" / "final")
     accuracy = {"before": _first(before), "after": _first(after)}
@@ -146,6 +218,9 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
         "steps": trainer.step,
         "weight_version": trainer.version,
         "wall_time_s": round(time.perf_counter() - started, 1),
+        "training_time_s": round(clock.training_s, 1),
+        "target_accuracy": clock.target,
+        "time_to_target_s": _rounded(clock.time_to_target_s),
         "val_before": before,
         "val_after": after,
         "metrics_file": str(writer.path),
@@ -154,6 +229,10 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _first(values: dict[str, float]) -> float | None:

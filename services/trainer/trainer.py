@@ -1,4 +1,4 @@
-"""The controller loop: one synchronous, on-policy step at a time (ARCHITECTURE.md).
+"""The controller loop: one synchronous, on-policy step at a time (docs/architecture.md).
 
 generate (router) -> score (reward) -> old/ref log-probs -> advantages -> critic update
 -> actor update -> push weights (version + 1) -> metrics / checkpoint.
@@ -15,13 +15,14 @@ import uuid
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition
-from rlfleet.rl import core_algos
+from rlfleet.rl.advantages import AdvantageInputs, AdvantageParams, compute_advantage
 from rlfleet.rl.sequences import pad_rows
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.batch import RolloutBatch, response_mask, token_level_rewards
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
+from rlfleet.trainer.state import TrainerState
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +38,30 @@ class Trainer:
         """Weight version of the checkpoint this run resumed from (0 = fresh run)."""
         self.step = 0
         self.run_tag = uuid.uuid4().hex[:8]
-        self.state = "starting"
+        self.state = TrainerState.STARTING
         self._resume = asyncio.Event()
         self._resume.set()
         self.stop_requested = False
+        self._push_task: asyncio.Task | None = None
+        self.landed_version = 0
+        """The newest version the replicas acknowledged (async rollouts wait on it)."""
+        self._landed = asyncio.Condition()
+        algo = config.algorithm
+        self.advantage_params = AdvantageParams(
+            estimator=algo.adv_estimator,
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_by_std=algo.norm_adv_by_std_in_grpo,
+        )
 
     # --- control (used by the Trainer gRPC service) ---------------------------------
     def pause(self) -> None:
         self._resume.clear()
-        self.state = "paused"
+        self.state = TrainerState.PAUSED
 
     def resume(self) -> None:
         self._resume.set()
-        self.state = "running"
+        self.state = TrainerState.RUNNING
 
     def request_stop(self) -> None:
         self.stop_requested = True
@@ -63,7 +75,21 @@ class Trainer:
         """Send the actor's weights as ``self.version`` to replicas."""
         state = self.actor.state_dict_for_rollout()
         flush = self.config.rollout.flush_cache_on_update
-        return await self.fleet.weight_sync.push(state, self.version, flush, only_stale)
+        version = self.version
+        metrics = await self.fleet.weight_sync.push(state, version, flush, only_stale)
+        if not only_stale:
+            await self._mark_landed(version)
+        return metrics
+
+    async def _mark_landed(self, version: int) -> None:
+        async with self._landed:
+            self.landed_version = max(self.landed_version, version)
+            self._landed.notify_all()
+
+    async def wait_for_landed(self, version: int) -> None:
+        """Block until replicas hold weights of at least ``version``."""
+        async with self._landed:
+            await self._landed.wait_for(lambda: self.landed_version >= version)
 
     async def start(self, n_replicas: int, timeout_s: float) -> None:
         """Wait for replicas, then push the actor's weights as the first version of this run
@@ -71,10 +97,12 @@ class Trainer:
         await self.fleet.weight_sync.wait_for_replicas(n_replicas, timeout_s)
         self.version = self.resumed_version + 1
         await self.push_weights()
-        self.state = "running"
+        self.state = TrainerState.RUNNING
 
     # --- one step --------------------------------------------------------------------------
-    async def generate(self, prompts: list[PromptRecord]) -> RolloutBatch:
+    async def generate(
+        self, prompts: list[PromptRecord], step: int, min_version: int
+    ) -> RolloutBatch:
         """One Generate per prompt with n samples; the group id is the sticky session."""
         cfg = self.config.rollout
         sampling = SamplingParams(
@@ -82,11 +110,11 @@ class Trainer:
         )
         requests = [
             GenerateRequest(
-                request_id=f"{self.run_tag}-s{self.step}-p{i}",
+                request_id=f"{self.run_tag}-s{step}-p{i}",
                 sampling=sampling,
                 prompt_token_ids=record.token_ids,
-                session_id=f"{self.run_tag}-s{self.step}-g{i}",
-                min_weight_version=self.version,
+                session_id=f"{self.run_tag}-s{step}-g{i}",
+                min_weight_version=min_version,
             )
             for i, record in enumerate(prompts)
         ]
@@ -145,30 +173,25 @@ class Trainer:
         )
 
     async def reference_and_values(self, batch: RolloutBatch) -> None:
-        if self.config.trainer.use_kl_loss:
+        if self.config.needs_reference:
             batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(
                 batch.prompts, batch.responses
             )
-        if self.config.algorithm.adv_estimator == "gae":
+        if self.config.needs_critic:
             batch.values = await self.fleet.refcritic.values(batch.prompts, batch.responses)
 
     def advantages(self, batch: RolloutBatch):
         """``(advantages, returns, mask)`` as ``[B, R]`` tensors."""
         lengths = batch.response_lengths()
         mask = response_mask(lengths)
-        rewards = token_level_rewards(batch.scores, lengths)
-        algo = self.config.algorithm
-        name = algo.adv_estimator
-        kwargs = {"token_level_rewards": rewards, "response_mask": mask}
-        if name in ("grpo", "rloo"):
-            kwargs["group_index"] = batch.group_ids
-        if name == "grpo":
-            kwargs["norm_by_std"] = algo.norm_adv_by_std_in_grpo
-        if name in ("gae", "reinforce_plus_plus"):
-            kwargs["gamma"] = algo.gamma
-        if name == "gae":
-            kwargs.update(values=pad_rows(batch.values, mask.shape[1]), lam=algo.lam)
-        advantages, returns = core_algos.compute_advantage(name, **kwargs)
+        values = pad_rows(batch.values, mask.shape[1]) if batch.values else None
+        inputs = AdvantageInputs(
+            token_level_rewards=token_level_rewards(batch.scores, lengths),
+            response_mask=mask,
+            group_index=batch.group_ids,
+            values=values,
+        )
+        advantages, returns = compute_advantage(self.advantage_params, inputs)
         return advantages, returns, mask
 
     async def update_critic(self, batch: RolloutBatch, returns, mask) -> dict[str, float]:
@@ -177,30 +200,94 @@ class Trainer:
             batch.prompts, batch.responses, rows, batch.values
         )
 
-    async def train_step(self, prompts: list[PromptRecord]) -> dict[str, float]:
-        timer = Timer()
-        with timer.phase("step"):
-            with timer.phase("gen"):
-                batch = await self.generate(prompts)
-            self.check_versions(batch)
-            await asyncio.gather(
-                timer.timed("reward", self.score(batch)),
-                timer.timed("ref", self.reference_and_values(batch)),
-                timer.timed("old_log_prob", self.old_logprobs(batch)),
-            )
-            with timer.phase("adv"):
-                advantages, returns, mask = self.advantages(batch)
-            metrics = {}
-            if self.config.algorithm.adv_estimator == "gae":
-                with timer.phase("update_critic"):
-                    metrics.update(await self.update_critic(batch, returns, mask))
-            with timer.phase("update_actor"):
-                metrics.update(await asyncio.to_thread(self.actor.update, batch, advantages, mask))
-            self.version += 1
-            metrics.update(await self.push_weights())
+    async def produce(
+        self, prompts: list[PromptRecord], step: int, min_version: int, timer: Timer
+    ) -> RolloutBatch:
+        """Everything a step needs that does not touch the actor: generate, score, reference
+        log-probs and values. Async mode runs this ahead of ``learn``."""
+        with timer.phase("gen"):
+            batch = await self.generate(prompts, step, min_version)
+        await asyncio.gather(
+            timer.timed("reward", self.score(batch)),
+            timer.timed("ref", self.reference_and_values(batch)),
+        )
+        return batch
+
+    async def learn(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
+        """Update the critic and the actor on ``batch``, then publish version + 1."""
+        with timer.phase("old_log_prob"):
+            await self.old_logprobs(batch)
+        with timer.phase("adv"):
+            advantages, returns, mask = self.advantages(batch)
+        metrics: dict[str, float] = {}
+        if self.config.needs_critic:
+            with timer.phase("update_critic"):
+                metrics.update(await self.update_critic(batch, returns, mask))
+        with timer.phase("update_actor"):
+            metrics.update(await asyncio.to_thread(self.actor.update, batch, advantages, mask))
+        self.version += 1
+        with timer.phase("push_weights"):
+            metrics.update(await self.publish_weights())
         metrics.update(batch_metrics(batch, self.config.rollout.max_tokens))
         metrics.update(tensor_stats("critic/advantages", advantages, mask))
         metrics.update(tensor_stats("critic/returns", returns, mask))
-        metrics.update(timer.metrics)
         metrics["training/weight_version"] = float(self.version)
+        return metrics
+
+    async def publish_weights(self) -> dict[str, float]:
+        """Push the new version. Sync mode waits for it; async mode lets it land while the
+        next batch trains (one push in flight at a time, so versions arrive in order)."""
+        if self.config.trainer.mode == "sync":
+            return await self.push_weights()
+        previous = await self.finish_push()
+        state = {
+            name: tensor.clone() for name, tensor in self.actor.state_dict_for_rollout().items()
+        }
+        flush = self.config.rollout.flush_cache_on_update
+        self._push_task = asyncio.create_task(self._push_snapshot(state, self.version, flush))
+        return previous
+
+    async def _push_snapshot(self, state: dict, version: int, flush: bool) -> dict[str, float]:
+        metrics = await self.fleet.weight_sync.push(state, version, flush, False)
+        await self._mark_landed(version)
+        return metrics
+
+    async def finish_push(self) -> dict[str, float]:
+        """Wait for the push in flight (async mode); its metrics, or {} if none."""
+        task, self._push_task = self._push_task, None
+        return await task if task is not None else {}
+
+    async def train_step(self, prompts: list[PromptRecord]) -> dict[str, float]:
+        """One synchronous step: produce with the current weights, then learn."""
+        timer = Timer()
+        with timer.phase("step"):
+            batch = await self.produce(prompts, self.step, self.version, timer)
+            self.check_versions(batch)
+            metrics = await self.learn(batch, timer)
+        metrics.update(timer.metrics)
+        return metrics
+
+    async def train_step_async(self, rollouts) -> dict[str, float]:
+        """One asynchronous step: take the batch produced ahead (``AsyncRollouts``), drop what
+        is older than ``max_staleness``, and learn with the off-policy correction."""
+        from rlfleet.trainer.pipeline import drop_stale, staleness_metrics
+
+        timer = Timer()
+        with timer.phase("step"):
+            with timer.phase("idle_trainer"):
+                batch, produced = await rollouts.next()
+            oldest = self.version - self.config.trainer.max_staleness
+            batch, dropped = drop_stale(batch, oldest)
+            if not len(batch):
+                raise FailedPrecondition(
+                    f"all {dropped} responses were older than weight version {oldest}"
+                )
+            lag = staleness_metrics(batch, self.version, dropped)
+            if any(v != self.version for v in batch.weight_versions):
+                batch.use_engine_logprobs_as_behaviour()
+            metrics = await self.learn(batch, timer)
+        metrics.update(produced.metrics)
+        metrics.update(timer.metrics)
+        metrics.update(lag)
+        metrics["timing_s/idle_rollout"] = rollouts.take_idle()
         return metrics

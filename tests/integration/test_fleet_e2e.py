@@ -6,11 +6,13 @@ its own, so a completed run means every trained response carried the current ver
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from procs import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "tiny-qwen2-arith"
@@ -93,33 +95,24 @@ def test_up_stops_everything_and_names_the_failed_service(tmp_path):
 
 def test_ctrl_c_stops_the_whole_fleet(tmp_path):
     """SIGINT to `rlfleet up` (what Ctrl-C sends) stops every service it started."""
-    import signal
-    import threading
-    import time
-
     marker = tmp_path / "interrupted-run"
     argv = [
         sys.executable, "-m", "rlfleet.cli", "up", "--no-trainer", "--rollout-replicas", "2",
         f"run_dir={marker}", "rollout.backend=hf",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    up = ServiceProcess.start(argv, tmp_path / "up.log", name="rlfleet up")
     try:
-        deadline = time.monotonic() + 180
-        serving = set()
-        for line in iter(proc.stdout.readline, b""):
-            if b"serving at" in line:
-                serving.add(line.split(b"]")[0])
-            if len(serving) == 2 or time.monotonic() > deadline:
-                break
-        assert len(serving) == 2, "both replicas should come up before the interrupt"
-        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        up.wait_until(lambda: len(serving_replicas(up)) == 2, 180, "serving both replicas")
+        assert up.stop(signal.SIGINT, grace_s=60) == 130
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        up.stop(signal.SIGKILL)
     leftover = subprocess.run(["pgrep", "-f", str(marker)], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", f"processes left behind: {leftover.stdout}"
+
+
+def serving_replicas(up: ServiceProcess) -> set[str]:
+    """The ``[name]`` prefixes of the replicas whose "serving at" line `rlfleet up` relayed."""
+    return {line.split("]")[0] for line in up.log().splitlines() if "serving at" in line}
 
 
 def test_trainer_resumes_from_its_checkpoint(tmp_path):

@@ -7,9 +7,7 @@ Every process started here is stopped by its PID in a finalizer, even when a tes
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -20,9 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from procs import ServiceProcess
 from redis.exceptions import ResponseError
 
-from rlfleet.common.grpc_healthcheck import check
+from rlfleet.common.errors import RlfleetError
 from rlfleet.common.keys import Keys
 from rlfleet.common.model_io import load_causal_lm
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
@@ -39,7 +38,7 @@ pytestmark = pytest.mark.slow
 @dataclass
 class Service:
     address: str
-    process: subprocess.Popen
+    process: ServiceProcess
     log: Path
 
 
@@ -48,21 +47,9 @@ def model_dir() -> Path:
     return COMMITTED_MODEL
 
 
-def stop(process: subprocess.Popen) -> int:
-    """SIGTERM, then SIGKILL if it does not exit within 15 s; returns the exit code."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            return process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    return process.wait(15)
-
-
 def start_process(model_dir: Path, log_dir: Path, *args: str) -> Service:
     """``python -m rlfleet.refcritic.main`` with ``args``; does not wait for it to be ready."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
     argv = [
         sys.executable,
         "-m",
@@ -74,31 +61,17 @@ def start_process(model_dir: Path, log_dir: Path, *args: str) -> Service:
         *args,
     ]
     log = log_dir / f"refcritic-{port}.log"
-    with log.open("w") as sink:
-        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    return Service(f"127.0.0.1:{port}", process, log)
+    return Service(f"127.0.0.1:{port}", ServiceProcess.start(argv, log, name="refcritic"), log)
 
 
 def start_service(model_dir: Path, log_dir: Path, *overrides: str) -> Service:
     service = start_process(model_dir, log_dir, *overrides)
-    process = service.process
     try:
-        wait_serving(service, timeout_s=120)
+        service.process.wait_healthy(service.address, SERVICE, timeout_s=120)
     except BaseException:
-        stop(process)
+        service.process.stop(signal.SIGKILL)
         raise
     return service
-
-
-def wait_serving(service: Service, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if service.process.poll() is not None:
-            raise RuntimeError(f"refcritic exited early:\n{service.log.read_text()[-3000:]}")
-        if check(service.address, SERVICE, timeout_s=1.0)[0]:
-            return
-        time.sleep(0.3)
-    raise TimeoutError(f"refcritic not serving after {timeout_s} s")
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +80,7 @@ def service(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     try:
         yield started
     finally:
-        stop(started.process)
+        started.process.stop()
 
 
 @pytest.fixture
@@ -182,9 +155,9 @@ async def test_bad_input_is_invalid_argument_and_service_keeps_serving(client, b
         "empty_response": lambda: client.values(prompts, [[]] + responses[1:]),
         "mismatched_returns": lambda: client.update_critic(prompts, responses, zeros[:2], zeros),
     }
-    with pytest.raises(grpc.aio.AioRpcError) as info:
+    with pytest.raises(RlfleetError) as info:  # its __cause__ is the gRPC error
         await calls[bad]()
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.__cause__.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(await client.ref_logprobs(prompts, responses)) == 3
     assert service.process.poll() is None
 
@@ -200,9 +173,9 @@ async def test_checkpoint_round_trip(client, tmp_path: Path):
     loaded = await client.load_checkpoint(saved.path)
     assert loaded.step == saved.step
     assert await client.values(prompts, responses) == before
-    with pytest.raises(grpc.aio.AioRpcError) as info:
+    with pytest.raises(RlfleetError) as info:  # its __cause__ is the gRPC error
         await client.load_checkpoint(str(tmp_path / "missing"))
-    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert info.value.__cause__.code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_disabled_critic_and_api_key(model_dir: Path, tmp_path: Path):
@@ -212,16 +185,16 @@ async def test_disabled_critic_and_api_key(model_dir: Path, tmp_path: Path):
         prompts, responses = random_batch(2, 3, 2)
         async with RefCriticClient(service.address, api_key="s3cret", timeout_s=60) as good:
             assert len(await good.ref_logprobs(prompts, responses)) == 2
-            with pytest.raises(grpc.aio.AioRpcError) as info:
+            with pytest.raises(RlfleetError) as info:  # its __cause__ is the gRPC error
                 await good.values(prompts, responses)
-            assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert info.value.__cause__.code() == grpc.StatusCode.FAILED_PRECONDITION
         async with RefCriticClient(service.address, timeout_s=60) as anonymous:
-            with pytest.raises(grpc.aio.AioRpcError) as info:
+            with pytest.raises(RlfleetError) as info:  # its __cause__ is the gRPC error
                 await anonymous.ref_logprobs(prompts, responses)
-            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert stop(service.process) == 0
+            assert info.value.__cause__.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert service.process.stop() == 0
     finally:
-        stop(service.process)
+        service.process.stop()
 
 
 # ---- the queue path (redis_url set) --------------------------------------------------------
@@ -242,7 +215,7 @@ def queued_service(
     try:
         yield started
     finally:
-        stop(started.process)
+        started.process.stop()
 
 
 @pytest.fixture
@@ -276,9 +249,9 @@ async def test_queued_values_come_from_the_trained_critic(queued_client):
 
 async def test_queued_bad_input_is_invalid_argument(queued_client, queued_service: Service):
     prompts, responses = random_batch(3, 4, 2, seed=7)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
+    with pytest.raises(RlfleetError) as info:  # its __cause__ is the gRPC error
         await queued_client.ref_logprobs(prompts, [[999]] + responses[1:])
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.__cause__.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert len(await queued_client.ref_logprobs(prompts, responses)) == 3
     assert queued_service.process.poll() is None
 
@@ -312,14 +285,13 @@ async def test_killed_workers_job_is_reclaimed_and_answered(
     try:
         await wait_held_by(redis_client, keys, slow.process.pid)
     finally:
-        slow.process.kill()
-        slow.process.wait(15)
+        slow.process.stop(signal.SIGKILL)
     assert not answer.done()
     rescuer = start_process(model_dir, tmp_path, "--worker-only", *common)
     try:
         rows = await asyncio.wait_for(answer, 180)
     finally:
-        assert stop(rescuer.process) == 0
+        assert rescuer.process.stop() == 0
     for got, want in zip(rows, local_logprobs(model_dir, prompts, responses), strict=True):
         assert got == pytest.approx(want, abs=1e-4)
     assert "reclaimed stalled job" in rescuer.log.read_text()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from procs import ServiceProcess
 
 from rlfleet.common.errors import InvalidArgument, NotFound, Unauthenticated
 from rlfleet.common.redis_server import free_port
@@ -39,8 +39,7 @@ EXAMPLE = ROOT / "examples" / "custom_reward.py"
 class Proc:
     """A reward process we started; ``port``/``http_port`` are 0 for worker-only ones."""
 
-    popen: subprocess.Popen
-    log_path: Path
+    process: ServiceProcess
     port: int = 0
     http_port: int = 0
 
@@ -49,12 +48,10 @@ class Proc:
         return f"127.0.0.1:{self.port}"
 
     def log(self) -> str:  # the tail, for failure messages and start markers
-        return self.log_path.read_text(errors="replace")[-4000:]
+        return self.process.log()[-4000:]
 
     def kill(self) -> None:
-        if self.popen.poll() is None:
-            os.kill(self.popen.pid, signal.SIGKILL)
-        self.popen.wait(10)
+        self.process.stop(signal.SIGKILL)
 
 
 class Launcher:
@@ -72,15 +69,9 @@ class Launcher:
             port, http_port = free_port(), free_port()
             args += [f"reward.http_port={http_port}", "--port", str(port)]
         args += [*flags, "--worker-only"] if worker_only else list(flags)
-        with open(log_path, "wb") as log_file:
-            popen = subprocess.Popen(args, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
-        proc = Proc(popen, log_path, port, http_port)
+        proc = Proc(ServiceProcess.start(args, log_path, name="reward"), port, http_port)
         self.procs.append(proc)
-        deadline = time.monotonic() + 30
-        while ("started" if worker_only else "listening on port") not in proc.log():
-            if proc.popen.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"reward process did not start:\n{proc.log()}")
-            time.sleep(0.05)
+        proc.process.wait_for_line("started" if worker_only else "listening on port", 60)
         return proc
 
 
@@ -166,8 +157,7 @@ def test_sync_client_then_sigterm_stops_cleanly(service):
     with SyncRewardClient(service.address) as sync:
         assert [r.score for r in sync.score_batch([item(0, "1", "1"), item(1, "0", "1")])] == [1, 0]
         assert "arith" in {info.name for info in sync.list_scorers()}
-    os.kill(service.popen.pid, signal.SIGTERM)
-    assert service.popen.wait(15) == 0
+    assert service.process.stop(signal.SIGTERM, grace_s=15) == 0
     assert "stopped after" in service.log()
 
 

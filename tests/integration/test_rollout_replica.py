@@ -21,7 +21,7 @@ from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from safetensors.torch import load_file
 
 from rlfleet.common import weights
-from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.errors import ErrorCode, InvalidArgument
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.common.workqueue import WorkQueue
@@ -66,14 +66,14 @@ async def greedy_outputs(client: RolloutClient, tag: str) -> tuple[list[list[int
 
 
 async def current_version(client: RolloutClient) -> int:
-    return (await client.status())["weight_version"]
+    return (await client.status()).weight_version
 
 
 async def test_registered_and_serving(replica: ReplicaProc) -> None:
     async with RolloutClient(replica.address) as client:
         status = await client.status()
-    assert status["state"] == "serving" and status["replica_id"] == replica.replica_id
-    assert status["address"] == replica.address
+    assert status.state == "serving" and status.replica_id == replica.replica_id
+    assert status.address == replica.address
 
 
 async def test_weight_update_changes_greedy_outputs_and_restore_returns_them(
@@ -90,7 +90,7 @@ async def test_weight_update_changes_greedy_outputs_and_restore_returns_them(
         reply = await client.push_weights(
             *weights.encode(perturbed, version + 1), chunk_bytes=256 * 1024
         )
-        assert reply["version"] == version + 1 and reply["cache_flushed"]
+        assert reply.version == version + 1 and reply.cache_flushed
         changed, versions = await greedy_outputs(client, "perturbed")
         assert versions == {version + 1} and changed != before
         reply = await client.push_weights(*weights.encode(original_weights(), version + 2))
@@ -135,7 +135,7 @@ async def test_bad_updates_are_rejected_and_change_nothing(replica: ReplicaProc)
             with pytest.raises(InvalidArgument):
                 await client.send_weight_messages(_stream(messages))
             status = await client.status()
-            assert (kind, status["weight_version"], status["state"]) == (kind, version, "serving")
+            assert (kind, status.weight_version, status.state) == (kind, version, "serving")
         after, versions = await greedy_outputs(client, "bad-after")
     assert after == before and versions == {version}
 
@@ -177,7 +177,7 @@ async def test_bad_stream_entry_gets_an_error_answer(replica: ReplicaProc) -> No
         result = await queue.wait_result(request_id, timeout_s=30)
     finally:
         await client.aclose()
-    assert result is not None and not result.ok and result.error.startswith("InvalidArgument")
+    assert result is not None and not result.ok and result.code is ErrorCode.INVALID_ARGUMENT
 
 
 async def test_invalid_direct_request_is_invalid_argument(replica: ReplicaProc) -> None:

@@ -8,9 +8,7 @@ replica can serve is refused clearly, and a bad request does not hurt the router
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -21,7 +19,8 @@ from pathlib import Path
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from replica_proc import MODEL, ROOT, ReplicaProc, start_replica, stop_replica
+from procs import ServiceProcess, start_and_wait
+from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 
 from rlfleet.common.grpc_client import make_channel
 from rlfleet.common.keys import Keys
@@ -41,39 +40,20 @@ REPLICA_ARGS = ("rollout.backend=hf", "rollout.heartbeat_ttl_s=2")
 class Fleet:
     keys: Keys
     redis_url: str
-    router: subprocess.Popen
+    router: ServiceProcess
     address: str
     log_dir: Path
     replicas: dict[str, ReplicaProc] = field(default_factory=dict)
 
 
-def start_router(redis_url: str, keys: Keys, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """Launch ``python -m rlfleet.rollout.router_main`` and wait until it says it is ready."""
+def start_router(redis_url: str, keys: Keys, log_path: Path) -> tuple[ServiceProcess, str]:
+    """Launch ``python -m rlfleet.rollout.router.main`` and wait until it says it is ready."""
     port = free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router_main", "--port", str(port),
+    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
                f"redis_url={redis_url}", f"cluster={keys.cluster}",
                "router.janitor_interval_s=0.3"]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while "router ready" not in log_path.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"router did not start:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.1)
-    return proc, f"127.0.0.1:{port}"
-
-
-def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """Stop our own child by PID: the signal, then SIGKILL if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    router = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 60))
+    return router, f"127.0.0.1:{port}"
 
 
 def launch_fleet(redis_server: EmbeddedRedis, log_dir: Path) -> Fleet:
@@ -94,7 +74,7 @@ def add_replica(fleet: Fleet, replica_id: str, *extra: str) -> ReplicaProc:
 def teardown(fleet: Fleet) -> None:
     for replica in fleet.replicas.values():
         stop_replica(replica, signal.SIGKILL)
-    stop(fleet.router)
+    fleet.router.stop()
 
 
 @pytest.fixture(scope="module")

@@ -42,3 +42,22 @@ def test_unknown_verb_is_an_error(capsys):
 
     assert main(["nonsense"]) == 2
     assert "unknown verb" in capsys.readouterr().err
+
+
+def test_help_config_lists_nested_fields(capsys):
+    from rlfleet.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["reward", "--help-config"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "reward.custom.reward_kwargs = {}:" in out and "\nlog_level = 'INFO':" in out
+
+
+def test_misspelt_log_level_stops_the_role_before_it_starts(capsys):
+    from rlfleet.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["reward", "log_level=LOUD"])
+    assert done.value.code == 2
+    assert "bad config" in capsys.readouterr().err

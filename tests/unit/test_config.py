@@ -1,8 +1,12 @@
+import logging
 from pathlib import Path
 
 import pytest
+import yaml
 
+from rlfleet.common import entry
 from rlfleet.common.config import RlfleetConfig, describe_fields, load_config
+from rlfleet.common.model_io import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,9 +48,69 @@ def test_cross_field_rules_checked_at_load():
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
     config = load_config(path, env={})
-    assert isinstance(config, RlfleetConfig)
+    assert Path(config.model.path).is_dir()
+    assert all(Path(f).is_file() for f in config.data.train_files + config.data.val_files)
 
 
 def test_every_field_is_documented():
     undocumented = [line for line in describe_fields() if line.rstrip().endswith(":")]
     assert not undocumented, undocumented
+
+
+def test_help_config_spells_out_optional_sections():
+    lines = describe_fields()
+    for name in ("reward.custom.path", "reward.custom.name", "reward.custom.reward_kwargs"):
+        assert any(line.startswith(f"{name} ") for line in lines), name
+    assert "reward.custom.path (required): Python file defining the function." in lines
+
+
+@pytest.mark.parametrize(("given", "level"), [("debug", "DEBUG"), ("Warning", "WARNING")])
+def test_log_level_is_case_insensitive(given, level):
+    assert load_config(None, [f"log_level={given}"], env={}).log_level == level
+
+
+def test_misspelt_log_level_is_an_error():
+    with pytest.raises(ValueError, match="log_level"):
+        load_config(None, ["log_level=verbose"], env={})
+
+
+def test_shipped_defaults_are_found_from_another_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, env={})
+    assert Path(config.model.path) == ROOT / "models" / "tiny-qwen2-arith"
+    assert config.data.train_files == [str(ROOT / "data" / "arith" / "train.jsonl")]
+    assert RlfleetConfig.model_fields["model"].default.path == "models/tiny-qwen2-arith"
+
+
+def test_relative_path_that_exists_here_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "tiny-qwen2-arith").mkdir(parents=True)
+    assert load_config(None, env={}).model.path == "models/tiny-qwen2-arith"
+
+
+def test_missing_model_path_is_named_not_looked_up_online(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["model.path=no/such-model"], env={})
+    assert config.model.path == "no/such-model"
+    with pytest.raises(FileNotFoundError, match="model path not found: no/such-model"):
+        load_tokenizer(config.model.path)
+
+
+def test_start_up_logs_one_line_and_writes_the_resolved_config(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(entry, "setup_logging", lambda level, role: None)  # keep caplog's handler
+    caplog.set_level(logging.INFO, logger=entry.__name__)
+    overrides = [f"run_dir={tmp_path}", "api_key=s3cret", "redis_url=redis://:pw@h:1/0"]
+    config, _ = entry.resolve(entry.base_parser("reward", "test"), "reward", overrides)
+    [line] = [r.getMessage() for r in caplog.records if r.name == entry.__name__]
+    assert "\n" not in line and line.startswith("reward config: cluster=default")
+    written = tmp_path / "config.reward.yaml"
+    assert str(written) in line
+    text = written.read_text()
+    assert "s3cret" not in text and ":pw@" not in text
+    assert RlfleetConfig.model_validate(yaml.safe_load(text)).trainer == config.trainer
+
+
+def test_client_verbs_write_no_config(tmp_path, monkeypatch):
+    monkeypatch.setattr(entry, "setup_logging", lambda level, role: None)
+    entry.resolve(entry.base_parser("status", "test"), "status", [f"run_dir={tmp_path}"])
+    assert list(tmp_path.iterdir()) == []

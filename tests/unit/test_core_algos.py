@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from rlfleet.rl import advantages as adv_mod
 from rlfleet.rl import core_algos as ca
 
 
@@ -52,38 +53,38 @@ GROUPS = ["a", "b", "a", "b", "a", "b", "a", "b"]
 def test_grpo_two_groups_hand_computed() -> None:
     # group a: mean 0.5, unbiased std sqrt(1/3) -> +-0.5 / (0.5773503 + 1e-6) = +-0.8660239
     # group b: all equal -> std 0 -> advantage 0
-    adv, ret = ca.grpo_outcome_advantage(REWARDS, MASK, GROUPS)
+    adv, ret = adv_mod.grpo_outcome_advantage(REWARDS, MASK, GROUPS)
     a = 0.8660239
     close(adv, [[a, a], [0, 0], [-a, -a], [0, 0], [a, a], [0, 0], [-a, -a], [0, 0]])
     close(ret, adv.tolist())
 
 
 def test_grpo_without_std_norm_is_mean_baseline() -> None:
-    adv, _ = ca.grpo_outcome_advantage(REWARDS, MASK, GROUPS, norm_by_std=False)
+    adv, _ = adv_mod.grpo_outcome_advantage(REWARDS, MASK, GROUPS, norm_by_std=False)
     close(adv[:, 0], [0.5, 0, -0.5, 0, 0.5, 0, -0.5, 0])
 
 
 def test_grpo_accepts_tensor_group_index_and_masks_padding() -> None:
     rewards, mask = t([[0, 2, 0], [0, 0, 0]]), t([[1, 1, 0], [1, 1, 1]])
-    adv, _ = ca.grpo_outcome_advantage(rewards, mask, torch.tensor([7, 7]))
+    adv, _ = adv_mod.grpo_outcome_advantage(rewards, mask, torch.tensor([7, 7]))
     # scores 2 and 0: mean 1, unbiased std sqrt(2) -> +-1/1.4142146
     close(adv, [[0.7071064, 0.7071064, 0], [-0.7071064, -0.7071064, -0.7071064]])
 
 
 def test_grpo_singleton_group_keeps_raw_score() -> None:
-    adv, _ = ca.grpo_outcome_advantage(t([[0, 3]]), t([[1, 1]]), ["solo"])
+    adv, _ = adv_mod.grpo_outcome_advantage(t([[0, 3]]), t([[1, 1]]), ["solo"])
     close(adv, [[3 / (1 + 1e-6), 3 / (1 + 1e-6)]])
 
 
 def test_rloo_leave_one_out_hand_computed() -> None:
     # group a: a 1 is compared with mean(1, 0, 0) = 1/3 -> 2/3; a 0 with mean(1, 1, 0) -> -2/3.
-    adv, _ = ca.rloo_outcome_advantage(REWARDS, MASK, GROUPS)
+    adv, _ = adv_mod.rloo_outcome_advantage(REWARDS, MASK, GROUPS)
     close(adv[:, 1], [2 / 3, 0, -2 / 3, 0, 2 / 3, 0, -2 / 3, 0])
     close(adv[3], [0, 0])  # padding of sequence 3 stays zero
 
 
 def test_rloo_singleton_group_keeps_raw_score() -> None:
-    adv, _ = ca.rloo_outcome_advantage(t([[0, 5]]), t([[1, 1]]), [0])
+    adv, _ = adv_mod.rloo_outcome_advantage(t([[0, 5]]), t([[1, 1]]), [0])
     close(adv, [[5, 5]])
 
 
@@ -92,7 +93,7 @@ def test_rloo_singleton_group_keeps_raw_score() -> None:
 
 def test_reinforce_plus_plus_discounts_then_whitens() -> None:
     rewards, mask = t([[0, 0, 1], [0, 2, 7]]), t([[1, 1, 1], [1, 1, 0]])
-    adv, ret = ca.reinforce_plus_plus_advantage(rewards, mask, gamma=0.5)
+    adv, ret = adv_mod.reinforce_plus_plus_advantage(rewards, mask, gamma=0.5)
     # returns: row 0 = 0.25, 0.5, 1; row 1 = 1, 2, (pad) 0.
     close(ret, [[0.25, 0.5, 1], [1, 2, 0]])
     # mean 0.95, unbiased std sqrt(0.45) = 0.6708204
@@ -103,7 +104,7 @@ def test_gae_hand_computed_and_padding_value_does_not_leak() -> None:
     rewards = t([[0, 1], [2, 0]])
     values = t([[0.2, 0.5], [1.0, 7.0]])  # 7.0 sits on padding and must not be used
     mask = t([[1, 1], [1, 0]])
-    adv, ret = ca.gae_advantage(rewards, values, mask, gamma=0.9, lam=0.8)
+    adv, ret = adv_mod.gae_advantage(rewards, values, mask, gamma=0.9, lam=0.8)
     # row 0: t=1 delta = 1 - 0.5 = 0.5; t=0 delta = 0.9*0.5 - 0.2 = 0.25, A = 0.25 + 0.72*0.5
     #        = 0.61; returns = A + V = 0.81, 1.0.  row 1: t=0 delta = 2 - 1 = 1, return 2.
     close(ret, [[0.81, 1.0], [2.0, 0]])
@@ -113,26 +114,31 @@ def test_gae_hand_computed_and_padding_value_does_not_leak() -> None:
 
 def test_gae_accepts_bool_mask() -> None:
     rewards, values = t([[0, 1], [2, 0]]), t([[0.2, 0.5], [1.0, 7.0]])
-    as_float = ca.gae_advantage(rewards, values, t([[1, 1], [1, 0]]), gamma=0.9, lam=0.8)
-    as_bool = ca.gae_advantage(rewards, values, as_float[1] != 0, gamma=0.9, lam=0.8)
+    as_float = adv_mod.gae_advantage(rewards, values, t([[1, 1], [1, 0]]), gamma=0.9, lam=0.8)
+    as_bool = adv_mod.gae_advantage(rewards, values, as_float[1] != 0, gamma=0.9, lam=0.8)
     close(as_bool[0], as_float[0].tolist())
     close(as_bool[1], as_float[1].tolist())
 
 
 def test_compute_advantage_dispatches_by_name() -> None:
-    adv, _ = ca.compute_advantage(
-        "rloo",
-        token_level_rewards=t([[1.0], [0.0]]),
-        response_mask=t([[1], [1]]),
-        group_index=[0, 0],
+    inputs = adv_mod.AdvantageInputs(
+        token_level_rewards=t([[1.0], [0.0]]), response_mask=t([[1], [1]]), group_index=[0, 0]
     )
+    adv, _ = adv_mod.compute_advantage(adv_mod.AdvantageParams(estimator="rloo"), inputs)
     close(adv, [[1.0], [-1.0]])
-    assert set(ca.ADVANTAGE_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "gae"}
+    assert set(adv_mod.ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "gae"}
 
 
 def test_compute_advantage_unknown_name_lists_valid_ones() -> None:
+    inputs = adv_mod.AdvantageInputs(token_level_rewards=t([[1.0]]), response_mask=t([[1]]))
     with pytest.raises(ValueError, match="gae, grpo, reinforce_plus_plus, rloo"):
-        ca.compute_advantage("ppo-magic", token_level_rewards=t([[1.0]]))
+        adv_mod.compute_advantage(adv_mod.AdvantageParams(estimator="ppo-magic"), inputs)
+
+
+def test_compute_advantage_names_the_missing_input() -> None:
+    inputs = adv_mod.AdvantageInputs(token_level_rewards=t([[1.0]]), response_mask=t([[1]]))
+    with pytest.raises(ValueError, match="gae.*critic values"):
+        adv_mod.compute_advantage(adv_mod.AdvantageParams(estimator="gae"), inputs)
 
 
 # --- KL -------------------------------------------------------------------------------------

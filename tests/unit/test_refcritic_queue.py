@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rlfleet.common.errors import FailedPrecondition, InvalidArgument
+from rlfleet.common.errors import ErrorCode, FailedPrecondition, Internal, InvalidArgument
 from rlfleet.common.workqueue import Result
 from rlfleet.refcritic.queue_service import (
     chunk_batch,
     decode_job,
     encode_job,
     encode_rows,
-    error_text,
     reassemble,
     rows_of,
 )
@@ -68,8 +67,8 @@ def test_job_round_trip_and_bad_payloads():
 def test_answers_map_back_to_rows_or_the_workers_error():
     assert rows_of(Result("q", encode_rows([[0.5, -1.0]]))) == [[0.5, -1.0]]
     with pytest.raises(InvalidArgument, match="token id 99"):
-        rows_of(Result("q", b"", error_text(InvalidArgument("token id 99 outside"))))
+        rows_of(Result("q", b"", ErrorCode.INVALID_ARGUMENT, "token id 99 outside"))
     with pytest.raises(FailedPrecondition):
-        rows_of(Result("q", b"", error_text(FailedPrecondition("no critic"))))
-    with pytest.raises(RuntimeError, match="dead-lettered"):
-        rows_of(Result("q", b"", "dead-lettered after too many deliveries: x"))
+        rows_of(Result("q", b"", ErrorCode.FAILED_PRECONDITION, "no critic"))
+    with pytest.raises(Internal, match="dead-lettered"):  # a RuntimeError, as before
+        rows_of(Result("q", b"", ErrorCode.INTERNAL, "dead-lettered after too many deliveries"))

@@ -9,7 +9,7 @@ import pytest
 
 from rlfleet.common.errors import Unavailable
 from rlfleet.rollout.registry import ReplicaInfo
-from rlfleet.rollout.routing import loading, pick_replica
+from rlfleet.rollout.router.routing import loading, pick_replica
 
 
 def replica(rid: str, version: int = 0, state: str = "serving", alive: bool = True) -> ReplicaInfo:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
+import threading
 from pathlib import Path
 
 import pytest
 
 from rlfleet.common.config import RewardConfig, UserScorerConfig
 from rlfleet.common.errors import InvalidArgument, NotFound
+from rlfleet.reward.convert import request_from_proto, request_to_proto
 from rlfleet.reward.score_cli import row_to_request
 from rlfleet.reward.scorers import Scorer, ScorerRegistry, build_registry, load_user_function
-from rlfleet.reward.server import request_from_proto, request_to_proto
 from rlfleet.reward.types import MAX_TEXT_BYTES, ScoreRequest, ScoreResult, validate_batch
 from rlfleet.reward.worker import RewardWorker
 
@@ -137,13 +136,18 @@ def test_missing_file_or_function_fails_at_load(tmp_path):
 
 
 async def test_worker_times_out_a_hung_user_function():
+    """The function can only return once ``release`` is set, which happens after the answer:
+    so a "timed out" answer did not wait for it (no wall-clock bound to flake on a busy box)."""
+    release = threading.Event()
     registry = ScorerRegistry()
-    registry.add(Scorer("slow", "user", lambda *a, **k: time.sleep(0.5) or 1.0), default=True)
+    registry.add(Scorer("hung", "user", lambda *a, **k: release.wait(60) and 1.0), default=True)
     worker = RewardWorker(None, registry, "unit", item_timeout_s=0.05)  # queue unused by score()
-    started = asyncio.get_running_loop().time()
-    result = await worker.score(req("42", source="x"))
-    assert "timed out" in result.error
-    assert asyncio.get_running_loop().time() - started < 0.4
+    try:
+        result = await worker.score(req("42", source="x"))
+        assert "timed out" in result.error
+    finally:
+        release.set()
+        worker.close()
 
 
 async def test_worker_reports_unknown_source_as_item_error():

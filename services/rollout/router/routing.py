@@ -15,15 +15,16 @@ from collections.abc import Collection, Mapping
 
 from rlfleet.common.errors import Unavailable
 from rlfleet.rollout.registry import ReplicaInfo
+from rlfleet.rollout.types import ReplicaState
 
-SERVING = "serving"
+SERVING = ReplicaState.SERVING
 STARTUP_GRACE_S = 600.0  # how long a replica may stay silent while its engine loads
 
 
 def loading(replica: ReplicaInfo) -> bool:
     """Registered as starting lately: its engine may still be loading (and not heartbeating),
     so a missing heartbeat does not mean it died."""
-    return replica.state == "starting" and 0 <= replica.heartbeat_age_s < STARTUP_GRACE_S
+    return replica.state == ReplicaState.STARTING and 0 <= replica.heartbeat_age_s < STARTUP_GRACE_S
 
 
 def eligible(

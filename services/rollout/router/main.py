@@ -20,8 +20,8 @@ async def serve(config: RlfleetConfig, port: int) -> None:
     from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
     from rlfleet.common.keys import Keys
     from rlfleet.common.redis_client import connect
-    from rlfleet.rollout.router import RouterCore
-    from rlfleet.rollout.router_server import registrations
+    from rlfleet.rollout.router.core import RouterCore
+    from rlfleet.rollout.router.server import registrations
 
     # No socket timeout: redis-py's default (5 s) wraps every write in asyncio.wait_for, which
     # on Python 3.11 can swallow task cancellation; keepalive and health checks catch dead links.

@@ -24,34 +24,34 @@ import asyncio
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING
-
-from redis.asyncio import Redis
+from typing import Protocol
 
 from rlfleet.common.errors import Unavailable
-from rlfleet.common.keys import Keys
-from rlfleet.common.workqueue import Job
-from rlfleet.rollout.routing import loading
-
-if TYPE_CHECKING:
-    from rlfleet.rollout.router import RouterCore, Snapshot
+from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.rollout.registry import RegistrySnapshot, ReplicaRegistry
+from rlfleet.rollout.router.routing import loading
 
 log = logging.getLogger(__name__)
 
 LOCK_TTL_MS = 30_000
 SCAN_EVERY = 30  # sweeps between scans for streams of unregistered replicas
-_UNLOCK_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+
+
+class Routes(Protocol):
+    """What the janitor needs of the router: per-replica queues and its choice of replica."""
+
+    def queue(self, replica_id: str) -> WorkQueue: ...
+
+    def forget_queue(self, replica_id: str) -> None: ...
+
+    def choose(self, snap: RegistrySnapshot, min_version: int, sticky: str | None) -> str: ...
 
 
 class Janitor:
     """Periodic sweeps over the registry; ``sweep()`` is one pass (tests call it directly)."""
 
-    def __init__(self, core: RouterCore, redis: Redis, keys: Keys, interval_s: float) -> None:
-        self._core, self._redis, self._keys, self._interval_s = core, redis, keys, interval_s
-        self._unlock = redis.register_script(_UNLOCK_LUA)
+    def __init__(self, core: Routes, registry: ReplicaRegistry, interval_s: float) -> None:
+        self._core, self._registry, self._interval_s = core, registry, interval_s
         self._token = uuid.uuid4().hex
         self._known: set[str] = set()  # registered at the previous sweep
         self._dead: set[str] = set()  # registered without heartbeat at the previous sweep
@@ -88,7 +88,7 @@ class Janitor:
 
     async def sweep(self) -> int:
         """One pass; returns how many requests were re-routed."""
-        snap = await self._core.snapshot(None)
+        snap = await self._registry.snapshot()
         registered = {r.replica_id for r in snap.replicas}
         dead = {r.replica_id for r in snap.replicas if not r.alive}
         self._loading = {r.replica_id for r in snap.replicas if not r.alive and loading(r)}
@@ -97,26 +97,21 @@ class Janitor:
         self._dead = dead
         self._departed = (self._departed | (self._known - registered)) - registered
         if self._sweeps % SCAN_EVERY == 0:
-            self._departed |= await self._stray_streams(registered)
+            self._departed |= await self._registry.streams_without_replica(registered)
         self._known, self._sweeps = registered, self._sweeps + 1
         targets = sorted(dead | self._departed)
         self._emptied &= set(targets)
-        lock = self._keys.janitor_lock
-        if not targets or not await self._redis.set(lock, self._token, nx=True, px=LOCK_TTL_MS):
+        if not targets or not await self._registry.lock_janitor(self._token, LOCK_TTL_MS):
             return 0
         try:
             return sum([await self._evacuate(replica_id) for replica_id in targets])
         finally:
-            await self._unlock(keys=[lock], args=[self._token])
+            await self._registry.unlock_janitor(self._token)
 
-    async def _stray_streams(self, registered: set[str]) -> set[str]:
-        prefix = self._keys.rollout_stream("x")[:-1]
-        found = set()
-        async for name in self._redis.scan_iter(match=prefix + "*", count=1000):
-            replica_id = (name.decode() if isinstance(name, bytes) else name)[len(prefix) :]
-            if ":" not in replica_id and replica_id not in registered:
-                found.add(replica_id)
-        return found
+    @property
+    def sweeps(self) -> int:
+        """Passes made so far (tests wait on it instead of sleeping)."""
+        return self._sweeps
 
     async def _evacuate(self, replica_id: str) -> int:
         drained = await self._core.queue(replica_id).drain_jobs()
@@ -130,7 +125,7 @@ class Janitor:
         if not (jobs := await self._give_up_on_spent(replica_id, drained)):
             self._waiting.pop(replica_id, None)
             return 0
-        snap = await self._core.snapshot(None)
+        snap = await self._registry.snapshot()
         moved = sum([await self._reroute(snap, replica_id, job) for job in jobs])
         waiting = len(jobs) - moved
         if moved or self._waiting.get(replica_id) != waiting:  # not every sweep while stuck
@@ -150,7 +145,7 @@ class Janitor:
             await queue.dead_letter(job, f"delivered {job.deliveries} times, replicas died")
         return [job for job in jobs if job.deliveries < queue.max_deliveries]
 
-    async def _reroute(self, snap: Snapshot, gone_id: str, job: Job) -> int:
+    async def _reroute(self, snap: RegistrySnapshot, gone_id: str, job: Job) -> int:
         """Queue one request on a live replica (1), or put it back to retry next sweep (0);
         either way with its delivery count, so a poison request still ends dead-lettered."""
         request_id, payload, prior = job.request_id, job.payload, job.deliveries
@@ -165,20 +160,14 @@ class Janitor:
             log.warning("dropping unreadable request %s from %s: %s", request_id, gone_id, exc)
             return 0
         if await self._core.queue(target).submit(request_id, payload, prior_deliveries=prior):
-            await self._redis.hincrby(self._keys.inflight, target, 1)
+            await self._registry.claim(target)
             snap.inflight[target] = snap.inflight.get(target, 0) + 1
         return 1
 
     async def _forget(self, replica_id: str) -> None:
         """Delete what is left of a replica, unless it came back meanwhile (same id)."""
-        if await self._redis.exists(self._keys.heartbeat(replica_id)):
+        if not await self._registry.remove(replica_id):
             return
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.srem(self._keys.replicas, replica_id)
-            pipe.srem(self._keys.draining, replica_id)
-            pipe.delete(self._keys.replica(replica_id), self._keys.rollout_stream(replica_id))
-            pipe.hdel(self._keys.inflight, replica_id)
-            await pipe.execute()
         for tracked in (self._emptied, self._departed, self._known, self._dead):
             tracked.discard(replica_id)
         self._waiting.pop(replica_id, None)

@@ -2,15 +2,17 @@
 
 The router serves ``rlfleet.v1.Rollout`` so a client can talk to it exactly like to one
 replica, but only ``Generate`` makes sense fleet-wide; control RPCs (weights, cache, pause)
-target one engine and must go to each replica directly, so here they answer UNIMPLEMENTED.
+target one engine and must go to each replica directly, so here they answer UNIMPLEMENTED
+with a message saying where to go. (Moving them to a service of their own would drop these
+stubs, but ``Rollout``'s RPC names are a pinned contract: see docs/architecture.md.)
 """
 
 from __future__ import annotations
 
 from rlfleet.common.grpc_server import Registration
 from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
-from rlfleet.rollout.convert import request_from_proto, result_to_proto
-from rlfleet.rollout.router import ReplicaView, RouterCore
+from rlfleet.rollout.convert import request_from_proto, result_to_proto, status_to_proto
+from rlfleet.rollout.router.core import RouterCore
 
 DIRECT_ONLY = (
     "the router only routes Generate; call {} on each replica directly "
@@ -18,18 +20,13 @@ DIRECT_ONLY = (
 )
 
 
-def status_to_proto(view: ReplicaView) -> rollout_pb2.ReplicaStatus:
-    info = view.info
-    return rollout_pb2.ReplicaStatus(
-        replica_id=info.replica_id,
-        address=info.address,
-        weight_version=info.weight_version,
-        state=view.state,
-        in_flight=view.in_flight,
-        backend=info.backend,
-        served=info.served,
-        heartbeat_age_s=info.heartbeat_age_s,
-    )
+def _direct_only(name: str):
+    """A servicer method that refuses, naming the replica RPC to call instead."""
+
+    async def refuse(self, request, context):  # noqa: ANN001 - gRPC servicer signature
+        raise NotImplementedError(DIRECT_ONLY.format(name))
+
+    return refuse
 
 
 class RouterRolloutServicer(rollout_pb2_grpc.RolloutServicer):
@@ -41,20 +38,11 @@ class RouterRolloutServicer(rollout_pb2_grpc.RolloutServicer):
     async def Generate(self, request, context):  # noqa: N802 - gRPC method names
         return result_to_proto(await self._core.generate(request_from_proto(request)))
 
-    async def UpdateWeights(self, request_iterator, context):  # noqa: N802
-        raise NotImplementedError(DIRECT_ONLY.format("UpdateWeights"))
-
-    async def FlushCache(self, request, context):  # noqa: N802
-        raise NotImplementedError(DIRECT_ONLY.format("FlushCache"))
-
-    async def Pause(self, request, context):  # noqa: N802
-        raise NotImplementedError(DIRECT_ONLY.format("Pause"))
-
-    async def Resume(self, request, context):  # noqa: N802
-        raise NotImplementedError(DIRECT_ONLY.format("Resume"))
-
-    async def GetStatus(self, request, context):  # noqa: N802
-        raise NotImplementedError(DIRECT_ONLY.format("GetStatus"))
+    UpdateWeights = _direct_only("UpdateWeights")
+    FlushCache = _direct_only("FlushCache")
+    Pause = _direct_only("Pause")
+    Resume = _direct_only("Resume")
+    GetStatus = _direct_only("GetStatus")
 
 
 class RouterServicer(rollout_pb2_grpc.RouterServicer):
@@ -65,10 +53,13 @@ class RouterServicer(rollout_pb2_grpc.RouterServicer):
 
     async def ListReplicas(self, request, context):  # noqa: N802
         views = await self._core.list_replicas()
-        return rollout_pb2.ListReplicasResponse(replicas=[status_to_proto(v) for v in views])
+        return rollout_pb2.ListReplicasResponse(
+            replicas=[status_to_proto(v.status()) for v in views]
+        )
 
     async def DrainReplica(self, request, context):  # noqa: N802
-        return status_to_proto(await self._core.drain_replica(request.replica_id))
+        view = await self._core.drain_replica(request.replica_id)
+        return status_to_proto(view.status())
 
 
 def registrations(core: RouterCore) -> list[Registration]:

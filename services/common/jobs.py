@@ -1,0 +1,232 @@
+"""The job toolkit every pool of queue workers is built from, so each idea has one home.
+
+- ``JobWorker``: one consumer of a ``WorkQueue``: take jobs (a dead consumer's stalled ones
+  first, via ``XAUTOCLAIM``), ``handle`` them, answer each with its payload or a coded failure.
+  While it works, its jobs are ``kept_alive`` (``XCLAIM ... JUSTID``, not a delivery), so a
+  slow job is never mistaken for a dead worker's and the reclaim delay can stay a few seconds.
+- ``WorkerGroup``: the worker tasks of one process; one crashing stops the role (``on_crash``).
+- ``ScatterGather``: the producer side: submit a batch's jobs under fresh request ids, wait for
+  every answer until one deadline, return them in order, and drop the stored answers.
+
+Delivery itself (dead-lettering, first answer wins, moving work) is ``rlfleet.common.workqueue``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import TypeVar
+
+from redis.exceptions import RedisError
+
+from rlfleet.common.errors import DeadlineExceeded, ErrorCode
+from rlfleet.common.results import Failure, Result
+from rlfleet.common.workqueue import Job, WorkQueue
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_ERROR_S = 1.0
+R = TypeVar("R")
+
+
+def consumer_name(*labels: object) -> str:
+    """Unique per process and task, so a restarted process never poses as a dead one."""
+    return "-".join([socket.gethostname(), str(os.getpid()), *map(str, labels)])
+
+
+@contextlib.asynccontextmanager
+async def kept_alive(
+    queue: WorkQueue, consumer: str, jobs: list[Job], reclaim_idle_s: float
+) -> AsyncIterator[None]:
+    """Within this block, ``jobs`` never look idle for ``reclaim_idle_s`` to other workers."""
+    task = asyncio.create_task(_touch_forever(queue, consumer, jobs, reclaim_idle_s / 3))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _touch_forever(queue: WorkQueue, consumer: str, jobs: list[Job], every_s: float):
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await queue.touch(consumer, jobs)
+        except RedisError as exc:
+            log.warning("worker %s could not refresh its jobs: %s", consumer, exc)
+
+
+class JobWorker:
+    """One consumer of one queue; subclasses say how to ``handle`` a job.
+
+    ``read_count`` jobs are taken at a time and handled concurrently; a failure (an exception
+    out of ``handle``) becomes that job's answer with the exception's ``ErrorCode``.
+    """
+
+    def __init__(
+        self,
+        queue: WorkQueue,
+        consumer: str,
+        reclaim_idle_s: float = 10.0,
+        read_count: int = 1,
+        read_block_ms: int = 500,
+    ) -> None:
+        self.queue, self.consumer, self.reclaim_idle_s = queue, consumer, reclaim_idle_s
+        self.read_count, self.read_block_ms = read_count, read_block_ms
+        self.answered = 0
+        self._next_reclaim = 0.0
+
+    async def handle(self, job: Job) -> bytes:
+        """The answer's payload; raise (ideally an rlfleet error) to answer with a failure."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the worker holds (threads, say) once ``run`` ends."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve jobs until ``stop``; Redis errors are logged and retried, never fatal."""
+        await self.queue.ensure_group()
+        log.info("worker %s started on %s", self.consumer, self.queue.stream)
+        try:
+            while not stop.is_set():
+                await self._step_or_pause()
+        finally:
+            self.close()
+            log.info("worker %s stopped after %d jobs", self.consumer, self.answered)
+
+    async def _step_or_pause(self) -> None:
+        try:
+            await self.step()
+        except (RedisError, OSError) as exc:
+            log.warning("worker %s: Redis error (%s), retrying", self.consumer, exc)
+            await asyncio.sleep(RETRY_AFTER_ERROR_S)
+
+    async def step(self) -> int:
+        """Take some jobs (reclaimed ones first), handle and answer them; returns how many."""
+        jobs = await self._reclaim_due()
+        if not jobs:
+            jobs = await self.queue.read(self.consumer, self.read_count, self.read_block_ms)
+        if jobs:
+            async with kept_alive(self.queue, self.consumer, jobs, self.reclaim_idle_s):
+                answers = await asyncio.gather(*(self._answer_of(job) for job in jobs))
+            pairs = zip(jobs, answers, strict=True)
+            await asyncio.gather(*(self.queue.complete(job, *answer) for job, answer in pairs))
+            self.answered += len(jobs)
+        return len(jobs)
+
+    async def _reclaim_due(self) -> list[Job]:
+        """Every ``reclaim_idle_s / 2``, take over jobs a dead worker left pending."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._next_reclaim:
+            return []
+        self._next_reclaim = loop.time() + max(0.2, self.reclaim_idle_s / 2)
+        idle_ms = int(self.reclaim_idle_s * 1000)
+        jobs = await self.queue.reclaim(self.consumer, idle_ms, self.read_count)
+        if jobs:
+            ids = ", ".join(job.request_id for job in jobs)
+            log.warning("worker %s reclaimed stalled job(s) %s", self.consumer, ids)
+        return jobs
+
+    async def _answer_of(self, job: Job) -> tuple[bytes, Failure | None]:
+        try:
+            return await self.handle(job), None
+        except Exception as exc:  # noqa: BLE001 - any failure is this job's answer
+            failure = Failure.of(exc)
+            if failure.code is ErrorCode.INTERNAL:
+                log.exception("worker %s failed on %s", self.consumer, job.request_id)
+            return b"", failure
+
+
+class WorkerGroup:
+    """Worker tasks of this process; one that crashes calls ``on_crash`` (stops the role)."""
+
+    def __init__(self, on_crash: Callable[[], None], stop_after_s: float = 5.0) -> None:
+        self.tasks: list[asyncio.Task] = []
+        self.crashed = False
+        self._on_crash, self._stop_after_s = on_crash, stop_after_s
+        self._stop = asyncio.Event()
+
+    def add(self, worker: JobWorker) -> None:
+        task = asyncio.create_task(worker.run(self._stop), name=worker.consumer)
+        task.add_done_callback(self._on_done)
+        self.tasks.append(task)
+
+    def _on_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker %s crashed", task.get_name(), exc_info=task.exception())
+            self.crashed = True
+            self._on_crash()
+
+    async def stop(self) -> None:
+        """Let workers finish their current jobs; cancel those still busy after a grace period.
+
+        A cancelled job stays pending in Redis, so another worker reclaims it."""
+        self._stop.set()
+        if self.tasks:
+            _, pending = await asyncio.wait(self.tasks, timeout=self._stop_after_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+class ScatterGather:
+    """Producer side of a queue: a batch of payloads in, their answers out, in order.
+
+    Request ids are generated here, never taken from callers: callers reuse ids from batch to
+    batch, and the queue treats an id it has answered before as done. At most ``concurrency``
+    Redis calls (submits and blocking waits) are in flight per producer, across batches.
+    """
+
+    def __init__(
+        self, queue: WorkQueue, timeout_s: float, workers: str, concurrency: int = 32
+    ) -> None:
+        self.queue, self.timeout_s, self.workers = queue, timeout_s, workers
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def start(self) -> None:
+        await self.queue.ensure_group()
+
+    async def run(self, payloads: list[bytes]) -> list[Result]:
+        """Every payload's answer, in order; DeadlineExceeded unless all come within
+        ``timeout_s`` (the answers that did come are dropped either way)."""
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        batch = uuid.uuid4().hex
+        ids = [f"{self.queue.group}-{batch}-{i}" for i in range(len(payloads))]
+        pairs = zip(ids, payloads, strict=True)
+        try:
+            await self._bounded([partial(self.queue.submit, i, p) for i, p in pairs])
+            answers = await self._bounded([partial(self._wait, i, deadline) for i in ids])
+        finally:
+            await self.queue.forget(ids)
+        return self._all_answered(answers)
+
+    async def _wait(self, request_id: str, deadline: float) -> Result | None:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return await self.queue.get_result(request_id)
+        return await self.queue.wait_result(request_id, remaining)
+
+    def _all_answered(self, answers: list[Result | None]) -> list[Result]:
+        missing = sum(answer is None for answer in answers)
+        if missing:
+            raise DeadlineExceeded(
+                f"{missing} of {len(answers)} jobs on {self.queue.stream} not answered within "
+                f"{self.timeout_s:g}s (are {self.workers} running?)"
+            )
+        return [answer for answer in answers if answer is not None]
+
+    async def _bounded(self, calls: list[Callable[[], Awaitable[R]]]) -> list[R]:
+        """Every call's result, with at most ``concurrency`` of this producer's in flight."""
+
+        async def one(call: Callable[[], Awaitable[R]]) -> R:
+            async with self._slots:
+                return await call()
+
+        return list(await asyncio.gather(*(one(call) for call in calls)))

@@ -1,0 +1,85 @@
+"""Proto <-> plain objects for the Reward service, used by its server and by its client.
+
+Why a module of its own: the client needs the same conversions as the server, and must not
+import the server (nor, through it, the service, its Redis queue and its scorers).
+
+``Struct`` holds only doubles, so integral numbers in ``extra_info`` come back as ints
+(``{"index": 3}`` stays 3, not 3.0): user functions written for verl index lists with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+
+from rlfleet.common import errors
+from rlfleet.proto import reward_pb2
+from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo
+
+_MAX_EXACT_INT = 2**53
+
+
+def request_from_proto(msg: reward_pb2.ScoreRequest) -> ScoreRequest:
+    return ScoreRequest(
+        id=msg.id,
+        data_source=msg.data_source,
+        solution_str=msg.solution_str,
+        ground_truth=msg.ground_truth,
+        extra_info=struct_to_dict(msg.extra_info),
+        scorer=msg.scorer if msg.HasField("scorer") else None,
+    )
+
+
+def request_to_proto(request: ScoreRequest) -> reward_pb2.ScoreRequest:
+    msg = reward_pb2.ScoreRequest(
+        id=request.id,
+        data_source=request.data_source,
+        solution_str=request.solution_str,
+        ground_truth=request.ground_truth,
+    )
+    if request.extra_info:
+        try:
+            msg.extra_info.update(request.extra_info)
+        except (TypeError, ValueError) as exc:
+            raise errors.InvalidArgument(f"extra_info of {request.id!r}: {exc}") from exc
+    if request.scorer:
+        msg.scorer = request.scorer
+    return msg
+
+
+def result_to_proto(result: ScoreResult) -> reward_pb2.ScoreResult:
+    return reward_pb2.ScoreResult(
+        id=result.id, score=result.score, metrics=result.metrics, error=result.error
+    )
+
+
+def result_from_proto(msg: reward_pb2.ScoreResult) -> ScoreResult:
+    return ScoreResult(id=msg.id, score=msg.score, metrics=dict(msg.metrics), error=msg.error)
+
+
+def scorer_info_to_proto(info: ScorerInfo) -> reward_pb2.ScorerInfo:
+    return reward_pb2.ScorerInfo(
+        name=info.name,
+        kind=info.kind,
+        data_sources=info.data_sources,
+        description=info.description,
+    )
+
+
+def scorer_info_from_proto(msg: reward_pb2.ScorerInfo) -> ScorerInfo:
+    return ScorerInfo(msg.name, msg.kind, list(msg.data_sources), msg.description)
+
+
+def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
+    return _restore_ints(json_format.MessageToDict(struct))
+
+
+def _restore_ints(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _restore_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_restore_ints(item) for item in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < _MAX_EXACT_INT:
+        return int(value)
+    return value

@@ -1,0 +1,103 @@
+"""The actor's loss as one typed entry: PPO clipped surrogate + KL to the reference + entropy,
+with an optional off-policy correction for responses sampled by older weights.
+
+``actor_loss(params, inputs)`` is what the actor calls; it knows nothing of which advantage
+estimator ran or whether training is synchronous. Shapes: ``B`` sequences, ``T`` response
+tokens, ``V`` vocabulary; ``response_mask`` is 1 on real response tokens.
+
+Off-policy correction (asynchronous training): the engine that sampled a response held weights
+``k`` versions old, so its behaviour log-probs differ from the proximal policy's (the weights
+the update starts from, ``old_logprob``). Following AReaL's decoupled PPO objective (Fu et al.
+2025, arXiv:2505.24298), the clipped surrogate is taken against the proximal policy and each
+token is weighted by ``pi_prox / pi_behav``, truncated at ``is_cap`` (truncated importance
+sampling, Espeholt et al. 2018, IMPALA, arXiv:1802.01561). With fresh responses the weight is 1
+and the loss is plain PPO (Schulman et al. 2017, arXiv:1707.06347). The KL term follows GRPO
+(Shao et al. 2024, arXiv:2402.03300).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlfleet.rl import core_algos
+from rlfleet.rl.core_algos import KLKind, LossAggMode
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """Knobs of the actor loss (from ``trainer.*`` in the config)."""
+
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    loss_agg_mode: LossAggMode = "token-mean"
+    kl_coef: float = 0.0
+    """Weight of KL(actor || reference); 0 = no reference needed."""
+    kl_type: KLKind = "low_var_kl"
+    entropy_coeff: float = 0.0
+    is_cap: float = 2.0
+    """Upper bound of the per-token importance weight pi_prox / pi_behav."""
+
+
+@dataclass
+class LossInputs:
+    """Tensors for one mini-batch; all ``[B, T]`` except ``logits`` ``[B, T, V]``."""
+
+    logits: torch.Tensor
+    logprob: torch.Tensor
+    old_logprob: torch.Tensor
+    advantages: torch.Tensor
+    response_mask: torch.Tensor
+    ref_logprob: torch.Tensor | None = None
+    behaviour_logprob: torch.Tensor | None = None
+    """Log-probs the sampling engine reported; None = the response is on-policy."""
+
+
+def importance_weights(
+    old_logprob: torch.Tensor, behaviour_logprob: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated per-token weights ``min(exp(old - behav), cap)``, detached, ``[B, T]``."""
+    log_w = (old_logprob - behaviour_logprob).clamp(-20, 20)
+    return torch.exp(log_w).clamp(max=cap).detach()
+
+
+def actor_loss(params: LossParams, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """Scalar loss to backprop and verl-named metrics for one mini-batch."""
+    mask = x.response_mask
+    weights = None
+    metrics: dict[str, float] = {}
+    if x.behaviour_logprob is not None:
+        weights = importance_weights(x.old_logprob, x.behaviour_logprob, params.is_cap)
+        metrics["async/importance_weight/mean"] = core_algos.masked_mean(weights, mask).item()
+        metrics["async/importance_weight/max"] = float((weights * mask).max())
+    out = core_algos.policy_loss_ppo_clip(
+        x.old_logprob,
+        x.logprob,
+        x.advantages,
+        mask,
+        params.clip_ratio_low,
+        params.clip_ratio_high,
+        params.loss_agg_mode,
+        token_weights=weights,
+    )
+    loss = out.pg_loss
+    metrics.update(
+        {
+            "actor/pg_loss": out.pg_loss.item(),
+            "actor/pg_clipfrac": out.pg_clipfrac.item(),
+            "actor/ppo_kl": out.ppo_kl.item(),
+        }
+    )
+    if params.kl_coef and x.ref_logprob is not None:
+        kl = core_algos.kl_penalty(x.logprob, x.ref_logprob, params.kl_type)
+        kl_loss = core_algos.agg_loss(kl, mask, params.loss_agg_mode)
+        loss = loss + params.kl_coef * kl_loss
+        metrics["actor/kl_loss"] = kl_loss.item()
+    entropy = core_algos.agg_loss(
+        core_algos.entropy_from_logits(x.logits), mask, params.loss_agg_mode
+    )
+    if params.entropy_coeff:
+        loss = loss - params.entropy_coeff * entropy
+    metrics["actor/entropy"] = entropy.item()
+    return loss, metrics

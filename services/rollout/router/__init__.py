@@ -1,0 +1,3 @@
+"""The router: the fleet's generation front door (``core``), the janitor that rescues work
+left on dead replicas (``janitor``), the pure choice of replica (``routing``), its gRPC glue
+(``server``) and its entry point (``main``, ``rlfleet router``)."""

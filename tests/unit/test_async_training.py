@@ -1,0 +1,136 @@
+"""Asynchronous training (``trainer.mode: async``) with the in-process fakes of
+test_trainer_step: k = 0 is the synchronous loop, staleness never exceeds k, stale responses
+are dropped and counted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from test_trainer_step import make_trainer, prompts
+
+from rlfleet.common.errors import FailedPrecondition
+from rlfleet.trainer.pipeline import AsyncRollouts, drop_stale
+from rlfleet.trainer.run import TrainingClock, train_loop
+
+
+class MemoryWriter:
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def write(self, step, metrics) -> None:
+        self.rows.append({"step": step, **metrics})
+
+
+def run(trainer, steps: int) -> list[dict]:
+    """Start the trainer and run ``steps`` steps of its configured mode."""
+    writer = MemoryWriter()
+    records = prompts(4 * steps)
+
+    async def go():
+        await trainer.start(1, 1.0)
+        await train_loop(trainer, records, writer, (), TrainingClock(1.0))
+
+    asyncio.run(go())
+    return writer.rows
+
+
+def seeded_trainer(mode: str, staleness: int, **overrides):
+    torch.manual_seed(0)
+    items = {
+        "trainer.mode": mode,
+        "trainer.max_staleness": staleness,
+        "trainer.total_steps": 3,
+        "data.train_batch_size": 4,
+        **overrides,
+    }
+    trainer = make_trainer(**items)
+    torch.manual_seed(1)
+    return trainer
+
+
+def test_async_with_zero_staleness_equals_sync():
+    sync_rows = run(seeded_trainer("sync", 0), 3)
+    async_rows = run(seeded_trainer("async", 0), 3)
+    for name in ("actor/pg_loss", "critic/score/mean", "actor/grad_norm"):
+        assert [r[name] for r in async_rows] == pytest.approx([r[name] for r in sync_rows])
+    assert all(r["async/staleness/max"] == 0 for r in async_rows)
+
+
+class LaggingRollout:
+    """Serves whatever version the replicas hold, if it meets the request's minimum."""
+
+    def __init__(self, inner, sync) -> None:
+        self.inner, self.sync = inner, sync
+
+    async def generate(self, request):
+        held = self.sync.pushed[-1] if self.sync.pushed else 0
+        assert held >= request.min_weight_version, (held, request.min_weight_version)
+        result = await self.inner.generate(request)
+        result.weight_version = held
+        return result
+
+    async def close(self):
+        pass
+
+
+def test_staleness_never_exceeds_k_and_overlap_happens():
+    trainer = seeded_trainer("async", 1, **{"trainer.total_steps": 6})
+    trainer.fleet.rollout = LaggingRollout(trainer.fleet.rollout, trainer.fleet.weight_sync)
+    rows = run(trainer, 6)
+    lags = [r["async/staleness/max"] for r in rows]
+    assert max(lags) <= 1
+    assert max(lags) == 1  # the producer really ran one version ahead
+    assert all(r["async/dropped"] == 0 for r in rows)
+    assert trainer.version == 7  # start push (v1) + 6 steps
+
+
+def test_stale_rows_are_dropped_whole_groups():
+    trainer = make_trainer()
+    asyncio.run(trainer.start(1, 1.0))
+    batch = asyncio.run(trainer.generate(prompts(2), 0, 1))
+    batch.weight_versions = [1] * 8 + [3] * 8
+    kept, dropped = drop_stale(batch, oldest=2)
+    assert dropped == 8 and len(kept) == 8
+    assert kept.group_ids == [1] * 8 and kept.prompts == batch.prompts[8:]
+
+
+def test_a_batch_with_nothing_fresh_enough_stops_the_run():
+    trainer = seeded_trainer("async", 0, version_offset=-1)
+    with pytest.raises(FailedPrecondition, match="older than weight version"):
+        run(trainer, 1)
+
+
+def test_min_version_follows_the_step():
+    trainer = make_trainer(**{"trainer.mode": "async", "trainer.max_staleness": 2})
+    trainer.version = 5
+    rollouts = AsyncRollouts(trainer, iter([]), first_step=10)
+    assert [rollouts.min_version(s) for s in (10, 11, 12, 13)] == [5, 5, 5, 6]
+
+
+def test_skipping_zero_advantage_rows_gives_the_same_update():
+    """Rows whose advantage is zero everywhere are not trained, and the weights after the
+    step equal those of a step over every row."""
+    from rlfleet.trainer.batch import response_mask
+
+    def updated_weights(skip: bool):
+        torch.manual_seed(0)
+        trainer = make_trainer(**{"trainer.use_kl_loss": "false"})
+        asyncio.run(trainer.start(1, 1.0))
+        torch.manual_seed(2)
+        batch = asyncio.run(trainer.generate(prompts(3), 0, 1))
+        mask = response_mask(batch.response_lengths())
+        advantages = torch.zeros_like(mask)
+        advantages[8:16] = torch.linspace(-1, 1, 8)[:, None]  # only the middle group learns
+        if not skip:  # make the skip impossible without changing the gradient
+            trainer.actor._rows_with_gradient = lambda idx, adv, m: (idx, 1.0)
+        metrics = trainer.actor.update(batch, advantages * mask, mask)
+        return metrics, [p.detach().clone() for p in trainer.actor.model.parameters()]
+
+    skipped_metrics, skipped = updated_weights(skip=True)
+    full_metrics, full = updated_weights(skip=False)
+    assert skipped_metrics["actor/trained_fraction"] == pytest.approx(1 / 3)
+    assert skipped_metrics["actor/grad_norm"] == pytest.approx(full_metrics["actor/grad_norm"])
+    for a, b in zip(skipped, full, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

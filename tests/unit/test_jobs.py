@@ -1,0 +1,167 @@
+"""The job toolkit (worker, worker group, scatter/gather producer) against a real Redis server.
+
+Waits poll a condition or an event under generous deadlines: the test machine is small and
+shared, so nothing here depends on how fast a step happens, only on what eventually happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from rlfleet.common import errors
+from rlfleet.common.errors import DeadlineExceeded, ErrorCode, NotFound
+from rlfleet.common.jobs import JobWorker, ScatterGather, WorkerGroup, consumer_name
+from rlfleet.common.keys import Keys
+from rlfleet.common.results import Failure
+from rlfleet.common.workqueue import Job, WorkQueue
+
+
+class EchoWorker(JobWorker):
+    """Upper-cases payloads; ``b"missing"`` is NotFound, ``b"boom"`` an unexpected error,
+    ``b"slow"`` waits for ``release``."""
+
+    def __init__(self, queue: WorkQueue, consumer: str, reclaim_idle_s: float = 10.0) -> None:
+        super().__init__(queue, consumer, reclaim_idle_s, read_count=2, read_block_ms=50)
+        self.release = asyncio.Event()
+        self.handled: list[str] = []
+        self.reclaim_checks = 0  # times this worker looked for stalled jobs
+
+    async def _reclaim_due(self) -> list[Job]:
+        due = asyncio.get_running_loop().time() >= self._next_reclaim
+        jobs = await super()._reclaim_due()
+        self.reclaim_checks += due
+        return jobs
+
+    async def handle(self, job: Job) -> bytes:
+        self.handled.append(job.request_id)
+        if job.payload == b"missing":
+            raise NotFound("no such thing")
+        if job.payload == b"boom":
+            raise KeyError("oops")
+        if job.payload == b"slow":
+            await self.release.wait()
+        return job.payload.upper()
+
+
+@pytest.fixture
+async def queue(redis_client: aioredis.Redis, keys: Keys) -> WorkQueue:
+    queue = WorkQueue(redis_client, keys, keys.reward_stream, "workers")
+    await queue.ensure_group()
+    return queue
+
+
+@pytest.fixture
+async def group() -> AsyncIterator[WorkerGroup]:
+    crashed = asyncio.Event()
+    group = WorkerGroup(crashed.set, stop_after_s=1.0)
+    yield group
+    await group.stop()
+
+
+async def until(probe: Callable[[], object], timeout_s: float = 20.0) -> object:
+    """``probe()``'s first truthy value (awaited if need be), polled until a generous deadline."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := await _value(probe())):
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+    return value
+
+
+async def _value(value: object) -> object:
+    return await value if inspect.isawaitable(value) else value
+
+
+def test_failures_travel_as_codes_and_come_back_as_the_same_exception() -> None:
+    assert Failure.of(errors.InvalidArgument("bad")) == Failure(ErrorCode.INVALID_ARGUMENT, "bad")
+    assert Failure.of(NotFound("gone")) == Failure(ErrorCode.NOT_FOUND, "gone")
+    assert Failure.of(TimeoutError("late")).code is ErrorCode.DEADLINE_EXCEEDED
+    assert Failure.of(KeyError("x")) == Failure(ErrorCode.INTERNAL, "KeyError: 'x'")
+    for code in ErrorCode:
+        if code is not ErrorCode.OK:
+            exc = errors.error_for(code, "why")
+            assert errors.code_of(exc) is code and str(exc) == "why"
+    assert isinstance(errors.error_for(ErrorCode.DEADLINE_EXCEEDED, "m"), TimeoutError)
+
+
+async def test_answers_come_back_in_order_with_their_codes(queue, group, redis_client, keys):
+    for index in range(2):
+        group.add(EchoWorker(queue, consumer_name("echo", index)))
+    producer = ScatterGather(queue, timeout_s=30, workers="echo workers")
+    await producer.start()
+    answers = await producer.run([b"a", b"missing", b"boom", b"b"])
+    assert [a.payload for a in answers] == [b"A", b"", b"", b"B"]
+    assert [a.code for a in answers] == [
+        ErrorCode.OK, ErrorCode.NOT_FOUND, ErrorCode.INTERNAL, ErrorCode.OK
+    ]  # fmt: skip
+    with pytest.raises(NotFound, match="no such thing"):
+        answers[1].unwrap()
+    assert "KeyError" in answers[2].message
+    assert await redis_client.keys(keys.result("*")) == []  # read answers are dropped
+    assert await queue.length() == 0
+
+
+async def test_producer_gives_up_at_its_deadline(queue, redis_client, keys):
+    producer = ScatterGather(queue, timeout_s=0.3, workers="echo workers")
+    with pytest.raises(DeadlineExceeded, match="2 of 2 jobs .* echo workers"):
+        await producer.run([b"a", b"b"])
+    assert await queue.length() == 2  # still queued: a worker that starts later answers them
+    assert await producer.run([]) == []
+
+
+async def test_a_dead_consumers_job_is_taken_over(queue, group):
+    await queue.submit("r1", b"x")
+    assert len(await queue.read("dead", block_ms=100)) == 1  # its consumer dies holding it
+    worker = EchoWorker(queue, "live", reclaim_idle_s=0.3)
+    group.add(worker)
+    answer = await queue.wait_result("r1", timeout_s=30)
+    assert answer is not None and answer.payload == b"X"
+    assert worker.handled == ["r1"] and await queue.pending_count() == 0
+
+
+async def test_a_slow_job_is_kept_alive_not_taken_over(queue, group):
+    """Another worker looks for jobs idle for 0.6 s every 0.3 s; while the job runs it looks
+    many times over, yet the job is handled once, by the worker that read it."""
+    slow = EchoWorker(queue, "slow", reclaim_idle_s=0.6)
+    group.add(slow)
+    await queue.submit("r1", b"slow")
+    await until(lambda: slow.handled)
+    other = EchoWorker(queue, "other", reclaim_idle_s=0.6)
+    group.add(other)
+    await until(lambda: other.reclaim_checks >= 6)  # about 1.8 s, three reclaim thresholds
+    assert await queue.pending_count() == 1 and other.handled == []
+    slow.release.set()
+    answer = await queue.wait_result("r1", timeout_s=30)
+    assert answer is not None and answer.payload == b"SLOW"
+    assert slow.handled == ["r1"] and other.handled == []
+
+
+async def test_group_reports_a_crashed_worker() -> None:
+    class Broken(JobWorker):
+        async def step(self) -> int:
+            raise ValueError("bug")
+
+        async def run(self, stop: asyncio.Event) -> None:  # no Redis needed to crash
+            await self.step()
+
+    crashed = asyncio.Event()
+    group = WorkerGroup(crashed.set)
+    group.add(Broken(queue=None, consumer="broken"))  # type: ignore[arg-type]
+    await asyncio.wait_for(crashed.wait(), timeout=30)
+    assert group.crashed
+    await group.stop()
+
+
+async def test_stop_cancels_a_busy_worker_and_its_job_stays_pending(queue, group):
+    worker = EchoWorker(queue, "busy")
+    group.add(worker)
+    await queue.submit("r1", b"slow")
+    await until(lambda: worker.handled)
+    await asyncio.wait_for(group.stop(), timeout=30)
+    assert all(task.done() for task in group.tasks) and not group.crashed
+    assert await queue.pending_count() == 1  # another worker will reclaim it

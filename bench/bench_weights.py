@@ -171,9 +171,9 @@ async def _push_once(client: Any, state_dict: dict[str, Any], version: int) -> d
     start = time.perf_counter()
     header, payload = await asyncio.to_thread(weights.encode, state_dict, version)
     reply = await client.push_weights(header, payload)
-    if reply["version"] != version:
-        raise RuntimeError(f"replica answered version {reply['version']}, pushed {version}")
-    return {"seconds": time.perf_counter() - start, "load_s": reply["load_seconds"],
+    if reply.version != version:
+        raise RuntimeError(f"replica answered version {reply.version}, pushed {version}")
+    return {"seconds": time.perf_counter() - start, "load_s": reply.load_seconds,
             "bytes": header.total_bytes}  # fmt: skip
 
 

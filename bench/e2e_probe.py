@@ -85,7 +85,9 @@ class ProcessTree:
 
     def _label(self, proc: psutil.Process) -> str:
         if proc.pid not in self.labels:
-            self.labels[proc.pid] = self.extra.get(proc.pid) or label_of(proc) or self._inherited(proc)
+            self.labels[proc.pid] = (
+                self.extra.get(proc.pid) or label_of(proc) or self._inherited(proc)
+            )
         return self.labels[proc.pid]
 
     def _inherited(self, proc: psutil.Process) -> str:

@@ -82,7 +82,9 @@ def cpu_rows(records: list[dict], warmup: int) -> tuple[list[str], list[dict]]:
         if record.get("error"):
             continue
         if record["system"] == "trl":
-            per = {"trl": _median(s["cpu_s"] for s in (record["steps"][warmup:] or record["steps"]))}
+            per = {
+                "trl": _median(s["cpu_s"] for s in (record["steps"][warmup:] or record["steps"]))
+            }
         else:
             per = record.get("window", {}).get("cpu_s_per_step", {})
         labels += [k for k in per if k not in labels]
@@ -124,7 +126,11 @@ def best_trl_recipe(records: list[dict], target: float) -> str | None:
 
 def median_ttt(records: list[dict], system: str, recipe: str | None = None) -> float | None:
     """Median time to target over seeds; None unless every seed reached it."""
-    runs = [r for r in records if r["system"] == system and (recipe is None or r.get("recipe") == recipe)]
+    runs = [
+        r
+        for r in records
+        if r["system"] == system and (recipe is None or r.get("recipe") == recipe)
+    ]
     times = [r.get("time_to_target_s") for r in runs]
     return _median(times) if runs and None not in times else None
 
@@ -134,5 +140,10 @@ def markdown(speed: list[dict], cpu: tuple[list[str], list[dict]], ttt: list[dic
              common.markdown_table(SPEED_COLUMNS, speed), "",
              "## CPU seconds per step, by process", "", common.markdown_table(*cpu), ""]  # fmt: skip
     if ttt:
-        parts += ["## (b) Time to the held-out target", "", common.markdown_table(TTT_COLUMNS, ttt), ""]
+        parts += [
+            "## (b) Time to the held-out target",
+            "",
+            common.markdown_table(TTT_COLUMNS, ttt),
+            "",
+        ]
     return "\n".join(parts)

@@ -137,7 +137,9 @@ def step_callback(args, tokenizer, test, phases: PhaseTimer, record: dict):
             times = phases.take()
             row = {"step": state.global_step, "step_s": step_s, **times}
             row["cpu_s"] = time.process_time() - self.cpu
-            row["score_other"] = times.get("prepare", 0) - times.get("gen", 0) - times.get("reward", 0)
+            row["score_other"] = (
+                times.get("prepare", 0) - times.get("gen", 0) - times.get("reward", 0)
+            )
             row["update"] = step_s - times.get("prepare", 0)
             record["steps"].append(row)
             if args.eval_every and state.global_step % args.eval_every == 0:
@@ -182,7 +184,9 @@ def build_trainer(args: argparse.Namespace, record: dict):
     )  # fmt: skip
     ids = trainer._tokenize_prompts([rows[0]["prompt"]])[0][0]
     if list(ids) != encode_prompt(tokenizer, train[0][0]):
-        raise RuntimeError(f"TRL feeds {list(ids)}, rlfleet {encode_prompt(tokenizer, train[0][0])}")
+        raise RuntimeError(
+            f"TRL feeds {list(ids)}, rlfleet {encode_prompt(tokenizer, train[0][0])}"
+        )
     trainer.remove_callback(PrinterCallback)  # the harness reads the JSON, not stdout
     record["prompt_prefix"] = prefix
     record["prompt_ids_example"] = list(ids)
@@ -202,6 +206,7 @@ def launch(flags: dict, out: Path, timeout_s: float) -> dict:
     argv = [sys.executable, __file__, "--out", str(out), "--work-dir", str(out.parent / out.stem)]
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
     load_before = common.load_avg()
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     with (out.parent / f"{out.stem}.log").open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -145,7 +145,10 @@ class UserScorerConfig(Section):
     path: str
     """Python file defining the function."""
     name: str = "compute_score"
-    """Function name, with verl's signature (data_source, solution_str, ground_truth, extra_info)."""
+    """Function name, called by keyword as verl does: ``compute_score(data_source=...,
+    solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)`` (``prompt=`` too when
+    it names that parameter), sync or ``async def``; or verl's batch form, taking
+    ``data_sources, solution_strs, ground_truths, extra_infos`` lists and returning a list."""
     reward_kwargs: dict[str, Any] = {}
     """Extra keyword arguments passed on every call."""
     data_sources: list[str] = []
@@ -165,6 +168,13 @@ class RewardConfig(Section):
     """A user scoring function (verl ``compute_score`` signature)."""
     request_timeout_s: float = 60.0
     """How long a scoring request waits for a worker."""
+    local_first: bool = True
+    """Score a request inside the process that received it when one of its own workers is idle
+    (no Redis hop; durable because the caller retries a failed RPC); else queue it."""
+    default_scorer: str = "math"
+    """Scorer for HTTP callers that name no data_source (OpenRLHF ``/get_reward``, slime)."""
+    composite: dict[str, float] = {"math": 0.9, "format": 0.1}
+    """The ``composite`` scorer: a weighted sum of these built-in scorers' scores."""
 
 
 class RefCriticConfig(Section):
@@ -187,7 +197,10 @@ class RefCriticConfig(Section):
     workers: int = 1
     """Queue workers per kind of job (ref; values too where the critic is) when redis_url is set."""
     request_timeout_s: float = 600.0
-    """Queue path: a ComputeRefLogProbs/ComputeValues batch not answered by then fails."""
+    """A ComputeRefLogProbs/ComputeValues batch not answered by then fails."""
+    local_first: bool = True
+    """Queue path: compute a read in the process that received it when its own worker of that
+    kind is idle (no Redis hop; the caller retries a failed RPC); else queue it."""
     reclaim_idle_s: float = 10.0
     """Queue path: a job pending this long on a silent (dead) worker is taken over by another."""
     worker_delay_s: float = 0.0

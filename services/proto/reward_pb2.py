@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from rlfleet.proto import common_pb2 as rlfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/reward.proto\x12\nrlfleet.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17rlfleet/v1/common.proto\"\xa8\x01\n\x0cScoreRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61ta_source\x18\x02 \x01(\t\x12\x14\n\x0csolution_str\x18\x03 \x01(\t\x12\x14\n\x0cground_truth\x18\x04 \x01(\t\x12+\n\nextra_info\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x06scorer\x18\x06 \x01(\tH\x00\x88\x01\x01\x42\t\n\x07_scorer\"\x9e\x01\n\x0bScoreResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x35\n\x07metrics\x18\x03 \x03(\x0b\x32$.rlfleet.v1.ScoreResult.MetricsEntry\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"?\n\x11ScoreBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.rlfleet.v1.ScoreRequest\">\n\x12ScoreBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.ScoreResult\"S\n\nScorerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x61ta_sources\x18\x03 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\">\n\x13ListScorersResponse\x12\'\n\x07scorers\x18\x01 \x03(\x0b\x32\x16.rlfleet.v1.ScorerInfo2\xd4\x01\n\x06Reward\x12:\n\x05Score\x12\x18.rlfleet.v1.ScoreRequest\x1a\x17.rlfleet.v1.ScoreResult\x12K\n\nScoreBatch\x12\x1d.rlfleet.v1.ScoreBatchRequest\x1a\x1e.rlfleet.v1.ScoreBatchResponse\x12\x41\n\x0bListScorers\x12\x11.rlfleet.v1.Empty\x1a\x1f.rlfleet.v1.ListScorersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/reward.proto\x12\nrlfleet.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x17rlfleet/v1/common.proto\"\xec\x01\n\x0cScoreRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x61ta_source\x18\x02 \x01(\t\x12\x14\n\x0csolution_str\x18\x03 \x01(\t\x12\x14\n\x0cground_truth\x18\x04 \x01(\t\x12+\n\nextra_info\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x13\n\x06scorer\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x32\n\x12ground_truth_value\x18\x07 \x01(\x0b\x32\x16.google.protobuf.Value\x12\x0e\n\x06prompt\x18\x08 \x01(\tB\t\n\x07_scorer\"\x9e\x01\n\x0bScoreResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x35\n\x07metrics\x18\x03 \x03(\x0b\x32$.rlfleet.v1.ScoreResult.MetricsEntry\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"?\n\x11ScoreBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.rlfleet.v1.ScoreRequest\">\n\x12ScoreBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.rlfleet.v1.ScoreResult\"S\n\nScorerInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x61ta_sources\x18\x03 \x03(\t\x12\x13\n\x0b\x64\x65scription\x18\x04 \x01(\t\">\n\x13ListScorersResponse\x12\'\n\x07scorers\x18\x01 \x03(\x0b\x32\x16.rlfleet.v1.ScorerInfo2\xd4\x01\n\x06Reward\x12:\n\x05Score\x12\x18.rlfleet.v1.ScoreRequest\x1a\x17.rlfleet.v1.ScoreResult\x12K\n\nScoreBatch\x12\x1d.rlfleet.v1.ScoreBatchRequest\x1a\x1e.rlfleet.v1.ScoreBatchResponse\x12\x41\n\x0bListScorers\x12\x11.rlfleet.v1.Empty\x1a\x1f.rlfleet.v1.ListScorersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,19 +36,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCORERESULT_METRICSENTRY']._loaded_options = None
   _globals['_SCORERESULT_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_SCOREREQUEST']._serialized_start=95
-  _globals['_SCOREREQUEST']._serialized_end=263
-  _globals['_SCORERESULT']._serialized_start=266
-  _globals['_SCORERESULT']._serialized_end=424
-  _globals['_SCORERESULT_METRICSENTRY']._serialized_start=378
-  _globals['_SCORERESULT_METRICSENTRY']._serialized_end=424
-  _globals['_SCOREBATCHREQUEST']._serialized_start=426
-  _globals['_SCOREBATCHREQUEST']._serialized_end=489
-  _globals['_SCOREBATCHRESPONSE']._serialized_start=491
-  _globals['_SCOREBATCHRESPONSE']._serialized_end=553
-  _globals['_SCORERINFO']._serialized_start=555
-  _globals['_SCORERINFO']._serialized_end=638
-  _globals['_LISTSCORERSRESPONSE']._serialized_start=640
-  _globals['_LISTSCORERSRESPONSE']._serialized_end=702
-  _globals['_REWARD']._serialized_start=705
-  _globals['_REWARD']._serialized_end=917
+  _globals['_SCOREREQUEST']._serialized_end=331
+  _globals['_SCORERESULT']._serialized_start=334
+  _globals['_SCORERESULT']._serialized_end=492
+  _globals['_SCORERESULT_METRICSENTRY']._serialized_start=446
+  _globals['_SCORERESULT_METRICSENTRY']._serialized_end=492
+  _globals['_SCOREBATCHREQUEST']._serialized_start=494
+  _globals['_SCOREBATCHREQUEST']._serialized_end=557
+  _globals['_SCOREBATCHRESPONSE']._serialized_start=559
+  _globals['_SCOREBATCHRESPONSE']._serialized_end=621
+  _globals['_SCORERINFO']._serialized_start=623
+  _globals['_SCORERINFO']._serialized_end=706
+  _globals['_LISTSCORERSRESPONSE']._serialized_start=708
+  _globals['_LISTSCORERSRESPONSE']._serialized_end=770
+  _globals['_REWARD']._serialized_start=773
+  _globals['_REWARD']._serialized_end=985
 # @@protoc_insertion_point(module_scope)

@@ -29,14 +29,25 @@ class ScoreRequest(_message.Message):
     GROUND_TRUTH_FIELD_NUMBER: _builtins.int
     EXTRA_INFO_FIELD_NUMBER: _builtins.int
     SCORER_FIELD_NUMBER: _builtins.int
+    GROUND_TRUTH_VALUE_FIELD_NUMBER: _builtins.int
+    PROMPT_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     data_source: _builtins.str
     solution_str: _builtins.str
     ground_truth: _builtins.str
+    """a text ground truth (the common case)"""
     scorer: _builtins.str
     """overrides the data_source lookup"""
+    prompt: _builtins.str
+    """optional: the prompt, for scorers that take one"""
     @_builtins.property
     def extra_info(self) -> _struct_pb2.Struct: ...
+    @_builtins.property
+    def ground_truth_value(self) -> _struct_pb2.Value:
+        """Any other JSON ground truth (number, list, object), delivered to the scorer as that value;
+        when set it replaces `ground_truth`.
+        """
+
     def __init__(
         self,
         *,
@@ -46,10 +57,12 @@ class ScoreRequest(_message.Message):
         ground_truth: _builtins.str = ...,
         extra_info: _struct_pb2.Struct | None = ...,
         scorer: _builtins.str | None = ...,
+        ground_truth_value: _struct_pb2.Value | None = ...,
+        prompt: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_scorer", b"_scorer", "extra_info", b"extra_info", "scorer", b"scorer"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_scorer", b"_scorer", "extra_info", b"extra_info", "ground_truth_value", b"ground_truth_value", "scorer", b"scorer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_scorer", b"_scorer", "data_source", b"data_source", "extra_info", b"extra_info", "ground_truth", b"ground_truth", "id", b"id", "scorer", b"scorer", "solution_str", b"solution_str"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_scorer", b"_scorer", "data_source", b"data_source", "extra_info", b"extra_info", "ground_truth", b"ground_truth", "ground_truth_value", b"ground_truth_value", "id", b"id", "prompt", b"prompt", "scorer", b"scorer", "solution_str", b"solution_str"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__scorer: _TypeAlias = _typing.Literal["scorer"]  # noqa: Y015
     _WhichOneofArgType__scorer: _TypeAlias = _typing.Literal["_scorer", b"_scorer"]  # noqa: Y015

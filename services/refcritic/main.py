@@ -7,7 +7,9 @@ Two paths, chosen by ``redis_url``:
   work queue. This process runs the gRPC server plus ``refcritic.workers`` ref workers and, when
   the critic is enabled, as many values workers (only this process holds the trained critic).
   ``--worker-only`` runs just ref workers and loads just the reference policy, so reference
-  throughput scales by starting more processes.
+  throughput scales by starting more processes. With ``refcritic.local_first`` the gRPC process
+  computes a read itself when its own worker of that kind is idle (no Redis hop), sharing that
+  worker's slots (``rlfleet.common.jobs.WorkerSlots``).
 
 torch and transformers are imported only after the arguments parse, so ``--help`` is instant.
 """
@@ -73,7 +75,7 @@ async def serve(config: RlfleetConfig, worker_only: bool = False) -> bool:
     install_stop_signals(stop)
     models = await asyncio.to_thread(load_models, config, worker_only)
     lock = threading.Lock()  # one model computation at a time, shared by server and workers
-    queue = await start_queue(config, models, lock, stop) if config.redis_url else None
+    queue = await start_queue(config, models, lock, stop, worker_only) if config.redis_url else None
     server = None
     if not worker_only:
         from rlfleet.refcritic.server import start_server
@@ -102,13 +104,14 @@ class QueuePath:
 
 
 async def start_queue(
-    config: RlfleetConfig, models: Models, lock: threading.Lock, stop: asyncio.Event
-) -> QueuePath:
-    from rlfleet.common.jobs import WorkerGroup, consumer_name
+    config: RlfleetConfig, models: Models, lock: threading.Lock, stop: asyncio.Event,
+    worker_only: bool = False,
+) -> QueuePath:  # fmt: skip
+    from rlfleet.common.jobs import WorkerGroup, WorkerSlots, consumer_name
     from rlfleet.common.keys import Keys
     from rlfleet.common.redis_client import connect
     from rlfleet.refcritic.queue_service import QueuedCompute, refcritic_queue
-    from rlfleet.refcritic.worker import RefCriticWorker
+    from rlfleet.refcritic.worker import RefCriticWorker, in_thread_locked
 
     settings, keys = config.refcritic, Keys(config.cluster)
     redis = connect(config.redis_url, 4 * settings.workers + 64)
@@ -120,9 +123,12 @@ async def start_queue(
     group = WorkerGroup(stop.set)
     timing = (settings.reclaim_idle_s, settings.worker_delay_s)
     for kind, fn in computes.items():
+        slots = WorkerSlots(settings.workers)
+        if settings.local_first and not worker_only:
+            compute.serve_locally(kind, slots, in_thread_locked(fn, lock))
         for index in range(settings.workers):
-            queue = refcritic_queue(redis, keys, kind)
-            group.add(RefCriticWorker(queue, fn, lock, consumer_name(kind, index), *timing))
+            queue, name = refcritic_queue(redis, keys, kind), consumer_name(kind, index)
+            group.add(RefCriticWorker(queue, fn, lock, name, *timing, slots=slots))
     log.info("refcritic queue path: %d worker(s) for %s", settings.workers, ", ".join(computes))
     return QueuePath(compute, group, redis)
 

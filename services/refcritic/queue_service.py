@@ -4,11 +4,16 @@ Why a queue: reference log-probs need no state beyond the frozen weights, so any
 processes (``rlfleet refcritic --worker-only``) can share the work, and a job held by a worker
 that dies stays pending until a live worker reclaims it (``rlfleet.common.workqueue``).
 
-A batch is cut into consecutive chunks of ``refcritic.micro_batch_size`` sequences, one job
-each (JSON ``{"kind", "prompts", "responses"}``), handed to the shared ``ScatterGather``
-producer (``rlfleet.common.jobs``). Answers (JSON rows) are put back in input order; a batch
-not fully answered within ``refcritic.request_timeout_s`` raises DeadlineExceeded (a
-TimeoutError); a worker's failure is re-raised by its error code (``Result.unwrap``).
+Local first (``refcritic.local_first``, ``rlfleet.common.jobs.LocalFirst``): in the process
+that serves gRPC, a read arriving while that process's own worker of its kind is idle is
+computed right there, on the plain lists from the proto: no JSON, no Redis. Otherwise the
+batch becomes one job (JSON ``{"kind", "prompts", "responses"}``), or a few consecutive ones
+when ``IdleWorkers`` sees several workers waiting (never under ``chunk_size`` sequences each),
+handed to the shared ``ScatterGather`` producer. Answers (JSON rows) are put back in input
+order; a batch not answered within ``refcritic.request_timeout_s`` raises DeadlineExceeded (a
+TimeoutError); a worker's failure is re-raised by its error code (``Result.unwrap``). The
+sequences are validated once, by the model that computes them (``RefPolicy``/``Critic``), on
+whichever path; a bad one in a later job is reported with that job's offset.
 
 Two streams, because the two reads differ in who may answer them:
 
@@ -25,13 +30,14 @@ This module never imports grpc; ``server.py`` wraps it.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from redis.asyncio import Redis
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.common.jobs import ScatterGather
+from rlfleet.common.jobs import IdleWorkers, LocalFirst, ScatterGather, WorkerSlots, parts_for
 from rlfleet.common.keys import REFCRITIC_GROUP, Keys
 from rlfleet.common.workqueue import Result, WorkQueue
 
@@ -42,6 +48,7 @@ RESULT_TTL_S = 900
 Kind = Literal["ref", "values"]
 KINDS: tuple[Kind, ...] = ("ref", "values")
 Rows = list[list[float]]
+LocalCompute = Callable[[list[list[int]], list[list[int]]], Awaitable[Rows]]
 
 
 def refcritic_queue(redis: Redis, keys: Keys, kind: Kind) -> WorkQueue:
@@ -107,25 +114,54 @@ def rows_of(answer: Result) -> Rows:
     return json.loads(answer.unwrap())
 
 
+def chunk_rows(chunk: Chunk, answer: Result) -> Rows:
+    """``rows_of``, with a bad input's message placed in the whole batch (job offsets)."""
+    try:
+        return rows_of(answer)
+    except InvalidArgument as exc:
+        if chunk.start == 0:
+            raise
+        raise InvalidArgument(f"in the job starting at sequence {chunk.start}: {exc}") from exc
+
+
 class QueuedCompute:
-    """Producer side: submit a batch's chunks, wait for all answers, return rows in order."""
+    """Producer side: a read computed in-process when a local worker is idle (``serve_locally``),
+    else submitted as one or a few jobs, answered, and returned as rows in input order."""
 
     def __init__(self, redis: Redis, keys: Keys, chunk_size: int, timeout_s: float) -> None:
-        self.chunk_size = chunk_size
+        self.chunk_size, self.timeout_s = chunk_size, timeout_s
+        queues = {kind: refcritic_queue(redis, keys, kind) for kind in KINDS}
         self.producers = {
-            kind: ScatterGather(refcritic_queue(redis, keys, kind), timeout_s, "refcritic workers")
-            for kind in KINDS
+            kind: ScatterGather(queue, timeout_s, "refcritic workers")
+            for kind, queue in queues.items()
         }
+        self.idle = {kind: IdleWorkers(redis, queue) for kind, queue in queues.items()}
+        self.routes = {kind: LocalFirst(None, timeout_s) for kind in KINDS}
+        self.local: dict[Kind, LocalCompute] = {}
+
+    def serve_locally(self, kind: Kind, slots: WorkerSlots, compute: LocalCompute) -> None:
+        """Compute ``kind`` reads with ``compute`` whenever one of ``slots`` is idle."""
+        self.routes[kind] = LocalFirst(slots, self.timeout_s)
+        self.local[kind] = compute
 
     async def start(self) -> None:
         for producer in self.producers.values():
             await producer.start()
 
     async def compute(self, kind: Kind, prompts: list[list[int]], responses: list[list[int]]):
-        """Rows for every sequence, in order; DeadlineExceeded if workers do not answer in time."""
-        chunks = chunk_batch(prompts, responses, self.chunk_size)
-        if not chunks:
-            return []
+        """Rows for every sequence, in order; DeadlineExceeded if not answered in time."""
+        if len(prompts) != len(responses):
+            raise InvalidArgument(f"{len(prompts)} prompts but {len(responses)} responses")
+        if not prompts:
+            raise InvalidArgument("the batch is empty")
+        return await self.routes[kind].run(
+            lambda: self.local[kind](prompts, responses),
+            lambda: self._queued(kind, prompts, responses),
+        )
+
+    async def _queued(self, kind: Kind, prompts: list[list[int]], responses: list[list[int]]):
+        parts = parts_for(len(prompts), await self.idle[kind].count(), self.chunk_size)
+        chunks = chunk_batch(prompts, responses, -(-len(prompts) // parts))
         payloads = [encode_job(kind, chunk.prompts, chunk.responses) for chunk in chunks]
         answers = await self.producers[kind].run(payloads)
-        return reassemble(chunks, [rows_of(answer) for answer in answers])
+        return reassemble(chunks, [chunk_rows(c, a) for c, a in zip(chunks, answers, strict=True)])

@@ -6,9 +6,10 @@ dead). Each call runs in a worker thread; a ``threading.Lock`` taken *inside* th
 one model computation at a time (the models are not thread-safe, and torch already uses every
 thread it was given), and stays held until the work really ends even if the caller gives up.
 
-With ``redis_url`` set, the stateless reads (ComputeRefLogProbs, ComputeValues) go through the
-Redis work queue (``rlfleet.refcritic.queue_service``): validated here, then answered by
-workers, so more processes add reference throughput and a dead worker's job is reclaimed.
+With ``redis_url`` set, the stateless reads (ComputeRefLogProbs, ComputeValues) go through
+``rlfleet.refcritic.queue_service``: computed in this process when its worker is idle, else
+answered by queue workers, so more processes add reference throughput and a dead worker's job
+is reclaimed. Either way the model validates the sequences, once (not here as well).
 UpdateCritic, SaveCheckpoint and LoadCheckpoint always run directly in this process: the
 critic's weights and optimizer state must have exactly one writer. Without ``redis_url`` every
 call is computed directly here (one process, no Redis needed).
@@ -26,7 +27,6 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
 from rlfleet.common.grpc_server import GrpcServer, Registration
 from rlfleet.proto import refcritic_pb2, refcritic_pb2_grpc
-from rlfleet.refcritic.batch import SequenceBatch, validate_batch
 from rlfleet.refcritic.convert import rows_from_proto, rows_to_proto, sequences_from_proto
 
 log = logging.getLogger(__name__)
@@ -62,21 +62,18 @@ class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):
             raise FailedPrecondition("the critic is disabled (refcritic.critic_enabled=false)")
         return self._critic
 
-    async def _read(self, kind: str, model: Any, compute: Callable, request) -> Any:
-        """Rows from the queue (after validating here, so a bad batch costs no job) or direct."""
+    async def _read(self, kind: str, compute: Callable, request) -> Any:
+        """Rows through the queue path (local first) or computed directly."""
         prompts, responses = sequences_from_proto(request)
         if self._queued is None:
             return rows_to_proto(await self._run(compute, prompts, responses))
-        validate_batch(SequenceBatch(prompts, responses), model.limits)
         return rows_to_proto(await self._queued.compute(kind, prompts, responses))
 
     async def ComputeRefLogProbs(self, request, context):
-        reference = self._reference
-        return await self._read("ref", reference, reference.logprobs, request)
+        return await self._read("ref", self._reference.logprobs, request)
 
     async def ComputeValues(self, request, context):
-        critic = self._require_critic()
-        return await self._read("values", critic, critic.values, request)
+        return await self._read("values", self._require_critic().values, request)
 
     async def UpdateCritic(self, request, context):
         critic = self._require_critic()

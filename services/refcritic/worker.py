@@ -8,7 +8,8 @@ slow forward is never mistaken for a dead worker. A failure is answered with its
 
 The model runs in a thread under the process's model lock (shared with the gRPC servicer), so
 the event loop stays free for health checks and one computation runs at a time; hence one job
-is taken at a time.
+is taken at a time. ``in_thread_locked`` is the same call for the front door's local path
+(``QueuedCompute.serve_locally``), which shares this worker's slot.
 """
 
 from __future__ import annotations
@@ -18,11 +19,24 @@ import threading
 import time
 from collections.abc import Callable
 
-from rlfleet.common.jobs import JobWorker
+from rlfleet.common.jobs import JobWorker, WorkerSlots
 from rlfleet.common.workqueue import Job, WorkQueue
-from rlfleet.refcritic.queue_service import decode_job, encode_rows
+from rlfleet.refcritic.queue_service import LocalCompute, Rows, decode_job, encode_rows
 
-Compute = Callable[[list[list[int]], list[list[int]]], list[list[float]]]
+Compute = Callable[[list[list[int]], list[list[int]]], Rows]
+
+
+def in_thread_locked(compute: Compute, lock: threading.Lock) -> LocalCompute:
+    """``compute`` as a coroutine: in a thread, under the process's model lock."""
+
+    def locked(prompts: list[list[int]], responses: list[list[int]]) -> Rows:
+        with lock:
+            return compute(prompts, responses)
+
+    async def run(prompts: list[list[int]], responses: list[list[int]]) -> Rows:
+        return await asyncio.to_thread(locked, prompts, responses)
+
+    return run
 
 
 class RefCriticWorker(JobWorker):
@@ -38,8 +52,9 @@ class RefCriticWorker(JobWorker):
         consumer: str,
         reclaim_idle_s: float = 10.0,
         delay_s: float = 0.0,
+        slots: WorkerSlots | None = None,
     ) -> None:
-        super().__init__(queue, consumer, reclaim_idle_s, read_count=1)
+        super().__init__(queue, consumer, reclaim_idle_s, read_count=1, slots=slots)
         self.compute, self.lock, self.delay_s = compute, lock, delay_s
 
     async def handle(self, job: Job) -> bytes:

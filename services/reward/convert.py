@@ -5,6 +5,8 @@ import the server (nor, through it, the service, its Redis queue and its scorers
 
 ``Struct`` holds only doubles, so integral numbers in ``extra_info`` come back as ints
 (``{"index": 3}`` stays 3, not 3.0): user functions written for verl index lists with them.
+A ground truth that is not a string travels as a ``Value`` (``ground_truth_value``) and comes
+back as the same JSON value (a dict stays a dict, ``12`` stays an int).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ def request_from_proto(msg: reward_pb2.ScoreRequest) -> ScoreRequest:
         id=msg.id,
         data_source=msg.data_source,
         solution_str=msg.solution_str,
-        ground_truth=msg.ground_truth,
+        ground_truth=_ground_truth_from_proto(msg),
         extra_info=struct_to_dict(msg.extra_info),
         scorer=msg.scorer if msg.HasField("scorer") else None,
+        prompt=msg.prompt,
     )
 
 
@@ -36,8 +39,9 @@ def request_to_proto(request: ScoreRequest) -> reward_pb2.ScoreRequest:
         id=request.id,
         data_source=request.data_source,
         solution_str=request.solution_str,
-        ground_truth=request.ground_truth,
+        prompt=request.prompt,
     )
+    _ground_truth_to_proto(request, msg)
     if request.extra_info:
         try:
             msg.extra_info.update(request.extra_info)
@@ -69,6 +73,22 @@ def scorer_info_to_proto(info: ScorerInfo) -> reward_pb2.ScorerInfo:
 
 def scorer_info_from_proto(msg: reward_pb2.ScorerInfo) -> ScorerInfo:
     return ScorerInfo(msg.name, msg.kind, list(msg.data_sources), msg.description)
+
+
+def _ground_truth_from_proto(msg: reward_pb2.ScoreRequest) -> Any:
+    if not msg.HasField("ground_truth_value"):
+        return msg.ground_truth
+    return _restore_ints(json_format.MessageToDict(msg.ground_truth_value))
+
+
+def _ground_truth_to_proto(request: ScoreRequest, msg: reward_pb2.ScoreRequest) -> None:
+    if isinstance(request.ground_truth, str):
+        msg.ground_truth = request.ground_truth
+        return
+    try:
+        json_format.ParseDict(request.ground_truth, msg.ground_truth_value)
+    except (TypeError, ValueError, json_format.ParseError) as exc:
+        raise errors.InvalidArgument(f"ground_truth of {request.id!r}: {exc}") from exc
 
 
 def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """``rlfleet reward``: the reward service (gRPC, optional HTTP, and its workers) in one process.
 
 ``--worker-only`` runs just workers against the same Redis stream, so scoring scales out by
-starting more processes; the front door does not need to know about them.
+starting more processes; the front door does not need to know about them. The front door and
+this process's workers share ``WorkerSlots``: a request arriving while one of them is idle is
+scored in-process (``reward.local_first``; see ``rlfleet.reward.service``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from redis.asyncio import Redis
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
 from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
-from rlfleet.common.jobs import WorkerGroup, consumer_name
+from rlfleet.common.jobs import WorkerGroup, WorkerSlots, consumer_name
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_client import connect
 from rlfleet.reward.scorers import ScorerRegistry, build_registry
@@ -67,8 +69,12 @@ async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
     keys = Keys(config.cluster)
     registry = build_registry(config.reward)
     worker_redis = redis_client(config.redis_url, config.reward.workers * (READ_COUNT + 3))
-    pool = start_workers(worker_redis, keys, registry, args, config.reward.workers, stop.set)
-    front = None if args.worker_only else await start_front_doors(config, keys, registry)
+    slots = WorkerSlots(config.reward.workers)
+    pool = start_workers(worker_redis, keys, registry, args, slots, stop.set)
+    local = slots if slots.count > 0 else None
+    front = (
+        None if args.worker_only else await start_front_doors(config, keys, registry, local, args)
+    )
     await stop.wait()
     log.info("stopping reward %s", "workers" if front is None else "service")
     if front is not None:
@@ -85,16 +91,16 @@ def redis_client(url: str, max_connections: int) -> Redis:
 
 
 def start_workers(
-    redis: Redis, keys: Keys, registry: ScorerRegistry, args: argparse.Namespace, count: int,
-    on_crash: Callable[[], None],
+    redis: Redis, keys: Keys, registry: ScorerRegistry, args: argparse.Namespace,
+    slots: WorkerSlots, on_crash: Callable[[], None],
 ) -> WorkerGroup:  # fmt: skip
-    """``count`` RewardWorker tasks in this process, each its own consumer of the stream."""
+    """``slots.count`` RewardWorker tasks in this process, each its own consumer of the stream."""
     group = WorkerGroup(on_crash, stop_after_s=WORKER_STOP_S)
-    for index in range(count):
-        queue = reward_queue(redis, keys)
-        name = consumer_name("reward", index)
-        group.add(RewardWorker(queue, registry, name, args.item_timeout_s, args.reclaim_idle_s))
-    log.info("%d reward worker(s) running", count)
+    timing = (args.item_timeout_s, args.reclaim_idle_s)
+    for index in range(slots.count):
+        queue, name = reward_queue(redis, keys), consumer_name("reward", index)
+        group.add(RewardWorker(queue, registry, name, *timing, slots=slots))
+    log.info("%d reward worker(s) running", slots.count)
     return group
 
 
@@ -106,20 +112,23 @@ class FrontDoors:
     http_server: Any
     http_task: asyncio.Task | None
     redis: Redis
+    service: RewardService
 
     async def stop(self) -> None:
         await self.grpc_server.stop(GRPC_GRACE_S)
         if self.http_server is not None and self.http_task is not None:
             self.http_server.should_exit = True
             await self.http_task
+        self.service.close()
         await self.redis.aclose()
 
 
 async def start_front_doors(
-    config: RlfleetConfig, keys: Keys, registry: ScorerRegistry
-) -> FrontDoors:
+    config: RlfleetConfig, keys: Keys, registry: ScorerRegistry, slots: WorkerSlots | None,
+    args: argparse.Namespace,
+) -> FrontDoors:  # fmt: skip
     redis = redis_client(config.redis_url, REDIS_CONCURRENCY + 8)
-    service = RewardService(redis, keys, config.reward, registry)
+    service = RewardService(redis, keys, config.reward, registry, slots, args.item_timeout_s)
     await service.start()
     http_server, http_task = await start_http(config, service)
     rc = config.reward
@@ -127,7 +136,7 @@ async def start_front_doors(
         [registration(service)], rc.host, rc.port, config.max_message_mb, config.api_key
     )
     await grpc_server.start()
-    return FrontDoors(grpc_server, http_server, http_task, redis)
+    return FrontDoors(grpc_server, http_server, http_task, redis, service)
 
 
 async def start_http(config: RlfleetConfig, service: RewardService) -> tuple[Any, Any]:

@@ -129,7 +129,7 @@ def row_to_request(
         id=str(line_no),
         data_source=str(row.get("data_source") or ""),
         solution_str=row[response_field],
-        ground_truth=truth if isinstance(truth, str) else json.dumps(truth),
+        ground_truth=truth,
         extra_info=row.get("extra_info") or {},
         scorer=scorer,
     )

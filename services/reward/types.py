@@ -5,6 +5,11 @@ They travel through Redis as JSON (a queue job is a chunk of requests: ``encode_
 converts to and from proto and ``http.py`` to and from request bodies. ``from_dict`` checks
 types as well as names, because HTTP and JSONL callers can send anything, and a malformed item
 must be rejected as ``InvalidArgument`` up front rather than crash a worker later.
+
+``ground_truth`` is any JSON value and reaches the scorer as that value (verl datasets hold
+strings, numbers, lists of accepted answers, dicts of test cases): JSON keeps it as is, and the
+proto carries a non-string one in ``ground_truth_value``. ``id`` may be left empty: the service
+numbers such items by their position in the batch (``fill_ids``).
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ class ScoreRequest:
     id: str
     data_source: str
     solution_str: str
-    ground_truth: str = ""
+    ground_truth: Any = ""
     extra_info: dict[str, Any] = field(default_factory=dict)
     scorer: str | None = None
+    prompt: str = ""
 
     def validate(self) -> None:
         """Raise InvalidArgument for anything a scorer should never see."""
@@ -40,8 +46,9 @@ class ScoreRequest:
         if not self.data_source and not self.scorer:
             raise InvalidArgument(f"request {self.id!r}: data_source or scorer is required")
         _check_size(self.id, "solution_str", self.solution_str)
-        _check_size(self.id, "ground_truth", self.ground_truth)
-        _check_size(self.id, "extra_info", _extra_json(self))
+        _check_size(self.id, "prompt", self.prompt)
+        _check_size(self.id, "ground_truth", _json_text(self, "ground_truth", self.ground_truth))
+        _check_size(self.id, "extra_info", _json_text(self, "extra_info", self.extra_info))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,7 +56,8 @@ class ScoreRequest:
     @classmethod
     def from_dict(cls, raw: Any) -> ScoreRequest:
         """Build from a JSON object; unknown or mistyped fields are InvalidArgument."""
-        request = cls(**_known_fields(cls, raw))
+        known = _known_fields(cls, {**_DEFAULTS, **raw} if isinstance(raw, dict) else raw)
+        request = cls(**known)
         _check_types(request)
         return request
 
@@ -105,6 +113,13 @@ class ScorerInfo:
         return asdict(self)
 
 
+def fill_ids(requests: list[ScoreRequest]) -> None:
+    """Number the items that came without an id by their position (callers match by order)."""
+    for index, request in enumerate(requests):
+        if request.id == "":
+            request.id = str(index)
+
+
 def validate_batch(requests: list[ScoreRequest]) -> None:
     """Validate every item and reject duplicate ids (results are matched back by id)."""
     if len(requests) > MAX_BATCH_ITEMS:
@@ -137,7 +152,8 @@ def as_number(value: Any) -> float | None:
         return None
 
 
-_TEXT_FIELDS = ("id", "data_source", "solution_str", "ground_truth")
+_TEXT_FIELDS = ("id", "data_source", "solution_str", "prompt")
+_DEFAULTS = {"id": "", "data_source": ""}  # optional in JSON bodies
 
 
 def _check_types(request: ScoreRequest) -> None:
@@ -160,11 +176,13 @@ def _check_size(request_id: str, name: str, text: str) -> None:
         )
 
 
-def _extra_json(request: ScoreRequest) -> str:
+def _json_text(request: ScoreRequest, name: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
     try:
-        return json.dumps(request.extra_info, allow_nan=False)
+        return json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidArgument(f"request {request.id!r}: extra_info is not JSON: {exc}") from exc
+        raise InvalidArgument(f"request {request.id!r}: {name} is not JSON: {exc}") from exc
 
 
 def _known_fields(cls: type, raw: Any) -> dict[str, Any]:

@@ -7,28 +7,75 @@ and channel handling, and lets unit tests hand in in-process fakes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from rlfleet.common.config import RlfleetConfig
+
+if TYPE_CHECKING:
+    from rlfleet.reward.types import ScoreRequest, ScoreResult
+    from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaStatus
+
+
+class Closable(Protocol):
+    async def close(self) -> None: ...
+
+
+class Generator(Closable, Protocol):
+    """The router's generation API (``rlfleet.rollout.client.RolloutClient``)."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+
+class Scorer(Closable, Protocol):
+    """The reward service (``rlfleet.reward.client.RewardClient``)."""
+
+    async def score_batch(self, requests: list[ScoreRequest]) -> list[ScoreResult]: ...
+
+
+class RefCritic(Closable, Protocol):
+    """Reference log-probs, critic values and critic updates (``RefCriticClient``)."""
+
+    async def ref_logprobs(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> list[list[float]]: ...
+
+    async def values(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> list[list[float]]: ...
+
+    async def update_critic(
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        returns: list[list[float]],
+        old_values: list[list[float]],
+    ) -> dict[str, float]: ...
+
+
+class WeightPublisher(Closable, Protocol):
+    """Pushes the actor's weights to the replicas (``rlfleet.trainer.weight_sync.WeightSync``)."""
+
+    async def push(
+        self, state_dict: dict, version: int, flush_cache: bool = True, only_stale: bool = False
+    ) -> dict[str, float]: ...
+
+    async def wait_for_replicas(self, count: int, timeout_s: float) -> list[ReplicaStatus]: ...
 
 
 @dataclass
 class Fleet:
-    rollout: object
-    """Generates through the router (``generate(GenerateRequest) -> GenerateResult``)."""
-    reward: object
-    """``score_batch(list[ScoreRequest]) -> list[ScoreResult]``."""
-    refcritic: object | None
-    """``ref_logprobs`` / ``values`` / ``update_critic``; None when neither is needed."""
-    weight_sync: object
-    """``push(state_dict, version)``, ``wait_for_replicas``."""
-    redis: object | None = None
+    """What the trainer needs of the other services, each behind a small Protocol."""
+
+    rollout: Generator
+    reward: Scorer
+    refcritic: RefCritic | None
+    """None when the config needs neither a reference nor a critic."""
+    weight_sync: WeightPublisher
 
     async def close(self) -> None:
         for client in (self.rollout, self.reward, self.refcritic, self.weight_sync):
             if client is not None:
                 await client.close()
-        if self.redis is not None:
-            await self.redis.aclose()
 
 
 async def connect_fleet(config: RlfleetConfig) -> Fleet:

@@ -12,6 +12,7 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.trainer.data import batches, load_records
 from rlfleet.trainer.evaluate import accuracy_by_source, greedy_responses
 from rlfleet.trainer.metrics import MetricsWriter, plot_reward_curve
+from rlfleet.trainer.state import TrainerState
 from rlfleet.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
         run_dir / "reward_curve.png",
         {k: v for k, v in accuracy.items() if v is not None},
     )
-    trainer.state = "done"
+    trainer.state = TrainerState.DONE
     summary = {
         "steps": trainer.step,
         "weight_version": trainer.version,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rlfleet.common.grpc_server import GrpcServer, Registration
 from rlfleet.proto import trainer_pb2, trainer_pb2_grpc
+from rlfleet.trainer.state import TrainerState
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
@@ -56,7 +57,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
                 if record["step"] >= request.from_step:
                     metrics = {k: v for k, v in record.items() if k != "step"}
                     yield trainer_pb2.MetricsRecord(step=record["step"], metrics=metrics)
-            if self._trainer.state in ("done", "failed"):
+            if self._trainer.state is TrainerState.DONE:
                 return
             await asyncio.sleep(0.5)
 

@@ -19,17 +19,20 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rlfleet.common import weights
 from rlfleet.common.errors import Unavailable
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
 
+if TYPE_CHECKING:
+    import torch
+
 log = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.5
 
-StateDict = Mapping[str, Any]  # parameter name -> tensor
+StateDict = Mapping[str, "torch.Tensor"]  # parameter name -> tensor
 
 
 @dataclass

@@ -16,7 +16,17 @@ import redis.asyncio as aioredis
 
 from rlfleet.common import errors
 from rlfleet.common.errors import DeadlineExceeded, ErrorCode, NotFound
-from rlfleet.common.jobs import JobWorker, ScatterGather, WorkerGroup, consumer_name
+from rlfleet.common.jobs import (
+    IdleWorkers,
+    JobWorker,
+    LocalFirst,
+    ScatterGather,
+    WorkerGroup,
+    WorkerSlots,
+    consumer_name,
+    parts_for,
+    split_evenly,
+)
 from rlfleet.common.keys import Keys
 from rlfleet.common.results import Failure
 from rlfleet.common.workqueue import Job, WorkQueue
@@ -26,8 +36,12 @@ class EchoWorker(JobWorker):
     """Upper-cases payloads; ``b"missing"`` is NotFound, ``b"boom"`` an unexpected error,
     ``b"slow"`` waits for ``release``."""
 
-    def __init__(self, queue: WorkQueue, consumer: str, reclaim_idle_s: float = 10.0) -> None:
-        super().__init__(queue, consumer, reclaim_idle_s, read_count=2, read_block_ms=50)
+    def __init__(
+        self, queue: WorkQueue, consumer: str, reclaim_idle_s: float = 10.0, slots=None
+    ) -> None:
+        super().__init__(
+            queue, consumer, reclaim_idle_s, read_count=2, read_block_ms=50, slots=slots
+        )
         self.release = asyncio.Event()
         self.handled: list[str] = []
         self.reclaim_checks = 0  # times this worker looked for stalled jobs
@@ -165,3 +179,82 @@ async def test_stop_cancels_a_busy_worker_and_its_job_stays_pending(queue, group
     await asyncio.wait_for(group.stop(), timeout=30)
     assert all(task.done() for task in group.tasks) and not group.crashed
     assert await queue.pending_count() == 1  # another worker will reclaim it
+
+
+# ---- local first ---------------------------------------------------------------------------
+
+
+async def test_local_first_uses_an_idle_slot_and_queues_otherwise() -> None:
+    slots = WorkerSlots(1)
+    route = LocalFirst(slots, timeout_s=30)
+
+    async def local() -> str:
+        assert slots.idle == 0  # the request holds the slot while it runs
+        return "local"
+
+    async def queued() -> str:
+        return "queued"
+
+    assert await route.run(local, queued) == "local" and slots.idle == 1
+    assert slots.try_take()  # a worker busy with a job
+    assert await route.run(local, queued) == "queued"
+    slots.release()
+    assert await LocalFirst(None, 30).run(local, queued) == "queued"
+    assert (route.served_local, route.served_queued) == (1, 1)
+
+
+async def test_local_path_has_the_same_deadline() -> None:
+    never = asyncio.Event()
+    route = LocalFirst(WorkerSlots(1), timeout_s=0.05)
+    with pytest.raises(DeadlineExceeded, match="in-process"):
+        await route.run(never.wait, never.wait)
+    assert route.slots is not None and route.slots.idle == 1  # released on the way out
+
+
+async def test_workers_leave_jobs_to_others_while_local_requests_hold_their_slots(queue):
+    shared = WorkerSlots(1)
+    assert shared.try_take()  # a local request holds this process's only slot
+    here, elsewhere = WorkerGroup(lambda: None, 1.0), WorkerGroup(lambda: None, 1.0)
+    mine = EchoWorker(queue, "here", slots=shared)
+    here.add(mine)
+    other = EchoWorker(queue, "elsewhere")
+    elsewhere.add(other)
+    try:
+        await queue.submit("r1", b"a")
+        assert (await queue.wait_result("r1", 30)).payload == b"A"
+        assert (mine.handled, other.handled) == ([], ["r1"])
+        await elsewhere.stop()
+        shared.release()  # the local request is done: this process reads jobs again
+        await queue.submit("r2", b"b")
+        assert (await queue.wait_result("r2", 30)).payload == b"B"
+        assert mine.handled == ["r2"]
+    finally:
+        await here.stop()
+        await elsewhere.stop()
+
+
+async def test_idle_workers_counts_consumers_waiting_for_work(queue, group, redis_client, keys):
+    unused = WorkQueue(redis_client, keys, keys.refcritic_stream, "nobody")
+    assert await IdleWorkers(redis_client, unused).count() == 0  # no stream: nobody waits
+    idle = IdleWorkers(redis_client, queue, cache_s=0)
+    workers = [EchoWorker(queue, "one"), EchoWorker(queue, "two")]
+    for worker in workers:
+        group.add(worker)
+    await until(lambda: _equals(idle.count(), 2))
+    await queue.submit("r1", b"slow")
+    await until(lambda: any(worker.handled for worker in workers))
+    await until(lambda: _equals(idle.count(), 1))  # the one holding a job is not idle
+    for worker in workers:
+        worker.release.set()
+
+
+async def _equals(count, expected: int) -> bool:
+    return await count == expected
+
+
+def test_parts_spread_over_idle_workers_but_never_below_a_minimum() -> None:
+    assert [parts_for(256, idle, 64) for idle in (0, 1, 3, 16)] == [1, 1, 3, 4]
+    assert parts_for(10, 8, 64) == 1
+    pieces = split_evenly(list(range(10)), 3)
+    assert [list(p) for p in pieces] == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    assert split_evenly([1], 4) == [[1]] and split_evenly([], 2) == []

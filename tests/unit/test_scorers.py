@@ -53,8 +53,8 @@ def test_arith_scores_leading_integer():
 
 def test_unknown_data_source_is_not_found_and_lists_known_ones():
     registry = build_registry(RewardConfig())
-    with pytest.raises(NotFound, match=r"gsm8k.*known data sources: \['arith'\]"):
-        registry.select(req("42", source="gsm8k"))
+    with pytest.raises(NotFound, match=r"'nope'.*known data sources: \[.*'arith'.*'openai/gsm8k'"):
+        registry.select(req("42", source="nope"))
 
 
 def test_explicit_scorer_overrides_data_source():
@@ -69,8 +69,9 @@ def test_user_function_is_default_only_without_data_sources():
     assert custom_registry().select(req("42", source="arith")).name == "arith"
     claimed = custom_registry(data_sources=["gsm8k", "arith"])
     assert claimed.select(req("42", source="arith")).name == "compute_score"
+    assert claimed.select(req("42", source="math")).name == "math"  # a verl alias, unclaimed
     with pytest.raises(NotFound):
-        claimed.select(req("42", source="math"))
+        claimed.select(req("42", source="nope"))
 
 
 def test_list_scorers_reports_kinds_and_sources():
@@ -162,7 +163,7 @@ async def test_worker_reports_unknown_source_as_item_error():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"id": ""}, "id must be"),
+        ({"id": ""}, "id must be"),  # the service numbers missing ids before validating
         ({"id": "x" * 257}, "id must be"),
         ({"data_source": ""}, "data_source or scorer"),
         ({"solution_str": "x" * (MAX_TEXT_BYTES + 1)}, "solution_str is"),
@@ -218,6 +219,6 @@ def test_verl_row_to_request():
         "extra_info": {"index": 7},
     }
     request = row_to_request(row, 5, "response")
-    assert (request.id, request.ground_truth, request.extra_info) == ("5", "42", {"index": 7})
+    assert (request.id, request.ground_truth, request.extra_info) == ("5", 42, {"index": 7})
     with pytest.raises(InvalidArgument, match="no 'completion' field"):
         row_to_request(row, 5, "completion")

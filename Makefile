@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-unit test-integration lint format proto proto-check model data bench compose-test clean
+.PHONY: setup run test test-unit test-integration lint format proto proto-check model data bench bench-e2e compose-test clean
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -47,6 +47,11 @@ model: setup
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# TRL vs the fleet, end to end (about an hour; BENCH_ARGS=--quick for a few minutes).
+bench-e2e: setup
+	$(PY) -m pip install --disable-pip-version-check -q -c requirements.txt -e ".[bench]"
+	$(PY) bench/bench_e2e.py $(BENCH_ARGS)
 
 compose-test:
 	bash scripts/compose_test.sh

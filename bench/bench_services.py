@@ -79,7 +79,9 @@ def _server(
     if variant == "before" and before is not None:
         env["PYTHONPATH"] = str(before)
     switch = [f"{role}.local_first=false"] if variant == "queue" else []
-    extra = [f"model.path={MODEL_DIR}", "refcritic.critic_enabled=false"] if role == "refcritic" else []
+    extra = (
+        [f"model.path={MODEL_DIR}", "refcritic.critic_enabled=false"] if role == "refcritic" else []
+    )
     argv = [sys.executable, "-m", f"rlfleet.{role}.main", f"redis_url={redis_url}",
             f"cluster=bench{variant}", *extra, *switch, "--port", str(port)]  # fmt: skip
     log = (work_dir / f"{role}-{variant}.log").open("wb")
@@ -110,7 +112,7 @@ async def _measure(role: str, servers: dict[str, Server], rounds: int):
             )
         return samples
     finally:
-        for call, close in calls.values():
+        for _, close in calls.values():
             await close()
         for client in clients.values():
             await client.aclose()

@@ -178,12 +178,29 @@ def _record(run: FleetRun, run_dir: Path, code, cpu_total, snaps, reason, tail) 
         "phases_median": phase_medians(steps[run.warmup :]),
         "reward": [[r["step"], r["critic/score/mean"]] for r in steps if "critic/score/mean" in r],
     }  # fmt: skip
+    before = summary.get("val_before") or logged_before(run_dir / "up.log")
+    if ACCURACY_KEY in before:
+        record["evals"].insert(0, [0, 0.0, before[ACCURACY_KEY]])
     record["time_to_target_s"] = time_to_target(record["evals"], run.target, summary)
     if len(snaps) == 2:
         record["window"] = e2e_probe.per_step(snaps[0], snaps[1])
-    if code not in (0, -signal.SIGINT, 130) and not steps:
+    if code != 0 and (reason == "finished" or not steps):
         record["error"] = f"rlfleet up exited {code}: see {run_dir / 'up.log'}"
     return record
+
+
+def logged_before(log: Path) -> dict:
+    """Held-out accuracy before training, from the trainer's log line (no summary after SIGINT)."""
+    import ast
+
+    marker = "held-out before training: "
+    for line in log.read_text(errors="replace").splitlines() if log.is_file() else []:
+        if marker in line:
+            try:
+                return ast.literal_eval(line.split(marker, 1)[1].strip())
+            except (ValueError, SyntaxError):
+                return {}
+    return {}
 
 
 def phase_medians(rows: list[dict]) -> dict[str, float]:

@@ -146,7 +146,13 @@ def step_callback(args, tokenizer, test, phases: PhaseTimer, record: dict):
                 control.should_training_stop |= self._evaluate(state, model)
             if args.budget_s and record["training_time_s"] >= args.budget_s:
                 control.should_training_stop = True
+                record["stopped_by"] = record["stopped_by"] or "budget spent"
             self.mark, self.cpu = time.perf_counter(), time.process_time()
+
+        def on_train_end(self, _args, state, control, model=None, **_):
+            """A last evaluation when the run stopped between two (budget, max_steps)."""
+            if record["evals"] and record["evals"][-1][0] != state.global_step:
+                self._evaluate(state, model)
 
         def on_log(self, _args, state, control, logs=None, **_):
             if logs and "reward" in logs:
@@ -161,6 +167,7 @@ def step_callback(args, tokenizer, test, phases: PhaseTimer, record: dict):
             reached = accuracy >= args.target
             if reached and record["time_to_target_s"] is None:
                 record["time_to_target_s"] = record["training_time_s"]
+                record["stopped_by"] = "target reached"
             return reached
 
     return Clock()
@@ -231,11 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "params": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "steps": [], "reward": [], "evals": [], "training_time_s": 0.0, "time_to_target_s": None,
+        "stopped_by": None,
     }  # fmt: skip
     started = time.perf_counter()
     trainer = build_trainer(args, record)
     trainer.train()
     record["wall_time_s"] = time.perf_counter() - started
+    record["stopped_by"] = record["stopped_by"] or "finished"
     record["cpu_s_total"] = {"trl": time.process_time()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -1,20 +1,38 @@
-"""Weight codec: a small control header plus raw bytes in chunks, with a checksum.
+"""Weight codec: a small control header plus one contiguous payload, checksummed once.
 
-The header (version, tensor names, dtypes, shapes, byte offsets, total size, sha256)
-travels apart from the payload, as in TRL's ``vllm_serve`` split between control and
-data. The receiver rebuilds tensors only after the size and checksum match, so a
-truncated or corrupted update is rejected before it can touch a model.
+The header (version, tensor names, dtypes, shapes, byte offsets, total size, checksum)
+travels apart from the payload, as in TRL's ``vllm_serve`` split between control and data.
+
+Why it copies so little: a push runs after every training step, so each pass over the bytes
+counts. The sender copies every tensor once into one payload (straight from the GPU if it is
+there) and checksums it once, whatever the number of receivers; chunks are ``memoryview``
+slices of it. The receiver checks the header before the bytes arrive (``validate_header``: the
+sizes follow from dtypes and shapes), writes chunks into one ``PayloadBuffer`` of exactly
+``total_bytes``, verifies the checksum once, and ``decode`` returns tensors that are views of
+that buffer (the engine copies them into its parameters anyway). A truncated, oversized or
+corrupted update is refused before it can touch a model.
+
+The checksum is xxh3-128 (xxhash, several times faster than memcpy) where xxhash is installed,
+else zlib's crc32; receivers check xxh3_128, crc32 and sha256 (older senders' ``sha256``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+import math
+import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlfleet.common.errors import InvalidArgument
 
+if TYPE_CHECKING:
+    import torch
+
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+
+BytesLike = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)
@@ -31,91 +49,191 @@ class WeightHeader:
     version: int
     tensors: list[TensorEntry]
     total_bytes: int
-    sha256: str
+    checksum: str
+    """``"<algorithm>:<hex digest>"`` of the payload (see ``CHECKSUMS``)."""
     flush_cache: bool = True
+    force: bool = False
+    """Accept even if the receiver holds this version or a newer one (a resumed run)."""
     extra: dict = field(default_factory=dict)
 
 
-def _dtype_name(tensor) -> str:
+def _xxh3_128(data: BytesLike) -> str:
+    import xxhash
+
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def _crc32(data: BytesLike) -> str:
+    return f"{zlib.crc32(data):08x}"
+
+
+def _sha256(data: BytesLike) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+CHECKSUMS = {"xxh3_128": _xxh3_128, "crc32": _crc32, "sha256": _sha256}
+
+
+def default_algorithm() -> str:
+    """xxh3_128 when xxhash is importable (fast), else crc32 (stdlib)."""
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return "crc32"
+    return "xxh3_128"
+
+
+def checksum(data: BytesLike, algorithm: str | None = None) -> str:
+    algorithm = algorithm or default_algorithm()
+    return f"{algorithm}:{CHECKSUMS[algorithm](data)}"
+
+
+def verify_checksum(expected: str, data: BytesLike) -> None:
+    """InvalidArgument unless ``data`` hashes to ``expected`` (one pass over the bytes)."""
+    algorithm, _, digest = expected.partition(":")
+    if algorithm not in CHECKSUMS or not digest:
+        raise InvalidArgument(f"weight update: unsupported checksum {expected[:40]!r}")
+    try:
+        actual = CHECKSUMS[algorithm](data)
+    except ImportError as exc:
+        raise InvalidArgument(f"weight update: checksum {algorithm} unavailable here") from exc
+    if actual != digest:
+        raise InvalidArgument(f"weight payload checksum mismatch ({algorithm})")
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-def encode(state_dict: dict, version: int, flush_cache: bool = True) -> tuple[WeightHeader, bytes]:
-    """Flatten tensors into one byte payload and describe them in a header."""
+def encode(
+    state_dict: Mapping[str, torch.Tensor], version: int, flush_cache: bool = True,
+    force: bool = False,
+) -> tuple[WeightHeader, memoryview]:  # fmt: skip
+    """Copy every tensor once into one payload and describe it in a header (one checksum)."""
     import torch
 
-    entries, parts, offset = [], [], 0
+    entries, offset = [], 0
     for name, tensor in state_dict.items():
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        data = flat.numpy().tobytes()
-        entries.append(
-            TensorEntry(name, _dtype_name(tensor), tuple(tensor.shape), offset, len(data))
-        )
-        parts.append(data)
-        offset += len(data)
-    payload = b"".join(parts)
-    header = WeightHeader(version, entries, len(payload), sha256_hex(payload), flush_cache)
-    return header, payload
+        nbytes = tensor.numel() * tensor.element_size()
+        entries.append(TensorEntry(name, _dtype_name(tensor), tuple(tensor.shape), offset, nbytes))
+        offset += nbytes
+    payload = torch.empty(offset, dtype=torch.uint8)
+    for entry, tensor in zip(entries, state_dict.values(), strict=True):
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        payload[entry.offset : entry.offset + entry.nbytes].copy_(flat)  # D2H here if on GPU
+    view = memoryview(payload.numpy())
+    header = WeightHeader(version, entries, offset, checksum(view), flush_cache, force)
+    return header, view
 
 
-def sha256_hex(payload: bytes) -> str:
-    return hashlib.sha256(payload).hexdigest()
+def iter_chunks(payload: BytesLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[memoryview]:
+    """Zero-copy slices of ``payload``, ``chunk_bytes`` each (the last may be shorter)."""
+    view = memoryview(payload).cast("B")
+    for start in range(0, len(view), chunk_bytes):
+        yield view[start : start + chunk_bytes]
 
 
-def iter_chunks(payload: bytes, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
-    view = memoryview(payload)
-    for start in range(0, len(payload), chunk_bytes):
-        yield bytes(view[start : start + chunk_bytes])
+class PayloadBuffer:
+    """The receiver's one buffer of exactly ``total_bytes``; chunks are written in place.
+
+    Allocated only after the header passed its checks (``torch.empty``: pages are touched as
+    bytes arrive, not zeroed up front); a sender that sends more than it announced is refused
+    at the chunk that overflows.
+    """
+
+    def __init__(self, total_bytes: int) -> None:
+        import torch
+
+        self._tensor = torch.empty(total_bytes, dtype=torch.uint8)
+        self._view = memoryview(self._tensor.numpy())
+        self.received = 0
+
+    def write(self, chunk: BytesLike) -> None:
+        end = self.received + len(chunk)
+        if end > len(self._view):
+            raise InvalidArgument(f"weight payload exceeds the announced {len(self._view)} bytes")
+        self._view[self.received : end] = chunk
+        self.received = end
+
+    def payload(self) -> memoryview:
+        """The filled buffer; InvalidArgument if the stream ended early."""
+        if self.received != len(self._view):
+            raise InvalidArgument(
+                f"weight payload truncated: got {self.received} of {len(self._view)} bytes"
+            )
+        return self._view
 
 
-def join_chunks(chunks: Iterable[bytes], expected_bytes: int) -> bytes:
-    """Concatenate chunks, refusing to buffer more than the header announced."""
-    buffer = bytearray()
-    for chunk in chunks:
-        buffer.extend(chunk)
-        if len(buffer) > expected_bytes:
-            raise InvalidArgument(f"weight payload exceeds the announced {expected_bytes} bytes")
-    return bytes(buffer)
+def _torch_dtype(entry: TensorEntry) -> torch.dtype:
+    import torch
+
+    dtype = getattr(torch, entry.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise InvalidArgument(f"tensor {entry.name!r}: unknown dtype {entry.dtype!r}")
+    return dtype
 
 
 def validate_header(header: WeightHeader) -> None:
-    """Structural checks that need no payload: offsets tile the payload exactly."""
+    """Checks that need no payload: each size follows from dtype and shape, offsets tile."""
     if header.version < 1:
         raise InvalidArgument(f"weight version must be >= 1, got {header.version}")
     if not header.tensors:
         raise InvalidArgument("weight update names no tensors")
     expected_offset = 0
     for entry in header.tensors:
-        if entry.offset != expected_offset or entry.nbytes < 0:
+        if any(d < 0 for d in entry.shape):
+            raise InvalidArgument(f"tensor {entry.name!r} has a negative dimension")
+        itemsize = _torch_dtype(entry).itemsize
+        if entry.offset != expected_offset or entry.nbytes != math.prod(entry.shape) * itemsize:
             raise InvalidArgument(f"tensor {entry.name!r} has a bad offset/size")
         expected_offset += entry.nbytes
     if expected_offset != header.total_bytes:
         raise InvalidArgument("tensor sizes do not add up to total_bytes")
 
 
-def decode(header: WeightHeader, payload: bytes) -> dict:
-    """Verify size and checksum, then rebuild ``{name: tensor}`` (CPU tensors)."""
-    import torch
-
+def decode(header: WeightHeader, payload: BytesLike) -> dict[str, torch.Tensor]:
+    """Verify size and checksum, then ``{name: tensor}`` viewing ``payload`` (no copy when it
+    is writable, as a ``PayloadBuffer`` is; a read-only one is copied once)."""
     validate_header(header)
     if len(payload) != header.total_bytes:
         raise InvalidArgument(
             f"weight payload truncated: got {len(payload)} of {header.total_bytes} bytes"
         )
-    if sha256_hex(payload) != header.sha256:
-        raise InvalidArgument("weight payload checksum mismatch (sha256)")
-    buffer = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    verify_checksum(header.checksum, payload)
+    buffer = _as_tensor(payload)
     return {entry.name: _rebuild(buffer, entry) for entry in header.tensors}
 
 
-def _rebuild(buffer, entry: TensorEntry):
+def _as_tensor(payload: BytesLike) -> torch.Tensor:
     import torch
 
-    dtype = getattr(torch, entry.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise InvalidArgument(f"tensor {entry.name!r}: unknown dtype {entry.dtype!r}")
+    view = memoryview(payload).cast("B")
+    if len(view) == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(view) if view.readonly else view, dtype=torch.uint8)
+
+
+def _rebuild(buffer: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
+    dtype = _torch_dtype(entry)
     raw = buffer[entry.offset : entry.offset + entry.nbytes]
+    if entry.offset % dtype.itemsize:
+        raw = raw.clone()  # a misaligned view is not allowed: copy this one tensor
     try:
-        return raw.view(dtype).reshape(entry.shape).clone()
+        return raw.view(dtype).reshape(entry.shape)
     except RuntimeError as exc:
         raise InvalidArgument(f"tensor {entry.name!r}: {exc}") from exc
+
+
+def check_finite(state_dict: Mapping[str, torch.Tensor]) -> None:
+    """InvalidArgument naming the first floating tensor holding a NaN or an infinity."""
+    import torch
+
+    for name, tensor in state_dict.items():
+        if tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
+            raise InvalidArgument(f"tensor {name!r} holds NaN or inf values")
+
+
+def max_bytes_for(numel: int, margin: float = 0.01) -> int:
+    """The largest payload a model of ``numel`` parameters should get: all of them in
+    float32 (the widest dtype a trainer sends), plus a small margin."""
+    return int(numel * 4 * (1 + margin)) + 2**20

@@ -118,6 +118,50 @@ class GenerateResponse(_message.Message):
 Global___GenerateResponse: _TypeAlias = GenerateResponse  # noqa: Y015
 
 @_typing.final
+class GenerateBatchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateRequest]:
+        """request ids must be distinct"""
+
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___GenerateRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateBatchRequest: _TypeAlias = GenerateBatchRequest  # noqa: Y015
+
+@_typing.final
+class GenerateBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESPONSES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def responses(self) -> _containers.RepeatedCompositeFieldContainer[Global___GenerateResponse]:
+        """same order as the requests"""
+
+    def __init__(
+        self,
+        *,
+        responses: _abc.Iterable[Global___GenerateResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["responses", b"responses"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GenerateBatchResponse: _TypeAlias = GenerateBatchResponse  # noqa: Y015
+
+@_typing.final
 class WeightUpdateHeader(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -126,13 +170,19 @@ class WeightUpdateHeader(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _builtins.int
     SHA256_FIELD_NUMBER: _builtins.int
     FLUSH_CACHE_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    CHECKSUM_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the version the replica will report after loading"""
     total_bytes: _builtins.int
     sha256: _builtins.str
-    """hex digest of the concatenated payload"""
+    """legacy: hex sha256 of the payload, checked when checksum is empty"""
     flush_cache: _builtins.bool
     """flush KV/prefix cache after loading (default true in clients)"""
+    force: _builtins.bool
+    """accept a version <= the replica's own (a resumed run rolling back)"""
+    checksum: _builtins.str
+    """"<algorithm>:<hex digest>" of the payload (xxh3_128, crc32, sha256)"""
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TensorSpec]: ...
     def __init__(
@@ -143,10 +193,12 @@ class WeightUpdateHeader(_message.Message):
         total_bytes: _builtins.int = ...,
         sha256: _builtins.str = ...,
         flush_cache: _builtins.bool = ...,
+        force: _builtins.bool = ...,
+        checksum: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["flush_cache", b"flush_cache", "sha256", b"sha256", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "flush_cache", b"flush_cache", "force", b"force", "sha256", b"sha256", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -27,7 +27,7 @@ if _version_not_supported:
 
 
 class RolloutStub:
-    """One inference engine replica. The router serves the same Generate.
+    """One inference engine replica. The router serves the same Generate and GenerateBatch.
     """
 
     def __init__(self, channel):
@@ -40,6 +40,11 @@ class RolloutStub:
                 '/rlfleet.v1.Rollout/Generate',
                 request_serializer=rlfleet_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+                _registered_method=True)
+        self.GenerateBatch = channel.unary_unary(
+                '/rlfleet.v1.Rollout/GenerateBatch',
+                request_serializer=rlfleet_dot_v1_dot_rollout__pb2.GenerateBatchRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_rollout__pb2.GenerateBatchResponse.FromString,
                 _registered_method=True)
         self.UpdateWeights = channel.stream_unary(
                 '/rlfleet.v1.Rollout/UpdateWeights',
@@ -69,11 +74,19 @@ class RolloutStub:
 
 
 class RolloutServicer:
-    """One inference engine replica. The router serves the same Generate.
+    """One inference engine replica. The router serves the same Generate and GenerateBatch.
     """
 
     def Generate(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateBatch(self, request, context):
+        """Many prompts in one call (one training step): answers in request order. Through the
+        router, each replica gets one queue entry holding all of its requests.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -117,6 +130,11 @@ def add_RolloutServicer_to_server(servicer, server):
                     request_deserializer=rlfleet_dot_v1_dot_rollout__pb2.GenerateRequest.FromString,
                     response_serializer=rlfleet_dot_v1_dot_rollout__pb2.GenerateResponse.SerializeToString,
             ),
+            'GenerateBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GenerateBatch,
+                    request_deserializer=rlfleet_dot_v1_dot_rollout__pb2.GenerateBatchRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_rollout__pb2.GenerateBatchResponse.SerializeToString,
+            ),
             'UpdateWeights': grpc.stream_unary_rpc_method_handler(
                     servicer.UpdateWeights,
                     request_deserializer=rlfleet_dot_v1_dot_rollout__pb2.WeightChunk.FromString,
@@ -151,7 +169,7 @@ def add_RolloutServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Rollout:
-    """One inference engine replica. The router serves the same Generate.
+    """One inference engine replica. The router serves the same Generate and GenerateBatch.
     """
 
     @staticmethod
@@ -171,6 +189,33 @@ class Rollout:
             '/rlfleet.v1.Rollout/Generate',
             rlfleet_dot_v1_dot_rollout__pb2.GenerateRequest.SerializeToString,
             rlfleet_dot_v1_dot_rollout__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.Rollout/GenerateBatch',
+            rlfleet_dot_v1_dot_rollout__pb2.GenerateBatchRequest.SerializeToString,
+            rlfleet_dot_v1_dot_rollout__pb2.GenerateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,13 +28,17 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class RolloutStub:
-    """One inference engine replica. The router serves the same Generate."""
+    """One inference engine replica. The router serves the same Generate and GenerateBatch."""
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> RolloutAsyncStub: ...
     Generate: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.GenerateRequest, _rollout_pb2.GenerateResponse]
+    GenerateBatch: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.GenerateBatchRequest, _rollout_pb2.GenerateBatchResponse]
+    """Many prompts in one call (one training step): answers in request order. Through the
+    router, each replica gets one queue entry holding all of its requests.
+    """
     UpdateWeights: _grpc.StreamUnaryMultiCallable[_rollout_pb2.WeightChunk, _rollout_pb2.UpdateWeightsResponse]
     """Client stream: first message carries the header, the rest carry raw bytes."""
     FlushCache: _grpc.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.FlushCacheResponse]
@@ -44,10 +48,14 @@ class RolloutStub:
 
 @_typing.type_check_only
 class RolloutAsyncStub(RolloutStub):
-    """One inference engine replica. The router serves the same Generate."""
+    """One inference engine replica. The router serves the same Generate and GenerateBatch."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryUnaryMultiCallable[_rollout_pb2.GenerateRequest, _rollout_pb2.GenerateResponse]  # type: ignore[assignment]
+    GenerateBatch: _aio.UnaryUnaryMultiCallable[_rollout_pb2.GenerateBatchRequest, _rollout_pb2.GenerateBatchResponse]  # type: ignore[assignment]
+    """Many prompts in one call (one training step): answers in request order. Through the
+    router, each replica gets one queue entry holding all of its requests.
+    """
     UpdateWeights: _aio.StreamUnaryMultiCallable[_rollout_pb2.WeightChunk, _rollout_pb2.UpdateWeightsResponse]  # type: ignore[assignment]
     """Client stream: first message carries the header, the rest carry raw bytes."""
     FlushCache: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.FlushCacheResponse]  # type: ignore[assignment]
@@ -56,7 +64,7 @@ class RolloutAsyncStub(RolloutStub):
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.ReplicaStatus]  # type: ignore[assignment]
 
 class RolloutServicer(metaclass=_abc_1.ABCMeta):
-    """One inference engine replica. The router serves the same Generate."""
+    """One inference engine replica. The router serves the same Generate and GenerateBatch."""
 
     @_abc_1.abstractmethod
     def Generate(
@@ -64,6 +72,16 @@ class RolloutServicer(metaclass=_abc_1.ABCMeta):
         request: _rollout_pb2.GenerateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_rollout_pb2.GenerateResponse, _abc.Awaitable[_rollout_pb2.GenerateResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GenerateBatch(
+        self,
+        request: _rollout_pb2.GenerateBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.GenerateBatchResponse, _abc.Awaitable[_rollout_pb2.GenerateBatchResponse]]:
+        """Many prompts in one call (one training step): answers in request order. Through the
+        router, each replica gets one queue entry holding all of its requests.
+        """
 
     @_abc_1.abstractmethod
     def UpdateWeights(

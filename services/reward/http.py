@@ -3,6 +3,10 @@
 Same core and same validation as gRPC; only the transport differs. When the fleet has an API
 key, every route except ``/healthz`` needs ``Authorization: Bearer <key>``: reward servers
 reachable from a network must not score for anyone who asks.
+
+Routes: ``POST /score`` and ``/score_batch`` (rlfleet's ScoreRequest JSON; ``id`` optional),
+``GET /scorers``, ``GET /healthz``, and two for other frameworks' remote reward calls
+(``compat``): ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime).
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 import uvicorn
-from fastapi import Body, Depends, FastAPI, Header, Request
+from fastapi import Body, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
 from rlfleet.common import errors
+from rlfleet.reward import compat
 from rlfleet.reward.service import RewardService
 from rlfleet.reward.types import ScoreRequest
 
@@ -55,6 +60,8 @@ def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
     async def scorers() -> dict[str, Any]:
         return {"scorers": [info.to_dict() for info in service.list_scorers()]}
 
+    add_compat_routes(app, service, auth)
+
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         if not await service.healthy():
@@ -65,6 +72,23 @@ def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
     app.add_exception_handler(TimeoutError, _error_response)
     app.add_exception_handler(RedisError, _error_response)
     return app
+
+
+def add_compat_routes(app: FastAPI, service: RewardService, auth: list[Any]) -> None:
+    """OpenRLHF's and slime's remote reward routes (see ``rlfleet.reward.compat``)."""
+    default = service.default_scorer
+
+    @app.post("/get_reward", dependencies=auth)
+    async def get_reward(body: JsonObject) -> dict[str, Any]:
+        results = await service.score_batch(compat.openrlhf_requests(body, default))
+        return compat.openrlhf_reply(results)
+
+    @app.post("/slime/reward", dependencies=auth)
+    async def slime_reward(body: JsonObject, detail: bool = Query(False)) -> Any:
+        result = (await service.score_batch([compat.slime_request(body, default)]))[0]
+        if result.error:
+            return JSONResponse({"error": result.error}, status_code=422)
+        return compat.slime_reply(result, detail)
 
 
 def _batch_items(body: dict[str, Any]) -> list[ScoreRequest]:

@@ -56,8 +56,7 @@ class ScoreRequest:
     @classmethod
     def from_dict(cls, raw: Any) -> ScoreRequest:
         """Build from a JSON object; unknown or mistyped fields are InvalidArgument."""
-        known = _known_fields(cls, {**_DEFAULTS, **raw} if isinstance(raw, dict) else raw)
-        request = cls(**known)
+        request = cls(**{**_DEFAULTS, **_known_fields(cls, raw, optional=set(_DEFAULTS))})
         _check_types(request)
         return request
 
@@ -185,7 +184,7 @@ def _json_text(request: ScoreRequest, name: str, value: Any) -> str:
         raise InvalidArgument(f"request {request.id!r}: {name} is not JSON: {exc}") from exc
 
 
-def _known_fields(cls: type, raw: Any) -> dict[str, Any]:
+def _known_fields(cls: type, raw: Any, optional: set[str] | None = None) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise InvalidArgument(f"{cls.__name__} must be a JSON object, got {type(raw).__name__}")
     names = {f.name for f in fields(cls)}
@@ -193,7 +192,7 @@ def _known_fields(cls: type, raw: Any) -> dict[str, Any]:
     if unknown:
         raise InvalidArgument(f"unknown {cls.__name__} fields: {sorted(unknown)}")
     raw = {k: v for k, v in raw.items() if v is not None or k == "scorer"}
-    missing = {f.name for f in fields(cls) if _required(f)} - set(raw)
+    missing = {f.name for f in fields(cls) if _required(f)} - set(raw) - (optional or set())
     if missing:
         raise InvalidArgument(f"missing {cls.__name__} fields: {sorted(missing)}")
     return raw

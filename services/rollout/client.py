@@ -10,7 +10,8 @@ that is how the trainer and ``rlfleet status`` learn the fleet without reading R
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 
 from rlfleet.common import weights
 from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
@@ -27,6 +28,10 @@ class RolloutClient:
         self._channel = make_channel(address, max_message_mb)
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
         self._router = rollout_pb2_grpc.RouterStub(self._channel)
+        self._update_raw = self._channel.stream_unary(  # messages arrive serialized
+            UPDATE_WEIGHTS_METHOD, request_serializer=None,
+            response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
+        )  # fmt: skip
         self._metadata = auth_metadata(api_key)
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -40,6 +45,21 @@ class RolloutClient:
         call = self._stub.Generate(convert.request_to_proto(request), timeout=timeout,
                                    metadata=self._metadata)  # fmt: skip
         return convert.result_from_proto(await checked(call))
+
+    async def generate_batch(
+        self, requests: Sequence[GenerateRequest], timeout_s: float | None = None
+    ) -> list[GenerateResult]:
+        """Completions for many prompts in one call (one training step), in request order.
+        Through a router, each replica gets its share as one queue entry, so its engine
+        batches the whole share. ``timeout_s`` defaults to the longest request timeout (0 =
+        none); any request's failure fails the call, with that request's error."""
+        if not requests:
+            return []
+        own = max(r.timeout_s for r in requests) or None
+        call = self._stub.GenerateBatch(convert.batch_to_proto(requests),
+                                        timeout=own if timeout_s is None else timeout_s,
+                                        metadata=self._metadata)  # fmt: skip
+        return convert.batch_results_from_proto(await checked(call))
 
     async def status(self) -> ReplicaStatus:
         call = self._stub.GetStatus(common_pb2.Empty(), metadata=self._metadata)
@@ -58,13 +78,18 @@ class RolloutClient:
         return convert.status_from_proto(await checked(call))
 
     async def push_weights(
-        self, header: weights.WeightHeader, payload: bytes,
+        self, header: weights.WeightHeader, payload: weights.BytesLike,
         chunk_bytes: int = weights.DEFAULT_CHUNK_BYTES, timeout_s: float | None = None,
     ) -> UpdateOutcome:  # fmt: skip
         """Stream the header, then the payload in chunks; the replica answers once loaded,
         with the version it now serves."""
-        messages = _weight_messages(header, payload, chunk_bytes)
-        call = self._stub.UpdateWeights(messages, timeout=timeout_s, metadata=self._metadata)
+        return await self.push_prepared(PreparedUpdate.of(header, payload, chunk_bytes), timeout_s)
+
+    async def push_prepared(
+        self, update: PreparedUpdate, timeout_s: float | None = None
+    ) -> UpdateOutcome:
+        """Send messages serialized once for every replica (``PreparedUpdate``)."""
+        call = self._update_raw(iter(update.messages), timeout=timeout_s, metadata=self._metadata)
         return convert.outcome_from_proto(await checked(call))
 
     async def send_weight_messages(
@@ -96,9 +121,43 @@ class RolloutClient:
         await self.close()
 
 
-async def _weight_messages(
-    header: weights.WeightHeader, payload: bytes, chunk_bytes: int
-) -> AsyncIterator[rollout_pb2.WeightChunk]:
-    yield rollout_pb2.WeightChunk(header=convert.header_to_proto(header))
-    for chunk in weights.iter_chunks(payload, chunk_bytes):
-        yield rollout_pb2.WeightChunk(data=chunk)
+@dataclass(frozen=True)
+class PreparedUpdate:
+    """One weight update as serialized ``WeightChunk`` messages (header first, then data).
+
+    Why serialize by hand: protobuf only takes ``bytes`` for a bytes field, so building a
+    ``WeightChunk`` per chunk costs a slice copy, a message copy and a serialization copy, for
+    every replica. Here each data message is written once, straight from a ``memoryview`` of
+    the payload, in protobuf's wire format (field 2, length-delimited), and the same messages
+    go to every replica.
+    """
+
+    version: int
+    total_bytes: int
+    messages: tuple[bytes, ...]
+
+    @classmethod
+    def of(
+        cls, header: weights.WeightHeader, payload: weights.BytesLike, chunk_bytes: int
+    ) -> PreparedUpdate:
+        first = rollout_pb2.WeightChunk(header=convert.header_to_proto(header))
+        data = (_data_message(chunk) for chunk in weights.iter_chunks(payload, chunk_bytes))
+        return cls(header.version, len(payload), (first.SerializeToString(), *data))
+
+
+UPDATE_WEIGHTS_METHOD = "/rlfleet.v1.Rollout/UpdateWeights"
+_DATA_TAG = b"\x12"  # WeightChunk.data: field 2, wire type 2 (length-delimited)
+
+
+def _data_message(chunk: memoryview) -> bytes:
+    """A serialized ``WeightChunk(data=chunk)``: tag, varint length, bytes (one copy)."""
+    return b"".join((_DATA_TAG, _varint(len(chunk)), chunk))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)

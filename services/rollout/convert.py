@@ -8,6 +8,7 @@ zero would be invalid: ``n`` and ``max_tokens`` fall back to the dataclass defau
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, fields
 
 from rlfleet.common.weights import TensorEntry, WeightHeader
@@ -65,9 +66,14 @@ def request_to_proto(request: GenerateRequest) -> rollout_pb2.GenerateRequest:
 
 
 def result_to_proto(result: GenerateResult) -> rollout_pb2.GenerateResponse:
+    # Fields by name rather than asdict(), which would deep-copy every token list first.
+    completions = [
+        common_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text,
+                              finish_reason=c.finish_reason)
+        for c in result.completions
+    ]  # fmt: skip
     return rollout_pb2.GenerateResponse(
-        request_id=result.request_id,
-        completions=[common_pb2.Completion(**asdict(c)) for c in result.completions],
+        request_id=result.request_id, completions=completions,
         weight_version=result.weight_version, replica_id=result.replica_id,
         prompt_token_ids=result.prompt_token_ids,
     )  # fmt: skip
@@ -82,10 +88,28 @@ def result_from_proto(msg: rollout_pb2.GenerateResponse) -> GenerateResult:
                           list(msg.prompt_token_ids))  # fmt: skip
 
 
+def batch_from_proto(msg: rollout_pb2.GenerateBatchRequest) -> list[GenerateRequest]:
+    return [request_from_proto(request) for request in msg.requests]
+
+
+def batch_to_proto(requests: Sequence[GenerateRequest]) -> rollout_pb2.GenerateBatchRequest:
+    return rollout_pb2.GenerateBatchRequest(requests=[request_to_proto(r) for r in requests])
+
+
+def batch_results_to_proto(results: Sequence[GenerateResult]) -> rollout_pb2.GenerateBatchResponse:
+    return rollout_pb2.GenerateBatchResponse(responses=[result_to_proto(r) for r in results])
+
+
+def batch_results_from_proto(msg: rollout_pb2.GenerateBatchResponse) -> list[GenerateResult]:
+    return [result_from_proto(response) for response in msg.responses]
+
+
 def header_from_proto(msg: rollout_pb2.WeightUpdateHeader) -> WeightHeader:
     tensors = [TensorEntry(t.name, t.dtype, tuple(t.shape), t.offset, t.nbytes)
                for t in msg.tensors]  # fmt: skip
-    return WeightHeader(msg.version, tensors, msg.total_bytes, msg.sha256, msg.flush_cache)
+    checksum = msg.checksum or (f"sha256:{msg.sha256}" if msg.sha256 else "")
+    return WeightHeader(msg.version, tensors, msg.total_bytes, checksum, msg.flush_cache,
+                        msg.force)  # fmt: skip
 
 
 def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
@@ -94,7 +118,7 @@ def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
                for t in header.tensors]  # fmt: skip
     return rollout_pb2.WeightUpdateHeader(
         version=header.version, tensors=tensors, total_bytes=header.total_bytes,
-        sha256=header.sha256, flush_cache=header.flush_cache,
+        checksum=header.checksum, flush_cache=header.flush_cache, force=header.force,
     )  # fmt: skip
 
 

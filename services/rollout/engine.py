@@ -43,6 +43,9 @@ class Engine(abc.ABC):
     def __init__(self, config: RlfleetConfig) -> None:
         self.config = config
         self.vocab_size = model_vocab_size(config.model.path)
+        self.batches = 0
+        """Forward batches run so far, where the backend forms them itself (hf: one per
+        ``model.generate`` call); 0 where the engine batches internally (vLLM)."""
 
     def check_prompt(self, prompt: list[int], max_tokens: int) -> None:
         """InvalidArgument unless every id is in the vocabulary and the sequence fits."""
@@ -66,6 +69,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def load_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Replace the weights in one step; InvalidArgument (nothing changed) on a mismatch."""
+
+    def weight_numel(self) -> int:
+        """Elements in every tensor an update may carry (tied ones too); 0 = not known, and
+        then a replica cannot bound an update's size before it arrives."""
+        return 0
 
     @abc.abstractmethod
     async def flush_cache(self) -> bool:

@@ -4,7 +4,10 @@ Why micro-batching: RL rollouts arrive as many concurrent requests (one per prom
 samples each). Running them one by one wastes the model's batch dimension, so requests that
 arrive within ``rollout.hf_batch_wait_ms`` of each other and share sampling settings go through
 one left-padded ``model.generate`` call (their ``n`` samples are repeated rows). One call runs
-at a time, in a worker thread, so the event loop keeps serving RPCs and Redis.
+at a time, in a worker thread, so the event loop keeps serving RPCs and Redis. Requests
+submitted in the same event-loop tick always share a call, whatever the window (even 0): the
+batcher wakes on the first and collects the rest a tick later. That is what a packed queue
+entry (a whole step's share for this replica) relies on; ``batches`` counts the calls.
 
 Log-probs come from the raw logits (``output_logits=True``): ``log_softmax(logits / T)`` at the
 sampled token, ``T = 1`` for greedy. That is what the trainer recomputes for the actor; it does
@@ -161,6 +164,7 @@ class HFEngine(Engine):
     async def _run_group(self, group: list[_Request]) -> None:
         for request in group:
             request.started = True
+        self.batches += 1
         try:
             async with self._model_lock:
                 results = await asyncio.to_thread(self._generate_sync, group)
@@ -206,6 +210,9 @@ class HFEngine(Engine):
         check_state_dict(state_dict, self._shapes, self._tied)
         async with self._model_lock:
             await asyncio.to_thread(self._copy_weights, state_dict)
+
+    def weight_numel(self) -> int:
+        return sum(t.numel() for t in self._model.state_dict().values()) if self._model else 0
 
     def _copy_weights(self, state_dict: Mapping[str, Any]) -> None:
         params = self._model.state_dict()

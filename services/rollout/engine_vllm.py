@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -152,6 +153,11 @@ class VllmEngine(Engine):
         check_state_dict(state_dict, self._shapes, self._optional)
         blob = await asyncio.to_thread(self._to_safetensors, state_dict)
         await self._llm.collective_rpc(reload_from_safetensors, args=(blob,))
+
+    def weight_numel(self) -> int:
+        """Checkpoint tensors, plus room for an optional (tied) one as big as the largest."""
+        sizes = [math.prod(shape) for shape in self._shapes.values()]
+        return sum(sizes) + (max(sizes, default=0) if self._optional else 0)
 
     def _to_safetensors(self, state_dict: Mapping[str, Any]) -> bytes:
         import safetensors.torch

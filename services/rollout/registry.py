@@ -13,6 +13,7 @@ replicas and routers use it; everyone else (trainer, ``rlfleet status``) asks a 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -21,7 +22,7 @@ from rlfleet.common.keys import Keys
 from rlfleet.rollout.types import ReplicaState
 
 # Everything a routing decision needs, in one round trip: the member ids, each member's hash
-# and heartbeat, the in-flight counts, the draining set and (if asked) a session's sticky id.
+# and heartbeat, the in-flight counts, the draining set and (if asked) sessions' sticky ids.
 # Per-replica key names are prefix .. id (.. suffix), as ``Keys`` builds them.
 _SNAPSHOT_LUA = """
 local ids = redis.call('SMEMBERS', KEYS[1])
@@ -30,8 +31,8 @@ for i, id in ipairs(ids) do
   hashes[i] = redis.call('HGETALL', ARGV[1] .. id)
   alive[i] = redis.call('EXISTS', ARGV[1] .. id .. ARGV[2])
 end
-local sticky = ''
-if #KEYS > 3 then sticky = redis.call('GET', KEYS[4]) or '' end
+local sticky = {}
+for i = 4, #KEYS do sticky[i - 3] = redis.call('GET', KEYS[i]) or '' end
 return {ids, hashes, alive, redis.call('HGETALL', KEYS[2]), redis.call('SMEMBERS', KEYS[3]), sticky}
 """
 
@@ -40,6 +41,15 @@ _RELEASE_LUA = """
 local n = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 if n > 0 then return redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
 return 0
+"""
+
+# Decrement several counts (ARGV: id, n, id, n, ...), each never below zero.
+_RELEASE_MANY_LUA = """
+for i = 1, #ARGV, 2 do
+  local n = math.min(tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0'), tonumber(ARGV[i + 1]))
+  if n > 0 then redis.call('HINCRBY', KEYS[1], ARGV[i], -n) end
+end
+return 1
 """
 
 # Release the janitor lock only if we still hold it (it may have expired and been retaken).
@@ -107,6 +117,7 @@ class RegistrySnapshot:
     inflight: dict[str, int] = field(default_factory=dict)
     draining: set[str] = field(default_factory=set)
     sticky: str | None = None
+    stickies: dict[str, str] = field(default_factory=dict)  # session -> replica, when asked
 
 
 def _s(value: bytes | str) -> str:
@@ -126,6 +137,7 @@ class ReplicaRegistry:
         self._ttl_ms = int(heartbeat_ttl_s * 1000)
         self._snapshot = redis.register_script(_SNAPSHOT_LUA)
         self._release = redis.register_script(_RELEASE_LUA)
+        self._release_many = redis.register_script(_RELEASE_MANY_LUA)
         self._remove = redis.register_script(_REMOVE_LUA)
         self._unlock = redis.register_script(_UNLOCK_LUA)
         sample = keys.replica("_")
@@ -177,13 +189,16 @@ class ReplicaRegistry:
     async def is_registered(self, replica_id: str) -> bool:
         return bool(await self._redis.sismember(self._keys.replicas, replica_id))
 
-    async def snapshot(self, session_id: str | None = None) -> RegistrySnapshot:
-        """Replicas, in-flight counts, draining set (and a session's sticky replica) at once."""
+    async def snapshot(
+        self, session_id: str | None = None, sessions: Sequence[str] = ()
+    ) -> RegistrySnapshot:
+        """Replicas, in-flight counts, draining set (and sessions' sticky replicas) at once."""
         keys = [self._keys.replicas, self._keys.inflight, self._keys.draining]
-        if session_id:
-            keys.append(self._keys.sticky(session_id))
+        asked = ([session_id] if session_id else []) + [s for s in sessions if s]
+        keys += [self._keys.sticky(s) for s in asked]
         args = [self._replica_prefix, self._heartbeat_suffix]
-        ids, hashes, alive, inflight, draining, sticky = await self._snapshot(keys, args)
+        ids, hashes, alive, inflight, draining, found = await self._snapshot(keys, args)
+        stickies = {s: _s(r) for s, r in zip(asked, found, strict=True) if _s(r)}
         infos = [
             ReplicaInfo.from_hash(_s(rid), _pairs(raw), bool(up))
             for rid, raw, up in zip(ids, hashes, alive, strict=True)
@@ -192,7 +207,8 @@ class ReplicaRegistry:
             replicas=sorted(infos, key=lambda r: r.replica_id),
             inflight={k: int(v) for k, v in _pairs(inflight).items()},
             draining={_s(d) for d in draining},
-            sticky=_s(sticky) or None,
+            sticky=stickies.get(session_id or ""),
+            stickies=stickies,
         )
 
     async def streams_without_replica(self, registered: set[str]) -> set[str]:
@@ -220,6 +236,24 @@ class ReplicaRegistry:
     async def release(self, replica_id: str) -> None:
         """One request fewer in flight (never below zero)."""
         await self._release(keys=[self._keys.inflight], args=[replica_id])
+
+    async def claim_many(
+        self, counts: Mapping[str, int], pins: Mapping[str, str], sticky_ttl_s: float
+    ) -> None:
+        """``claim`` for a whole batch in one round trip: ``counts`` more requests in flight
+        per replica, each session of ``pins`` pinned to its replica."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for replica_id, count in counts.items():
+                pipe.hincrby(self._keys.inflight, replica_id, count)
+            for session_id, replica_id in pins.items():
+                pipe.set(self._keys.sticky(session_id), replica_id, px=int(sticky_ttl_s * 1000))
+            await pipe.execute()
+
+    async def release_many(self, counts: Mapping[str, int]) -> None:
+        """``release`` for a whole batch in one round trip (never below zero)."""
+        args = [x for replica_id, n in counts.items() if n > 0 for x in (replica_id, n)]
+        if args:
+            await self._release_many(keys=[self._keys.inflight], args=args)
 
     async def mark_draining(self, replica_id: str) -> None:
         await self._redis.sadd(self._keys.draining, replica_id)

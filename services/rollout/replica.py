@@ -9,11 +9,16 @@ No gRPC here: ``server.py`` converts protos to the plain objects this class take
   in Redis (a crash now loses nothing) and are run again here once the new weights are in;
   cancelled direct calls are retried the same way. So every answer was produced by exactly one
   weight version, the one it reports. The payload is verified, and the engine checks names and
-  shapes, before anything changes: a bad update leaves the old weights serving.
+  shapes, before anything changes: a bad update leaves the old weights serving. Versions only
+  go up unless the header says ``force``; a load that fails midway (weights possibly half
+  replaced) leaves the replica ``update_failed``, out of routing, until an update succeeds.
 - If the engine dies, the replica stops heartbeating and exits; its unanswered entries stay in
   its stream for the router's janitor to move (they are not answered with errors).
 - ``rollout.debug_generate_delay_s`` (testing aid, 0 in real runs) sleeps inside every queued
   request before generating, so tests can kill a replica while it holds work.
+- A packed entry (a router's ``GenerateBatch`` share for this replica) runs all its requests at
+  once, so the engine batches them together; each member's answer is stored under its own
+  request id, then the entry is completed. A weight update cancels and re-runs it as a whole.
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ from redis.asyncio import Redis
 
 from rlfleet.common import weights
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.errors import ErrorCode, FailedPrecondition, Unavailable
+from rlfleet.common.errors import ErrorCode, FailedPrecondition, InvalidArgument, Unavailable
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
+from rlfleet.common.results import encode_result
 from rlfleet.common.workqueue import Failure, Job, WorkQueue
 from rlfleet.rollout.engine import Engine
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
@@ -41,11 +47,14 @@ from rlfleet.rollout.types import (
     ReplicaState,
     ReplicaStatus,
     UpdateOutcome,
+    unpack_requests,
 )
 
 log = logging.getLogger(__name__)
 
 GROUP = ROLLOUT_GROUP
+_Answer = tuple[bytes, Failure | None]  # a member's packed result, or why it failed
+
 READ_BLOCK_MS = 500  # how long one read waits; bounds how fast pause/stop take effect
 S = ReplicaState
 
@@ -61,12 +70,14 @@ class Replica:
         self.replica_id, self.address = replica_id, address
         self.registry = ReplicaRegistry(redis, keys, config.rollout.heartbeat_ttl_s)
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), GROUP)
+        self._redis = redis  # stores the member answers of packed entries
         self.version, self.state, self.served, self._paused = 0, S.STARTING, 0, False
         self._serving = asyncio.Event()  # set exactly when state is SERVING
         self._changed = asyncio.Event()  # pulsed on every state change
         self._running: dict[str, asyncio.Task] = {}  # engine request id -> task
         self._retry: deque[Job] = deque()  # jobs cancelled by an update, still unacked
         self._update_lock = asyncio.Lock()
+        self._weights_intact = True  # False after a load that failed midway
         self._tasks: list[asyncio.Task] = []
         self._ids = itertools.count()
         self._last_beat = 0.0
@@ -158,11 +169,15 @@ class Replica:
 
     async def _run_job(self, job: Job, key: str) -> None:
         try:
-            request = GenerateRequest.from_json(job.payload)
-            request.validate()
-        except (ValueError, TypeError, KeyError) as exc:
+            if (members := unpack_requests(job.payload)) is None:
+                request = GenerateRequest.from_json(job.payload)
+                request.validate()
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
             bad = Failure(ErrorCode.INVALID_ARGUMENT, f"bad request: {exc}")
             await self._complete(job, b"", bad)
+            return
+        if members is not None:
+            await self._run_packed(job, members, key)
             return
         try:
             if self.config.rollout.debug_generate_delay_s > 0:
@@ -177,38 +192,109 @@ class Replica:
             log.warning("request %s failed: %s", job.request_id, exc)
             await self._complete(job, b"", Failure.of(exc))
             return
-        await self._complete(job, result.to_json(), None)
+        await self._complete(job, result.to_json(), None)  # JSON: read by older routers too
         self.served += 1
 
+    async def _run_packed(self, job: Job, members: list[GenerateRequest], key: str) -> None:
+        """All members at once (the engine sees them in one tick); answers stored per member."""
+        try:
+            if self.config.rollout.debug_generate_delay_s > 0:
+                await asyncio.sleep(self.config.rollout.debug_generate_delay_s)
+            answers = await asyncio.gather(
+                *(self._member_answer(r, f"{key}.{i}") for i, r in enumerate(members))
+            )
+        except asyncio.CancelledError:
+            self._retry.append(job)  # as a single job: the entry stays unacked, re-run whole
+            return
+        if not self.engine.is_alive():
+            return  # not the requests' fault: leave the entry for whoever takes over
+        await self._with_retries(job.request_id, lambda: self._answer_packed(job, members, answers))
+        self.served += sum(failure is None for _, failure in answers)
+
+    async def _member_answer(self, request: GenerateRequest, key: str) -> _Answer:
+        """A member's packed result, or why it failed (its own fault, not its neighbours')."""
+        try:
+            request.validate()
+            return (await self._generate(request, key)).encode(), None
+        except Exception as exc:  # noqa: BLE001 - this member's waiter gets the reason
+            if self.engine.is_alive():
+                log.warning("request %s failed: %s", request.request_id, exc)
+            return b"", Failure.of(exc)
+
+    async def _answer_packed(
+        self, job: Job, members: list[GenerateRequest], answers: list[_Answer]
+    ) -> None:
+        """Members' answers first (one round trip; the first answer per id wins), then the
+        entry, whose completion wakes the router: it then reads the members' answers."""
+        ttl = self.queue.result_ttl_s
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for request, (payload, failure) in zip(members, answers, strict=True):
+                answer = encode_result(payload, failure)
+                pipe.set(self.keys.result(request.request_id), answer, nx=True, ex=ttl)
+            await pipe.execute()
+        await self.queue.complete(job, b"")
+
     async def _complete(self, job: Job, payload: bytes, error: Failure | None) -> None:
+        await self._with_retries(job.request_id, lambda: self.queue.complete(job, payload, error))
+
+    async def _with_retries(self, request_id: str, answer: Callable[[], Awaitable[object]]) -> None:
         for attempt in range(3):
             try:
-                await self.queue.complete(job, payload, error)
+                await answer()
                 return
             except Exception as exc:  # noqa: BLE001
-                log.warning("completing %s failed (%s), attempt %d", job.request_id, exc, attempt)
+                log.warning("completing %s failed (%s), attempt %d", request_id, exc, attempt)
                 await asyncio.sleep(0.5 * (attempt + 1))
-        log.error("could not answer %s; its entry stays pending for recovery", job.request_id)
+        log.error("could not answer %s; its entry stays pending for recovery", request_id)
 
-    async def update_weights(self, header: weights.WeightHeader, payload: bytes) -> UpdateOutcome:
-        """Verify, drain, load in one step, flush, bump the version; old weights on failure."""
+    def check_update(self, header: weights.WeightHeader) -> None:
+        """Refuse an update before its bytes arrive: a malformed header (InvalidArgument), a
+        version not newer than ours unless forced (FailedPrecondition), or a payload bigger
+        than this model can take (InvalidArgument; checked before anything is allocated)."""
+        weights.validate_header(header)
+        if header.version <= self.version and not header.force:
+            raise FailedPrecondition(f"weight version {header.version} is not newer than "
+                                     f"{self.version} (set force to roll back)")  # fmt: skip
+        numel = self.engine.weight_numel()
+        if numel and header.total_bytes > weights.max_bytes_for(numel):
+            raise InvalidArgument(f"weight update of {header.total_bytes} bytes is larger than "
+                                  f"this model ({numel} parameters) can take")  # fmt: skip
+
+    async def update_weights(
+        self, header: weights.WeightHeader, payload: weights.BytesLike
+    ) -> UpdateOutcome:
+        """Verify while still serving (checksum, finite values), then drain, load in one step,
+        flush, bump the version. A refused update changes nothing; a load that fails midway
+        leaves the replica UPDATE_FAILED (out of routing) until an update succeeds."""
         async with self._update_lock:
-            state_dict = await asyncio.to_thread(weights.decode, header, payload)
-            if self.state not in (S.SERVING, S.PAUSED):
+            self.check_update(header)  # again: another update may have landed meanwhile
+            state_dict = await asyncio.to_thread(_verified, header, payload)
+            if self.state not in (S.SERVING, S.PAUSED, S.UPDATE_FAILED):
                 raise Unavailable(f"replica {self.replica_id} is {self.state}")
             self._set_state(S.UPDATING)
             await self._beat()
             try:
                 return await self._load(header, state_dict)
             finally:
-                self._set_state(S.PAUSED if self._paused else S.SERVING)
+                self._set_state(self._resting_state())
                 await self._beat()
+
+    def _resting_state(self) -> ReplicaState:
+        """Where an update ends: failed weights take no work, whatever pause asked for."""
+        if not self._weights_intact:
+            return S.UPDATE_FAILED
+        return S.PAUSED if self._paused else S.SERVING
 
     async def _load(self, header: weights.WeightHeader, state_dict: dict) -> UpdateOutcome:
         await self._finish_or_cancel(self.config.rollout.drain_timeout_s)
         started = time.perf_counter()
-        await self.engine.load_weights(state_dict)
-        old, self.version = self.version, header.version
+        intact, self._weights_intact = self._weights_intact, False
+        try:
+            await self.engine.load_weights(state_dict)
+        except InvalidArgument:
+            self._weights_intact = intact  # engines refuse a mismatch before changing anything
+            raise
+        old, self.version, self._weights_intact = self.version, header.version, True
         flushed = False
         if header.flush_cache and self.config.rollout.flush_cache_on_update:
             flushed = await self.engine.flush_cache()
@@ -286,3 +372,10 @@ class Replica:
             self._last_beat = time.time()
         except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
             log.warning("heartbeat for %s failed: %s", self.replica_id, exc)
+
+
+def _verified(header: weights.WeightHeader, payload: weights.BytesLike) -> dict:
+    """Tensors viewing the payload once size, checksum and finiteness hold (a worker thread)."""
+    state_dict = weights.decode(header, payload)
+    weights.check_finite(state_dict)
+    return state_dict

@@ -1,19 +1,31 @@
 """Plain objects for generation, shared by the router, the replicas and their clients.
 
-They travel through Redis as JSON (``to_json``/``from_json``), so neither the router's
-nor the replica's core needs protobuf; ``server.py`` files convert to and from proto.
+They travel through Redis without protobuf, so neither the router's nor the replica's core
+needs it; ``server.py`` files convert to and from proto. A request travels as JSON (small); a
+batch member's result as ``GenerateResult.encode()``: a JSON header plus the token ids and
+log-probs as packed int32/float32 arrays, because a step's completions are thousands of numbers
+that JSON would print and parse one by one (a single request's answer is still JSON, which
+every reader of the queue understands; ``decode`` reads both). Several requests for one replica travel as one queue entry
+(``pack_requests``): a JSON object, so a janitor reads its ``min_weight_version`` like a single
+request's.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import struct
+from array import array
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from rlfleet.common.errors import InvalidArgument
 
 MAX_SAMPLES = 1024
 MAX_NEW_TOKENS = 1 << 16
+PACKED_MAGIC = b"\x00RG1"  # never the first bytes of JSON, so old JSON answers still decode
+_HEADER_LEN = struct.Struct("<I")
+BATCH_FIELD = "batch"
 
 
 class ReplicaState(enum.StrEnum):
@@ -23,6 +35,7 @@ class ReplicaState(enum.StrEnum):
     SERVING = "serving"  # takes new work
     PAUSED = "paused"  # finishes in-flight work, takes none
     UPDATING = "updating"  # loading new weights
+    UPDATE_FAILED = "update_failed"  # a weight load failed midway: no work until one succeeds
     DRAINING = "draining"  # shutting down, or marked by a router: no new work
     DEAD = "dead"  # heartbeat expired (as the router reports it)
     UNKNOWN = "unknown"  # an entry without (or with an unreadable) state
@@ -118,9 +131,7 @@ class GenerateRequest:
 
     @classmethod
     def from_json(cls, data: bytes) -> GenerateRequest:
-        raw = json.loads(data)
-        raw["sampling"] = SamplingParams(**raw["sampling"])
-        return cls(**raw)
+        return _request_from_dict(json.loads(data))
 
 
 @dataclass
@@ -139,3 +150,75 @@ class GenerateResult:
         raw = json.loads(data)
         raw["completions"] = [Completion(**c) for c in raw["completions"]]
         return cls(**raw)
+
+    def encode(self) -> bytes:
+        """Packed: magic, header length, JSON header, int32 token ids, float32 log-probs
+        (the engine's log-probs are float32 already, so nothing is lost)."""
+        cs = self.completions
+        ids = array("i", self.prompt_token_ids)
+        for c in cs:
+            ids.extend(c.token_ids)
+        logprobs = array("f", [lp for c in cs for lp in c.logprobs])
+        head = json.dumps([self.request_id, self.weight_version, self.replica_id,
+                           len(self.prompt_token_ids),
+                           [[c.text, c.finish_reason, len(c.token_ids), len(c.logprobs)]
+                            for c in cs]]).encode()  # fmt: skip
+        return b"".join([PACKED_MAGIC, _HEADER_LEN.pack(len(head)), head,
+                         _little(ids).tobytes(), _little(logprobs).tobytes()])  # fmt: skip
+
+    @classmethod
+    def decode(cls, data: bytes) -> GenerateResult:
+        """From ``encode`` (or ``to_json``, what replicas wrote before packing)."""
+        if not data.startswith(PACKED_MAGIC):
+            return cls.from_json(data)
+        start = len(PACKED_MAGIC) + _HEADER_LEN.size
+        (size,) = _HEADER_LEN.unpack_from(data, len(PACKED_MAGIC))
+        request_id, version, replica_id, n_prompt, heads = json.loads(data[start : start + size])
+        n_ids = n_prompt + sum(h[2] for h in heads)
+        ids = _little_from("i", data[start + size : start + size + 4 * n_ids])
+        logprobs = _little_from("f", data[start + size + 4 * n_ids :])
+        completions, i, j = [], n_prompt, 0
+        for text, reason, n_tokens, n_logprobs in heads:
+            completions.append(Completion(ids[i : i + n_tokens], logprobs[j : j + n_logprobs],
+                                          text, reason))  # fmt: skip
+            i, j = i + n_tokens, j + n_logprobs
+        return cls(request_id, completions, version, replica_id, ids[:n_prompt])
+
+
+def _little(values: array) -> array:
+    """Little-endian on any machine, so a router and a replica on different hosts agree."""
+    if struct.pack("=i", 1) != struct.pack("<i", 1):
+        values = array(values.typecode, values)
+        values.byteswap()
+    return values
+
+
+def _little_from(typecode: str, raw: bytes) -> list:
+    values = array(typecode)
+    values.frombytes(raw)
+    return _little(values).tolist()
+
+
+def pack_requests(requests: Sequence[GenerateRequest]) -> bytes:
+    """Several requests as one queue entry (one replica's share of a batch)."""
+    newest = max((r.min_weight_version for r in requests), default=0)
+    members = [asdict(r) for r in requests]
+    return json.dumps({BATCH_FIELD: members, "min_weight_version": newest}).encode()
+
+
+def unpack_requests(payload: bytes) -> list[GenerateRequest] | None:
+    """The requests of a packed entry; None for a single request's entry."""
+    raw = json.loads(payload)
+    if BATCH_FIELD not in raw:
+        return None
+    return [_request_from_dict(member) for member in raw[BATCH_FIELD]]
+
+
+def entry_demand(payload: bytes) -> tuple[int, int]:
+    """(weight version it needs, requests it holds) of a queue entry, single or packed."""
+    raw = json.loads(payload)
+    return int(raw.get("min_weight_version", 0)), len(raw.get(BATCH_FIELD, [None]))
+
+
+def _request_from_dict(raw: dict) -> GenerateRequest:
+    return GenerateRequest(**{**raw, "sampling": SamplingParams(**raw["sampling"])})

@@ -22,7 +22,8 @@ class PromptRecord:
     prompt: Any
     """Chat messages (list of {role, content}) or a plain string."""
     data_source: str
-    ground_truth: str
+    ground_truth: Any
+    """Any JSON value (verl's ``reward_model.ground_truth``), handed to the scorer as is."""
     extra_info: dict = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)
 
@@ -33,7 +34,8 @@ def read_rows(path: str | Path) -> list[dict]:
     if path.suffix == ".parquet":
         import pandas as pd
 
-        return pd.read_parquet(path).to_dict(orient="records")
+        # Through JSON so nested values come back as plain lists/dicts, not numpy arrays.
+        return json.loads(pd.read_parquet(path).to_json(orient="records"))
     with path.open(encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
@@ -46,7 +48,7 @@ def to_record(row: dict, where: str) -> PromptRecord:
         raise InvalidArgument(f"{where}: missing field {exc} (verl schema expected)") from exc
     prompt = list(prompt) if not isinstance(prompt, str) else prompt
     extra = row.get("extra_info") or {}
-    return PromptRecord(prompt, str(row.get("data_source", "")), str(truth), dict(extra))
+    return PromptRecord(prompt, str(row.get("data_source", "")), truth, dict(extra))
 
 
 def load_records(files: list[str], tokenizer, max_prompt_length: int) -> list[PromptRecord]:

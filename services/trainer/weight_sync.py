@@ -10,6 +10,11 @@ only_stale=True)`` sends the current weights to them before they are routed to.
 Which replicas exist comes from the router (``Router.ListReplicas``), never from Redis: the
 registry is the rollout role's own business. ``GrpcWeightTransport`` streams the encoded weights
 over ``Rollout.UpdateWeights``; other transports (shared memory, NCCL) fit the same Protocol.
+
+Replicas refuse a version that is not newer than theirs unless the push is forced. The first
+push of a ``WeightSync`` is forced: a trainer that starts (or resumes from a checkpoint older
+than what the replicas serve) is the only writer, and its weights win. A replica whose load
+failed midway reports ``update_failed`` and stays a target until a push to it succeeds.
 """
 
 from __future__ import annotations
@@ -28,11 +33,15 @@ from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
 if TYPE_CHECKING:
     import torch
 
+    from rlfleet.rollout.client import PreparedUpdate
+
 log = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.5
 
 StateDict = Mapping[str, "torch.Tensor"]  # parameter name -> tensor
+TARGET_STATES = (ReplicaState.SERVING, ReplicaState.UPDATE_FAILED)
+"""Replicas a push goes to: serving ones, and failed ones (a push is their retry)."""
 
 
 @dataclass
@@ -61,7 +70,7 @@ class WeightTransport(Protocol):
 
     async def push(
         self, state_dict: StateDict, version: int, flush_cache: bool,
-        targets: Sequence[ReplicaStatus],
+        targets: Sequence[ReplicaStatus], force: bool = False,
     ) -> list[PushResult]: ...  # fmt: skip
 
     async def close(self) -> None: ...
@@ -70,40 +79,48 @@ class WeightTransport(Protocol):
 class WeightReceiver(Protocol):
     """One replica's end of the gRPC transport (``RolloutClient``)."""
 
-    async def push_weights(
-        self, header: weights.WeightHeader, payload: bytes, chunk_bytes: int
-    ) -> UpdateOutcome: ...
+    async def push_prepared(self, update: PreparedUpdate) -> UpdateOutcome: ...
 
     async def close(self) -> None: ...
 
 
-class GrpcWeightTransport:
-    """Encode once, stream to every target in parallel over ``Rollout.UpdateWeights``."""
+Prepare = Callable[[weights.WeightHeader, weights.BytesLike, int], "PreparedUpdate"]
 
-    def __init__(self, connect: Callable[[str], WeightReceiver], chunk_bytes: int) -> None:
-        self._connect = connect
+
+class GrpcWeightTransport:
+    """Encode and serialize once, stream to every target in parallel over
+    ``Rollout.UpdateWeights``: one copy of the weights, one checksum, however many replicas."""
+
+    def __init__(
+        self, connect: Callable[[str], WeightReceiver], prepare: Prepare, chunk_bytes: int
+    ) -> None:
+        self._connect, self._prepare = connect, prepare
         self._clients: dict[str, WeightReceiver] = {}
         self._chunk_bytes = chunk_bytes
 
     async def push(
         self, state_dict: StateDict, version: int, flush_cache: bool,
-        targets: Sequence[ReplicaStatus],
+        targets: Sequence[ReplicaStatus], force: bool = False,
     ) -> list[PushResult]:  # fmt: skip
-        header, payload = weights.encode(dict(state_dict), version, flush_cache)
-        return list(await asyncio.gather(*(self._push_one(t, header, payload) for t in targets)))
+        update = await asyncio.to_thread(self._encode, state_dict, version, flush_cache, force)
+        return list(await asyncio.gather(*(self._push_one(t, update) for t in targets)))
 
-    async def _push_one(
-        self, target: ReplicaStatus, header: weights.WeightHeader, payload: bytes
-    ) -> PushResult:
+    def _encode(
+        self, state_dict: StateDict, version: int, flush_cache: bool, force: bool
+    ) -> PreparedUpdate:
+        header, payload = weights.encode(state_dict, version, flush_cache, force)
+        return self._prepare(header, payload, self._chunk_bytes)
+
+    async def _push_one(self, target: ReplicaStatus, update: PreparedUpdate) -> PushResult:
         started = time.perf_counter()
         try:
-            client = self._client(target.address)
-            outcome = await client.push_weights(header, payload, self._chunk_bytes)
+            outcome = await self._client(target.address).push_prepared(update)
         except Exception as exc:  # noqa: BLE001 - one bad replica must not stop training
             error = f"{type(exc).__name__}: {exc}"
-            return PushResult(target.replica_id, False, target.weight_version, error=error)
+            seconds = time.perf_counter() - started
+            return PushResult(target.replica_id, False, target.weight_version, seconds, 0, error)
         seconds = time.perf_counter() - started
-        return PushResult(target.replica_id, True, outcome.version, seconds, len(payload))
+        return PushResult(target.replica_id, True, outcome.version, seconds, update.total_bytes)
 
     def _client(self, address: str) -> WeightReceiver:
         if address not in self._clients:
@@ -124,27 +141,26 @@ class WeightSync:
         self._transport = transport
         self.versions: dict[str, int] = {}
         """Replica id -> the version it reported after our last push to it."""
+        self._forced_once = False
 
     async def push(
         self, state_dict: StateDict, version: int, flush_cache: bool = True,
-        only_stale: bool = False,
+        only_stale: bool = False, force: bool | None = None,
     ) -> dict[str, float]:  # fmt: skip
-        """Push ``version`` to live replicas (only those behind it if ``only_stale``)."""
+        """Push ``version`` to live replicas (only those behind it, or failed, if
+        ``only_stale``). ``force`` defaults to True for this object's first push only."""
         started = time.perf_counter()
-        targets = [r for r in await self._live() if not only_stale or r.weight_version < version]
+        targets = [r for r in await self._live() if not only_stale or _behind(r, version)]
         if not targets:
             return {"weight_sync/replicas": 0.0}
-        results = await self._transport.push(state_dict, version, flush_cache, targets)
+        force = not self._forced_once if force is None else force
+        results = await self._transport.push(state_dict, version, flush_cache, targets, force)
         self._record(results, version)
         accepted = [r for r in results if r.ok]
         if not accepted and not only_stale:
             raise Unavailable(f"no replica accepted weight version {version}")
-        return {
-            "weight_sync/replicas": float(len(accepted)),
-            "weight_sync/failed": float(len(results) - len(accepted)),
-            "weight_sync/mbytes": max((r.bytes for r in results), default=0) / 2**20,
-            "timing_s/update_weights": time.perf_counter() - started,
-        }
+        self._forced_once = self._forced_once or bool(accepted)
+        return {**push_metrics(results), "timing_s/update_weights": time.perf_counter() - started}
 
     def _record(self, results: list[PushResult], version: int) -> None:
         for result in results:
@@ -156,8 +172,8 @@ class WeightSync:
                             result.replica_id, result.version, version)  # fmt: skip
 
     async def _live(self) -> list[ReplicaStatus]:
-        """Alive, serving and not drained: what the router would route to (at some version)."""
-        return [r for r in await self._directory.list_replicas() if r.state is ReplicaState.SERVING]
+        """Alive, not drained, and serving (or waiting for a retry after a failed load)."""
+        return [r for r in await self._directory.list_replicas() if r.state in TARGET_STATES]
 
     async def wait_for_replicas(self, count: int, timeout_s: float) -> list[ReplicaStatus]:
         """Block until ``count`` replicas are alive and serving (start-up); a router that is
@@ -185,10 +201,33 @@ class WeightSync:
 
 def grpc_weight_sync(router_address: str, api_key: str | None, max_message_mb: int) -> WeightSync:
     """Weight sync over gRPC: the router lists replicas, each gets its own stream."""
-    from rlfleet.rollout.client import RolloutClient
+    from rlfleet.rollout.client import PreparedUpdate, RolloutClient
 
     def connect(address: str) -> RolloutClient:
         return RolloutClient(address, api_key=api_key, max_message_mb=max_message_mb)
 
     chunk_bytes = min(4, max_message_mb // 2) * 2**20
-    return WeightSync(connect(router_address), GrpcWeightTransport(connect, chunk_bytes))
+    transport = GrpcWeightTransport(connect, PreparedUpdate.of, chunk_bytes)
+    return WeightSync(connect(router_address), transport)
+
+
+def _behind(replica: ReplicaStatus, version: int) -> bool:
+    return replica.weight_version < version or replica.state is ReplicaState.UPDATE_FAILED
+
+
+def push_metrics(results: Sequence[PushResult]) -> dict[str, float]:
+    """Counts and sizes (verl-style names kept), the slowest and mean replica, and each
+    replica's own time and megabytes (``weight_sync/<replica_id>/seconds``)."""
+    accepted = [r for r in results if r.ok]
+    seconds = [r.seconds for r in accepted] or [0.0]
+    metrics = {
+        "weight_sync/replicas": float(len(accepted)),
+        "weight_sync/failed": float(len(results) - len(accepted)),
+        "weight_sync/mbytes": max((r.bytes for r in results), default=0) / 2**20,
+        "weight_sync/push_s_max": max(seconds),
+        "weight_sync/push_s_mean": sum(seconds) / len(seconds),
+    }
+    for r in results:
+        metrics[f"weight_sync/{r.replica_id}/seconds"] = r.seconds
+        metrics[f"weight_sync/{r.replica_id}/mbytes"] = r.bytes / 2**20
+    return metrics

@@ -256,6 +256,37 @@ async def test_queued_bad_input_is_invalid_argument(queued_client, queued_servic
     assert queued_service.process.poll() is None
 
 
+async def entries_added(redis_client, stream: str) -> int:
+    try:
+        return int((await redis_client.xinfo_stream(stream))["entries-added"])
+    except ResponseError:  # no stream: nothing was ever queued
+        return 0
+
+
+@pytest.mark.parametrize("local_first", [True, False])
+async def test_reads_skip_redis_while_the_own_worker_is_idle(
+    model_dir: Path, redis_url: str, redis_client, keys: Keys, tmp_path: Path, local_first: bool
+):
+    """Local first: no job at all; queue path: one job for the batch (one idle worker), and a
+    bad sequence in it is still INVALID_ARGUMENT, validated once, by the worker's model."""
+    service = start_service(
+        model_dir, tmp_path, f"redis_url={redis_url}", f"cluster={keys.cluster}",
+        f"refcritic.local_first={str(local_first).lower()}", "refcritic.critic_enabled=false",
+    )  # fmt: skip
+    prompts, responses = random_batch(40, 6, 3, seed=9)
+    try:
+        async with RefCriticClient(service.address, timeout_s=60) as client:
+            rows = await client.ref_logprobs(prompts, responses)
+            with pytest.raises(RlfleetError) as info:
+                await client.ref_logprobs(prompts, responses[:-1] + [[999]])
+    finally:
+        service.process.stop()
+    assert info.value.__cause__.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sequence 39" in str(info.value)
+    assert [len(r) for r in rows] == [len(r) for r in responses]
+    assert await entries_added(redis_client, keys.refcritic_stream) == (0 if local_first else 2)
+
+
 async def wait_held_by(redis_client, keys: Keys, pid: int, timeout_s: float = 120.0) -> None:
     """Until a ref job is pending on a consumer of process ``pid`` (it has taken the job)."""
     deadline = time.monotonic() + timeout_s

@@ -1,6 +1,8 @@
 """The reward service as real processes (``python -m rlfleet.reward.main``) on a real Redis.
 
-Covers the front doors (gRPC through RewardClient, HTTP), per-item errors, bad requests, and
+Covers the front doors (gRPC through RewardClient, HTTP, OpenRLHF and slime routes), per-item
+errors, bad requests, local first (no Redis job while the front door's own worker is idle; a
+front door killed mid-request fails the RPC, and the retry with the same ids is answered), and
 crash recovery: a worker SIGKILLed mid-job leaves its entry pending, and a fresh worker-only
 process reclaims and answers it. Every process started here is killed by PID in a finalizer.
 """
@@ -22,8 +24,9 @@ from pathlib import Path
 import grpc
 import pytest
 from procs import ServiceProcess
+from redis.exceptions import ResponseError
 
-from rlfleet.common.errors import InvalidArgument, NotFound, Unauthenticated
+from rlfleet.common.errors import InvalidArgument, NotFound, Unauthenticated, Unavailable
 from rlfleet.common.redis_server import free_port
 from rlfleet.reward.client import RewardClient, SyncRewardClient
 from rlfleet.reward.service import reward_queue
@@ -128,8 +131,10 @@ async def test_score_batch_preserves_order_and_reused_ids(client):
 
 async def test_invalid_requests_are_rejected_and_service_keeps_serving(client):
     with pytest.raises(InvalidArgument) as caught:
-        await client.score(ScoreRequest("", "arith", "1", "1"))
+        await client.score(ScoreRequest("x" * 300, "arith", "1", "1"))
     assert caught.value.__cause__.code() == grpc.StatusCode.INVALID_ARGUMENT
+    unnamed = await client.score_batch([ScoreRequest("", "arith", "1", "1")] * 2)
+    assert [(r.id, r.score) for r in unnamed] == [("0", 1.0), ("1", 1.0)]  # ids are optional
     with pytest.raises(InvalidArgument, match="duplicate id"):
         await client.score_batch([item(1, "1", "1"), item(1, "2", "2")])
     with pytest.raises(InvalidArgument, match="solution_str is"):
@@ -215,9 +220,12 @@ def test_http_front_door(service):
     status, body = http(service, "POST", "/score_batch", two)
     assert status == 200 and [r["score"] for r in body["results"]] == [1.0, 0.0]
     status, body = http(service, "GET", "/scorers")
-    assert status == 200 and {s["name"] for s in body["scorers"]} == {"arith", "compute_score"}
-    status, body = http(service, "POST", "/score", {**one, "id": ""})
+    assert status == 200 and {"arith", "compute_score", "math"} <= {
+        s["name"] for s in body["scorers"]
+    }
+    status, body = http(service, "POST", "/score", {**one, "id": "x" * 300})
     assert status == 400 and "id must be" in body["error"]
+    assert http(service, "POST", "/score", {**one, "id": None})[1]["id"] == "0"
     assert http(service, "POST", "/score", {**one, "scorer": "nope"})[0] == 404
     assert http(service, "POST", "/score", one)[0] == 200
 
@@ -287,3 +295,60 @@ async def test_slow_job_is_not_reclaimed_from_a_live_worker(launcher, tmp_path):
         result = await reward_client.score(item(0, "1", "1", source="x"))
     assert (result.score, result.error) == (1.0, "")
     assert len(calls.read_text().split()) == 1
+
+
+def test_openrlhf_and_slime_routes(service):
+    """Both use reward.default_scorer (math) when the body names no data source."""
+    body = {"query": ["Q? \\boxed{4}", "Q? \\boxed{5}"], "prompts": ["Q?", "Q?"],
+            "labels": ["4", "4"]}  # fmt: skip
+    status, reply = http(service, "POST", "/get_reward", body)
+    assert status == 200 and reply["rewards"] == [1.0, 0.0] == reply["scores"]
+    assert reply["extra_logs"]["acc"] == [1.0, 0.0]
+    one = {"prompt": "Q?", "response": "so \\boxed{\\frac{1}{2}}", "label": "0.5"}
+    assert http(service, "POST", "/slime/reward", one) == (200, 1.0)
+    detail = http(service, "POST", "/slime/reward?detail=true", {**one, "label": "3"})
+    assert detail == (200, {"score": 0.0, "metrics": {"acc": 0.0, "boxed": 1.0}})
+    gsm8k = {"response": "#### 7", "label": 7, "data_source": "openai/gsm8k"}
+    assert http(service, "POST", "/slime/reward", gsm8k) == (200, 1.5)  # the user default's
+    assert http(service, "POST", "/get_reward", {"query": "x"})[0] == 400
+
+
+async def stream_entries(redis_client, keys) -> int:
+    """Entries ever added to the reward stream of this test's cluster."""
+    try:
+        return int((await redis_client.xinfo_stream(keys.reward_stream))["entries-added"])
+    except ResponseError:  # no stream: nothing was ever queued
+        return 0
+
+
+@pytest.mark.parametrize("local_first", [True, False])
+async def test_local_first_skips_redis_while_the_own_worker_is_idle(
+    launcher, redis_client, keys, local_first
+):
+    proc = launcher.start("reward.workers=1", f"reward.local_first={str(local_first).lower()}")
+    requests = [item(i, str(i), str(i)) for i in range(256)]
+    async with RewardClient(proc.address, timeout_s=30) as reward_client:
+        results = await reward_client.score_batch(requests)
+    assert [r.score for r in results] == [1.0] * 256
+    assert await stream_entries(redis_client, keys) == (0 if local_first else 1)  # one job
+
+
+async def test_a_local_request_dies_with_its_process_and_its_retry_is_answered(launcher, tmp_path):
+    (hold := tmp_path / "hold").touch()
+    calls = tmp_path / "calls"
+    custom = user_scorer(tmp_path, hold_file=hold, calls_file=calls)
+    doomed = launcher.start("reward.workers=1", *custom)
+    batch = [item(0, "9", "9", source="x"), item(1, "8", "9", source="x")]
+    async with RewardClient(doomed.address, timeout_s=30) as reward_client:
+        call = asyncio.create_task(reward_client.score_batch(batch))
+        async with asyncio.timeout(20):
+            while not calls.exists():  # scoring has started, in the front door's process
+                await asyncio.sleep(0.05)
+        doomed.kill()
+        with pytest.raises(Unavailable):
+            await call
+    hold.unlink()
+    retry = launcher.start("reward.workers=1", *custom)
+    async with RewardClient(retry.address, timeout_s=30) as reward_client:
+        results = await reward_client.score_batch(batch)
+    assert [(r.id, r.score, r.error) for r in results] == [("0", 1.0, ""), ("1", 0.0, "")]

@@ -194,3 +194,24 @@ async def test_check_prompt_refuses_unknown_ids_and_overlong_requests(engine: HF
         engine.check_prompt([1, 16], 8)
     with pytest.raises(InvalidArgument):
         engine.check_prompt([1] * 60, 8)  # 68 > rollout.max_model_len 64
+
+
+@pytest.mark.parametrize("window_ms", [0.0, 20.0])
+async def test_requests_of_one_tick_share_one_generate_call(
+    engine: HFEngine, window_ms: float
+) -> None:
+    """A packed queue entry submits its whole share in one tick: one ``model.generate`` call,
+    whatever the batching window; each request still gets its own n completions."""
+    saved, engine._wait_s = engine._wait_s, window_ms / 1000
+    params = SamplingParams(n=4, max_tokens=4)
+    before = engine.batches
+    try:
+        answers = await asyncio.gather(*[
+            engine.generate(f"tick{window_ms}-{i}", prompt(engine, i, 2 * i + 1), params)
+            for i in range(8)
+        ])  # fmt: skip
+    finally:
+        engine._wait_s = saved
+    assert engine.batches - before == 1
+    assert [len(a) for a in answers] == [4] * 8
+    assert all(len(c.logprobs) == len(c.token_ids) >= 1 for a in answers for c in a)

@@ -1,8 +1,13 @@
+"""The weight codec: round trips, integrity checks, and the copies it promises not to make."""
+
 import pytest
 import torch
 
 from rlfleet.common import weights
 from rlfleet.common.errors import InvalidArgument
+from rlfleet.proto import rollout_pb2
+from rlfleet.rollout.client import PreparedUpdate
+from rlfleet.trainer.weight_sync import PushResult, push_metrics
 
 
 def sample_state() -> dict:
@@ -14,17 +19,60 @@ def sample_state() -> dict:
     }
 
 
+def received(header: weights.WeightHeader, payload, chunk_bytes: int = 10) -> memoryview:
+    """What a replica ends up with: the chunks written into one ``PayloadBuffer``."""
+    buffer = weights.PayloadBuffer(header.total_bytes)
+    for chunk in weights.iter_chunks(payload, chunk_bytes):
+        buffer.write(chunk)
+    return buffer.payload()
+
+
 def test_round_trip_preserves_names_dtypes_shapes_values():
     state = sample_state()
     header, payload = weights.encode(state, version=7)
-    chunks = list(weights.iter_chunks(payload, chunk_bytes=10))
-    assert len(chunks) > 1
-    decoded = weights.decode(header, weights.join_chunks(chunks, header.total_bytes))
+    assert len(list(weights.iter_chunks(payload, chunk_bytes=10))) > 1
+    decoded = weights.decode(header, received(header, payload))
     assert header.version == 7
     assert list(decoded) == list(state)
     for name, tensor in state.items():
         assert decoded[name].dtype == tensor.dtype
         assert torch.equal(decoded[name], tensor)
+
+
+def test_decoded_tensors_are_views_of_the_receive_buffer():
+    header, payload = weights.encode(sample_state(), version=1)
+    buffer = received(header, payload)
+    decoded = weights.decode(header, buffer)
+    buffer[0:4] = torch.tensor([42.0]).numpy().tobytes()  # the first float of a.weight
+    assert decoded["a.weight"][0, 0].item() == 42.0
+
+
+def test_chunks_are_slices_of_the_one_payload_not_copies():
+    header, payload = weights.encode(sample_state(), version=1)
+    chunks = list(weights.iter_chunks(payload, chunk_bytes=16))
+    assert all(isinstance(chunk, memoryview) and chunk.obj is payload.obj for chunk in chunks)
+    assert b"".join(chunks) == bytes(payload)
+
+
+def test_prepared_messages_parse_as_the_proto_the_replica_expects():
+    header, payload = weights.encode(sample_state(), version=3, force=True)
+    update = PreparedUpdate.of(header, payload, chunk_bytes=16)
+    first, *data = [rollout_pb2.WeightChunk.FromString(m) for m in update.messages]
+    assert (first.header.version, first.header.force, first.header.checksum) == (
+        3, True, header.checksum
+    )  # fmt: skip
+    assert b"".join(m.data for m in data) == bytes(payload)
+    big = memoryview(bytes(range(256)) * 1024)  # a multi-byte varint length
+    big_update = PreparedUpdate.of(header, big, chunk_bytes=200_000)
+    assert rollout_pb2.WeightChunk.FromString(big_update.messages[1]).data == bytes(big[:200_000])
+
+
+def test_checksum_is_computed_once_by_the_sender_with_a_fast_algorithm():
+    header, payload = weights.encode(sample_state(), version=1)
+    algorithm = header.checksum.partition(":")[0]
+    assert algorithm in ("xxh3_128", "crc32")
+    weights.verify_checksum(header.checksum, payload)
+    weights.verify_checksum(weights.checksum(payload, "sha256"), payload)  # older senders
 
 
 def test_checksum_mismatch_is_rejected():
@@ -35,16 +83,39 @@ def test_checksum_mismatch_is_rejected():
         weights.decode(header, bytes(corrupted))
 
 
+def test_unknown_checksum_algorithm_is_rejected():
+    header, payload = weights.encode(sample_state(), version=1)
+    header.checksum = "md5:abc"
+    with pytest.raises(InvalidArgument, match="unsupported checksum"):
+        weights.decode(header, payload)
+
+
 def test_truncated_payload_is_rejected():
     header, payload = weights.encode(sample_state(), version=1)
     with pytest.raises(InvalidArgument, match="truncated"):
         weights.decode(header, payload[:-4])
+    buffer = weights.PayloadBuffer(header.total_bytes)
+    buffer.write(payload[:-4])
+    with pytest.raises(InvalidArgument, match="truncated"):
+        buffer.payload()
 
 
-def test_oversized_stream_is_rejected_while_joining():
+def test_a_chunk_past_the_announced_size_is_refused_without_growing_the_buffer():
     header, payload = weights.encode(sample_state(), version=1)
+    buffer = weights.PayloadBuffer(header.total_bytes)
+    buffer.write(payload)
     with pytest.raises(InvalidArgument, match="exceeds"):
-        weights.join_chunks([payload, b"extra"], header.total_bytes)
+        buffer.write(b"extra")
+    assert buffer.received == header.total_bytes
+
+
+def test_header_sizes_must_follow_from_dtype_and_shape():
+    header, _ = weights.encode(sample_state(), version=1)
+    first = header.tensors[0]
+    header.tensors[0] = weights.TensorEntry(first.name, first.dtype, first.shape, 0, 10**12)
+    header.total_bytes += 10**12 - first.nbytes
+    with pytest.raises(InvalidArgument, match="bad offset/size"):
+        weights.validate_header(header)  # refused before a byte of payload is buffered
 
 
 def test_bad_version_and_unknown_dtype_are_rejected():
@@ -57,3 +128,33 @@ def test_bad_version_and_unknown_dtype_are_rejected():
     header.tensors[0] = weights.TensorEntry(first.name, "complex512", first.shape, 0, first.nbytes)
     with pytest.raises(InvalidArgument, match="dtype"):
         weights.decode(header, payload)
+
+
+def test_non_finite_values_are_named():
+    state = sample_state()
+    weights.check_finite(state)
+    state["c.half"][1, 1] = float("inf")
+    with pytest.raises(InvalidArgument, match="c.half"):
+        weights.check_finite(state)
+
+
+def test_misaligned_tensors_still_decode():
+    state = {"odd": torch.ones(3, dtype=torch.bfloat16), "f": torch.arange(4.0)}
+    header, payload = weights.encode(state, version=1)
+    assert header.tensors[1].offset % 4 != 0
+    assert torch.equal(weights.decode(header, received(header, payload))["f"], state["f"])
+
+
+def test_size_bound_allows_float32_weights_of_the_model_and_not_much_more():
+    numel = 1_000_000
+    assert weights.max_bytes_for(numel) >= numel * 4
+    assert weights.max_bytes_for(numel) < numel * 4 * 1.05 + 2**21
+
+
+def test_push_metrics_keep_the_old_names_and_add_per_replica_ones():
+    results = [PushResult("r0", True, 2, 0.5, 2**20), PushResult("r1", False, 1, 1.5, 0, "x")]
+    metrics = push_metrics(results)
+    assert (metrics["weight_sync/replicas"], metrics["weight_sync/failed"]) == (1.0, 1.0)
+    assert metrics["weight_sync/mbytes"] == 1.0
+    assert metrics["weight_sync/r0/seconds"] == 0.5 and metrics["weight_sync/r1/mbytes"] == 0.0
+    assert metrics["weight_sync/push_s_max"] == 0.5

@@ -6,6 +6,7 @@ nothing. Why requests go through each replica's own stream rather than a direct 
 that dies mid-request leaves its work in the stream, and the janitor here hands that work to a
 live replica (``janitor.py``), so the caller still gets its answer (request ids make the
 answer unique). Every read and write of that state goes through ``ReplicaRegistry``.
+``generate_batch`` answers a whole step with one queue entry per replica (see ``batch.py``).
 
 No grpc here: ``server.py`` converts protobuf to the plain objects in ``types.py``.
 """
@@ -15,18 +16,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import uuid
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.errors import ErrorCode, InvalidArgument, NotFound, Unavailable
+from rlfleet.common.errors import ErrorCode, InvalidArgument, NotFound, RlfleetError, Unavailable
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
 from rlfleet.common.workqueue import Result, WorkQueue, decode_result
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaInfo, ReplicaRegistry
+from rlfleet.rollout.router.batch import Assignment, assign, stored_results, wait_entries
 from rlfleet.rollout.router.janitor import Janitor
 from rlfleet.rollout.router.routing import loading, pick_replica
-from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaState, ReplicaStatus
+from rlfleet.rollout.types import (
+    GenerateRequest,
+    GenerateResult,
+    ReplicaState,
+    ReplicaStatus,
+    pack_requests,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +107,73 @@ class RouterCore:
         finally:
             await self.registry.release(served_by)
 
+    async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Answer many requests, in order, with one queue entry per replica and a few round
+        trips in all (``batch.py``). Idempotent per request id, like ``generate``; the first
+        failure in request order fails the call (as a gather of ``generate`` calls would)."""
+        _validate_batch(requests)
+        ids = [r.request_id for r in requests]
+        stored = await stored_results(self._redis, self._keys, ids)
+        outcomes = {rid: _outcome(rid, result) for rid, result in stored.items()}
+        if todo := [r for r in requests if r.request_id not in stored]:
+            outcomes |= await self._run_batch(todo)
+        return [_raise_or_return(outcomes[rid]) for rid in ids]
+
+    async def _run_batch(self, requests: list[GenerateRequest]) -> dict[str, _Outcome]:
+        """Route, claim, queue one entry per replica, wait for them all, release."""
+        loop = asyncio.get_running_loop()
+        timeout_s = max(r.timeout_s for r in requests) or self._cfg.request_timeout_s
+        deadline = loop.time() + timeout_s
+        plan = await self._route_batch(requests, deadline)
+        entries = {f"batch-{uuid.uuid4().hex}-{rid}": rid for rid in plan.groups}
+        served = plan.counts  # released as routed unless answers say who served
+        try:
+            await asyncio.gather(*(self.queue(rid).submit(eid, pack_requests(plan.groups[rid]))
+                                   for eid, rid in entries.items()))  # fmt: skip
+            done = await wait_entries(self._redis, self._keys, list(entries), deadline,
+                                      lambda pending: _batch_timeout(pending, entries))  # fmt: skip
+            outcomes, served = await self._collect(entries, plan, done)
+            return outcomes
+        finally:
+            await self.registry.release_many(served)
+
+    async def _route_batch(self, requests: list[GenerateRequest], deadline: float) -> Assignment:
+        """Place every request from one snapshot (waiting briefly, like ``_route``); claim."""
+        loop = asyncio.get_running_loop()
+        give_up = min(deadline, loop.time() + self._route_wait_s)
+        sessions = sorted({r.session_id for r in requests if r.session_id})
+        cap = self._cfg.max_inflight_per_replica
+        while True:
+            snap = await self.registry.snapshot(sessions=sessions)
+            try:
+                plan = assign(requests, snap, cap, self._rng)
+                break
+            except Unavailable:
+                if loop.time() + ROUTE_POLL_S > give_up:
+                    raise
+                await asyncio.sleep(ROUTE_POLL_S)
+        await self.registry.claim_many(plan.counts, plan.pins, self._cfg.sticky_ttl_s)
+        return plan
+
+    async def _collect(
+        self, entries: dict[str, str], plan: Assignment, done: dict[str, Result]
+    ) -> tuple[dict[str, _Outcome], dict[str, int]]:
+        """Each member's outcome (its stored answer, or its entry's failure), and how many
+        requests each serving replica held (a migrated entry counts where it was served)."""
+        answered = [r.request_id for eid, rid in entries.items() if done[eid].ok
+                    for r in plan.groups[rid]]  # fmt: skip
+        stored = await stored_results(self._redis, self._keys, answered)
+        outcomes: dict[str, _Outcome] = {}
+        served: Counter[str] = Counter()
+        for eid, rid in entries.items():
+            group = [r.request_id for r in plan.groups[rid]]
+            for member in group:
+                result = stored.get(member, _missing(member)) if done[eid].ok else done[eid]
+                outcomes[member] = _outcome(member, result)
+            by = [o.replica_id for m in group if isinstance(o := outcomes[m], GenerateResult)]
+            served[next((b for b in by if b), rid)] += len(group)
+        return outcomes, served
+
     async def _route(self, request: GenerateRequest, deadline: float) -> str:
         """Choose a replica, waiting briefly for one to register or reach the version."""
         loop = asyncio.get_running_loop()
@@ -158,10 +236,44 @@ class RouterCore:
         self._queues.pop(replica_id, None)
 
 
+_Outcome = GenerateResult | RlfleetError
+
+
 def _unpack(result: Result) -> GenerateResult:
     """The stored answer, or the error it carries as an exception with the right status."""
+    return _raise_or_return(_outcome(result.request_id, result))
+
+
+def _outcome(request_id: str, result: Result) -> _Outcome:
+    """A stored answer decoded, or the exception its failure stands for (not raised)."""
     if result.ok:
-        return GenerateResult.from_json(result.payload)
+        return GenerateResult.decode(result.payload)
     if result.code is ErrorCode.INVALID_ARGUMENT:
-        raise InvalidArgument(f"request {result.request_id}: {result.error}")
-    raise Unavailable(f"request {result.request_id} failed on a replica: {result.error}")
+        return InvalidArgument(f"request {request_id}: {result.error}")
+    return Unavailable(f"request {request_id} failed on a replica: {result.error}")
+
+
+def _raise_or_return(outcome: _Outcome) -> GenerateResult:
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def _missing(request_id: str) -> Result:
+    """A member whose entry was answered but whose own answer is gone (expired)."""
+    return Result(request_id, b"", ErrorCode.UNAVAILABLE, "its answer was not stored")
+
+
+def _batch_timeout(pending: list[str], entries: dict[str, str]) -> TimeoutError:
+    where = ", ".join(sorted(entries[eid] for eid in pending))
+    return TimeoutError(f"{len(pending)} of {len(entries)} batch entries (routed to {where}) "
+                        "got no answer in time")  # fmt: skip
+
+
+def _validate_batch(requests: Sequence[GenerateRequest]) -> None:
+    for request in requests:
+        request.validate()
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        dup = next(rid for rid in ids if ids.count(rid) > 1)
+        raise InvalidArgument(f"request id {dup!r} appears more than once in the batch")

@@ -16,12 +16,15 @@ loads: for ``routing.STARTUP_GRACE_S`` it is not declared dead (its stream is st
 A drained request keeps its delivery count (``prior_deliveries``); one that has been delivered
 ``max_deliveries`` times already (say, a prompt that kills every replica it lands on) is
 dead-lettered with an error answer instead of bounced on, so its caller hears why.
+
+A packed entry (one replica's share of a ``GenerateBatch``) is moved like any other entry, as
+a whole; the target is charged one in-flight request per member, which is what the router
+that routed it releases once it is answered.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from typing import Protocol
@@ -30,6 +33,7 @@ from rlfleet.common.errors import Unavailable
 from rlfleet.common.workqueue import Job, WorkQueue
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaRegistry
 from rlfleet.rollout.router.routing import loading
+from rlfleet.rollout.types import entry_demand
 
 log = logging.getLogger(__name__)
 
@@ -150,18 +154,19 @@ class Janitor:
         either way with its delivery count, so a poison request still ends dead-lettered."""
         request_id, payload, prior = job.request_id, job.payload, job.deliveries
         try:
-            min_version = int(json.loads(payload).get("min_weight_version", 0))
+            min_version, weight = entry_demand(payload)
             target = self._core.choose(snap, min_version, None)
         except Unavailable as exc:
             self._why = str(exc)
             await self._core.queue(gone_id).submit(request_id, payload, prior_deliveries=prior)
             return 0
-        except (ValueError, AttributeError) as exc:
+        except (ValueError, AttributeError, TypeError) as exc:
             log.warning("dropping unreadable request %s from %s: %s", request_id, gone_id, exc)
             return 0
         if await self._core.queue(target).submit(request_id, payload, prior_deliveries=prior):
-            await self._registry.claim(target)
-            snap.inflight[target] = snap.inflight.get(target, 0) + 1
+            await self._registry.claim_many({target: weight}, {}, 0)
+            snap.inflight[target] = snap.inflight.get(target, 0) + weight
+
         return 1
 
     async def _forget(self, replica_id: str) -> None:

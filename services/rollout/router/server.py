@@ -1,9 +1,9 @@
 """gRPC glue for the router: proto <-> plain objects around ``RouterCore``.
 
 The router serves ``rlfleet.v1.Rollout`` so a client can talk to it exactly like to one
-replica, but only ``Generate`` makes sense fleet-wide; control RPCs (weights, cache, pause)
-target one engine and must go to each replica directly, so here they answer UNIMPLEMENTED
-with a message saying where to go. (Moving them to a service of their own would drop these
+replica, but only generation (``Generate``, ``GenerateBatch``) makes sense fleet-wide; control
+RPCs (weights, cache, pause) target one engine and must go to each replica directly, so here
+they answer UNIMPLEMENTED with a message saying where to go. (Moving them to a service of their own would drop these
 stubs, but ``Rollout``'s RPC names are a pinned contract: see docs/architecture.md.)
 """
 
@@ -11,11 +11,17 @@ from __future__ import annotations
 
 from rlfleet.common.grpc_server import Registration
 from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
-from rlfleet.rollout.convert import request_from_proto, result_to_proto, status_to_proto
+from rlfleet.rollout.convert import (
+    batch_from_proto,
+    batch_results_to_proto,
+    request_from_proto,
+    result_to_proto,
+    status_to_proto,
+)
 from rlfleet.rollout.router.core import RouterCore
 
 DIRECT_ONLY = (
-    "the router only routes Generate; call {} on each replica directly "
+    "the router only routes Generate and GenerateBatch; call {} on each replica directly "
     "(addresses from Router.ListReplicas)"
 )
 
@@ -30,13 +36,16 @@ def _direct_only(name: str):
 
 
 class RouterRolloutServicer(rollout_pb2_grpc.RolloutServicer):
-    """``Rollout`` as served by the router: Generate is routed, the rest is per-replica."""
+    """``Rollout`` as served by the router: generation is routed, the rest is per-replica."""
 
     def __init__(self, core: RouterCore) -> None:
         self._core = core
 
     async def Generate(self, request, context):  # noqa: N802 - gRPC method names
         return result_to_proto(await self._core.generate(request_from_proto(request)))
+
+    async def GenerateBatch(self, request, context):  # noqa: N802
+        return batch_results_to_proto(await self._core.generate_batch(batch_from_proto(request)))
 
     UpdateWeights = _direct_only("UpdateWeights")
     FlushCache = _direct_only("FlushCache")

@@ -1,0 +1,200 @@
+"""Weight-update safety against a real hf replica process (``python -m rlfleet.rollout.main``).
+
+What is checked: versions only go up (an older or equal one is FAILED_PRECONDITION unless the
+header says ``force``); a trainer's first push is forced, so a run resumed from an older
+checkpoint still takes over the fleet; NaN weights are INVALID_ARGUMENT and the old weights keep
+serving; a header announcing more bytes than the model can hold is refused before its payload
+is buffered (the replica's RSS does not grow). And, on the replica core with a real Redis and an
+engine that fails midway through a load: the replica leaves routing (``update_failed``) and the
+next successful update brings it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+
+import psutil
+import pytest
+import torch
+from redis.asyncio import Redis
+from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
+from safetensors.torch import load_file
+
+from rlfleet.common import weights
+from rlfleet.common.config import load_config
+from rlfleet.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from rlfleet.common.keys import Keys
+from rlfleet.common.redis_server import EmbeddedRedis
+from rlfleet.proto import rollout_pb2
+from rlfleet.rollout import convert
+from rlfleet.rollout.client import PreparedUpdate, RolloutClient
+from rlfleet.rollout.engine import Engine
+from rlfleet.rollout.replica import Replica
+from rlfleet.rollout.types import GenerateRequest, ReplicaState, ReplicaStatus, SamplingParams
+from rlfleet.trainer.weight_sync import GrpcWeightTransport, WeightSync
+
+GREEDY = SamplingParams(temperature=0, max_tokens=4)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny model not built"),
+]
+
+
+@pytest.fixture(scope="module")
+def replica(redis_server: EmbeddedRedis, tmp_path_factory) -> Iterator[ReplicaProc]:
+    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
+    log_path = tmp_path_factory.mktemp("weight-updates") / "replica.log"
+    proc = start_replica(redis_server.url, keys, "r-weights", log_path, "rollout.backend=hf")
+    yield proc
+    stop_replica(proc)
+    assert proc.proc.returncode == 0, proc.log_tail()
+
+
+def original() -> dict[str, torch.Tensor]:
+    return load_file(str(MODEL / "model.safetensors"))
+
+
+async def version_and_state(client: RolloutClient) -> tuple[int, str]:
+    status = await client.status()
+    return status.weight_version, str(status.state)
+
+
+async def push(client: RolloutClient, version: int, force: bool = False, state=None) -> int:
+    header, payload = weights.encode(state or original(), version, force=force)
+    return (await client.push_weights(header, payload)).version
+
+
+async def test_versions_only_go_up_unless_forced(replica: ReplicaProc) -> None:
+    async with RolloutClient(replica.address) as client:
+        current, _ = await version_and_state(client)
+        assert await push(client, current + 2) == current + 2
+        for stale in (current + 2, current + 1):
+            with pytest.raises(FailedPrecondition, match="not newer"):
+                await push(client, stale)
+            assert await version_and_state(client) == (current + 2, "serving")
+        assert await push(client, current + 1, force=True) == current + 1
+        assert await version_and_state(client) == (current + 1, "serving")
+
+
+class OneReplica:
+    """A ``ReplicaDirectory`` that lists one replica, asked over gRPC (as a router would)."""
+
+    def __init__(self, address: str) -> None:
+        self._client = RolloutClient(address)
+
+    async def list_replicas(self) -> list[ReplicaStatus]:
+        return [await self._client.status()]
+
+    async def close(self) -> None:
+        await self._client.close()
+
+
+async def test_a_resumed_trainer_rolls_replicas_back_then_only_goes_forward(
+    replica: ReplicaProc,
+) -> None:
+    async with RolloutClient(replica.address) as client:
+        ahead = (await version_and_state(client))[0] + 5
+        assert await push(client, ahead) == ahead  # the replicas outran the checkpoint
+    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 4 * 2**20)
+    sync = WeightSync(OneReplica(replica.address), transport)  # a fresh (resumed) trainer's
+    try:
+        metrics = await sync.push(original(), ahead - 3)  # first push of a (resumed) run
+        assert sync.versions == {"r-weights": ahead - 3} and metrics["weight_sync/failed"] == 0
+        assert metrics["weight_sync/r-weights/mbytes"] == metrics["weight_sync/mbytes"] > 0
+        assert metrics["weight_sync/r-weights/seconds"] > 0
+        with pytest.raises(Unavailable, match="no replica accepted"):
+            await sync.push(original(), ahead - 4)  # later pushes are not forced
+        assert (await sync.push(original(), ahead - 2))["weight_sync/replicas"] == 1.0
+    finally:
+        await sync.close()
+
+
+async def test_nan_weights_are_refused_and_the_old_ones_keep_serving(replica: ReplicaProc) -> None:
+    poisoned = original()
+    poisoned["model.norm.weight"][3] = float("nan")
+    async with RolloutClient(replica.address) as client:
+        current, _ = await version_and_state(client)
+        with pytest.raises(InvalidArgument, match="NaN or inf"):
+            await push(client, current + 1, state=poisoned)
+        assert await version_and_state(client) == (current, "serving")
+        request = GenerateRequest(f"nan-{uuid.uuid4().hex[:8]}", GREEDY, prompt_text="12+34=")
+        result = await client.generate(request)
+    assert result.weight_version == current and result.completions[0].token_ids
+
+
+async def oversized_stream(version: int, chunks: int) -> AsyncIterator[rollout_pb2.WeightChunk]:
+    """A well-formed header announcing 1 GiB (far more than the tiny model), then data."""
+    big = weights.TensorEntry("model.embed_tokens.weight", "float32", (2**28,), 0, 2**30)
+    header = weights.WeightHeader(version, [big], 2**30, "crc32:00000000")
+    yield rollout_pb2.WeightChunk(header=convert.header_to_proto(header))
+    block = bytes(4 * 2**20)
+    for _ in range(chunks):
+        yield rollout_pb2.WeightChunk(data=block)
+
+
+async def test_an_oversized_update_is_refused_before_its_bytes_are_buffered(
+    replica: ReplicaProc,
+) -> None:
+    process = psutil.Process(replica.proc.pid)
+    async with RolloutClient(replica.address) as client:
+        current, _ = await version_and_state(client)
+        rss_before = process.memory_info().rss
+        with pytest.raises(InvalidArgument, match="larger than this model"):
+            await client.send_weight_messages(oversized_stream(current + 1, chunks=16))
+        grown = process.memory_info().rss - rss_before
+        assert await version_and_state(client) == (current, "serving")
+    assert grown < 8 * 2**20, f"replica RSS grew by {grown / 2**20:.1f} MiB"
+
+
+class HalfLoadingEngine(Engine):
+    """Generates nothing; its first load fails midway (as a real one might on a bad device)."""
+
+    name = "half-loading"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.loads = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def generate(self, request_id, prompt_token_ids, sampling):
+        raise AssertionError("no work is routed here in this test")
+
+    async def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.loads += 1
+        if self.loads == 1:
+            raise RuntimeError("device error halfway through the copy")
+
+    async def flush_cache(self) -> bool:
+        return True
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_a_failed_load_leaves_routing_until_a_retry_succeeds(redis_url: str) -> None:
+    config = load_config(overrides=[f"model.path={MODEL}"], env={})
+    redis = Redis.from_url(redis_url)
+    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
+    core = Replica(config, HalfLoadingEngine(config), redis, keys, "r-half", "127.0.0.1:1")
+    try:
+        await core.start()
+        state = {"w": torch.ones(4)}
+        with pytest.raises(RuntimeError, match="halfway"):
+            await core.update_weights(*weights.encode(state, 1))
+        registered = await redis.hget(keys.replica("r-half"), "state")
+        assert (core.state, registered, core.version) == (
+            ReplicaState.UPDATE_FAILED, b"update_failed", 0
+        )  # fmt: skip
+        assert (await core.update_weights(*weights.encode(state, 1))).version == 1
+        assert core.state is ReplicaState.SERVING
+        assert await redis.hget(keys.replica("r-half"), "state") == b"serving"
+    finally:
+        await asyncio.wait_for(core.shutdown(grace_s=0), 30)
+        await redis.aclose()

@@ -20,6 +20,7 @@ and its line in SUMMARY.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import shutil
@@ -170,19 +171,22 @@ def build_result(plan: Plan, records: list[dict]) -> tuple[common.BenchResult, s
 
 
 def ratios(rows: list[dict], ttt: list[dict], plan: Plan) -> dict[str, float]:
+    """rlfleet / TRL: time to target first (SUMMARY.md shows the first three), then s/step."""
     import e2e_report as report
 
-    per_step = {(r["system"], r["work"]): r.get("s/step median") for r in rows}
     out = {}
+    best = report.best_trl_recipe(ttt, plan.target)
+    theirs = report.median_ttt(ttt, "trl", best)
+    for mode in ("sync", "async"):
+        ours = report.median_ttt(ttt, mode)
+        if ours is not None and theirs is not None:
+            out[f"{mode}/trl({best}) time to {plan.target:g}"] = common.ratio(ours, theirs)
+    per_step = {(r["system"], r["work"]): r.get("s/step median") for r in rows}
     for work in (f"{b}x8" for b in plan.batches):
         for mode in ("sync", "async"):
             a, b = per_step.get((mode, work)), per_step.get(("trl", work))
             if isinstance(a, float) and isinstance(b, float):
                 out[f"{mode}/trl s per step {work}"] = common.ratio(a, b)
-    best = report.best_trl_recipe(ttt, plan.target)
-    ours, theirs = report.median_ttt(ttt, "sync"), report.median_ttt(ttt, "trl", best)
-    if ours is not None and theirs is not None:
-        out[f"sync/trl({best}) time to {plan.target:g}"] = common.ratio(ours, theirs)
     return out
 
 
@@ -196,6 +200,8 @@ def notes(ttt: list[dict], plan: Plan) -> list[str]:
         "excluded), HTTP/2 framing included. gRPC *calls* per step are not measured: no "
         "counter for them exists in the services.",
         "TRL (a) runs use the 'ours' recipe (beta 0.001, so a reference model forward too).",
+        "Both sides run with OMP_WAIT_POLICY=PASSIVE (rlfleet up sets it for every role; TRL's "
+        "process gets it too): on a busy machine spinning OpenMP threads cost TRL ~3x per step.",
     ]
     best = report.best_trl_recipe(ttt, plan.target)
     if best is not None:
@@ -228,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in records if r.get("error")]
     if not failed:  # a failed run's logs stay under work/ for its error message
         shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(OSError):  # work/ is shared: removed only when empty
+            work.parent.rmdir()
     result, tables = build_result(plan, records)
     result.seconds = time.monotonic() - start
     result.load_avg = {"before": load_before, "after": common.load_avg()}

@@ -130,13 +130,14 @@ async def _once(variant, state_dict, transport, targets, version: int) -> dict[s
 
 
 def _memcpy_once(state_dict: dict[str, Any]) -> dict[str, float]:
-    """A torch copy of as many bytes as the payload, into a warm buffer."""
-    import torch
+    """A plain (numpy, single-threaded) copy of as many bytes as the payload, into a warm
+    buffer."""
+    import numpy
 
     nbytes = sum(t.numel() * t.element_size() for t in state_dict.values())
-    source, target = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
-    target.copy_(source)  # touch every page first
-    seconds, _ = timed(lambda: target.copy_(source))
+    source, target = numpy.ones(nbytes, numpy.uint8), numpy.zeros(nbytes, numpy.uint8)
+    numpy.copyto(target, source)  # touch every page first
+    seconds, _ = timed(lambda: numpy.copyto(target, source))
     return {"seconds": seconds, "bytes": nbytes}
 
 
@@ -236,7 +237,7 @@ NOTES = [
     "(one copy, one xxh3/crc32 checksum), serialize once, stream; each replica writes chunks "
     "into one buffer, verifies, loads (HFEngine.load_weights from zero-copy views), flushes.",
     "encode = the trainer's once-per-push share of that (weights.encode + PreparedUpdate.of).",
-    "memcpy = torch uint8 copy of the same number of bytes into a warm buffer, same run.",
+    "memcpy = numpy copy of the same number of bytes into a warm buffer, same run.",
     "x_memcpy = p50 / memcpy p50 of the same model. Before this change a push of the tiny model "
     "to one replica took 26.8 ms p50 (sha256 three times, ~10 copies; results of 3b8e4c6).",
     "All replica processes share the machine's cores with the trainer side: on a 2-core machine "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import defaultdict
@@ -26,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 TRAIN_DATA = common.REPO / "data" / "arith" / "train.jsonl"
+CHILD_ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+"""What ``rlfleet up`` gives every role (launcher.QUIET_THREADS): torch threads that sleep
+rather than spin while waiting. Same for TRL, so a busy machine does not penalise one side."""
 PHASES = {"gen": "_generate", "reward": "_calculate_rewards", "prepare": "_prepare_inputs"}
 
 
@@ -206,7 +210,6 @@ def launch(flags: dict, out: Path, timeout_s: float) -> dict:
     """Run this script as a child process; its JSON record plus CPU seconds and machine load.
 
     The child gets its own session so a timeout can stop it and anything it started."""
-    import os
     import signal
     import subprocess
 
@@ -216,16 +219,21 @@ def launch(flags: dict, out: Path, timeout_s: float) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     with (out.parent / f"{out.stem}.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV,
+                                start_new_session=True)  # fmt: skip
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            pass
+        finally:  # timeout or Ctrl-C: its own session does not get the terminal's SIGINT
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     record = json.loads(out.read_text()) if out.is_file() else {"steps": []}
     if proc.returncode != 0:
         record["error"] = f"e2e_trl.py exited {proc.returncode}: see {out.parent / out.stem}.log"
     record["load_avg"] = {"before": load_before, "after": common.load_avg()}
+    record["omp_wait_policy"] = CHILD_ENV["OMP_WAIT_POLICY"]
     return record
 
 

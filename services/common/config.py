@@ -207,15 +207,63 @@ class RefCriticConfig(Section):
     """Testing aid only: seconds a worker holds each job before computing (so it can be killed)."""
 
 
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
+"""KL estimators (``rlfleet.rl.core_algos.kl_penalty``); ``kl``/``mse`` are verl's k1/k2."""
+
+
+class KLControlConfig(Section):
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """``fixed``: the in-reward KL coefficient stays ``kl_coef``; ``adaptive``: it is steered
+    toward ``target_kl`` (Ziegler et al. 2019)."""
+    kl_coef: float = 0.001
+    """Initial (fixed: constant) coefficient of the KL subtracted from the reward."""
+    target_kl: float = 0.1
+    """Adaptive: the KL per token the controller aims for."""
+    horizon: int = 10000
+    """Adaptive: samples over which the coefficient may change by at most 20%."""
+
+
+class OverlongBufferConfig(Section):
+    enable: bool = False
+    """DAPO overlong reward shaping: penalise responses that run into the last ``len`` tokens
+    before ``rollout.max_tokens``, linearly down to ``-penalty_factor`` at the limit."""
+    len: int = 0
+    """Length of the soft-penalty zone in tokens (0 < len <= rollout.max_tokens when enabled)."""
+    penalty_factor: float = 1.0
+    """Penalty at the limit (added to the score, before the advantage)."""
+
+
+class FilterGroupsConfig(Section):
+    enable: bool = False
+    """DAPO dynamic sampling: drop prompt groups whose samples all scored the same (zero
+    advantage) and generate more prompts until the batch is full."""
+    max_num_gen_batches: int = 10
+    """Give up and train on what is there after this many generation rounds (0 = no limit)."""
+
+
 class AlgorithmConfig(Section):
-    adv_estimator: Literal["grpo", "rloo", "reinforce_plus_plus", "gae"] = "grpo"
-    """Advantage estimator; ``gae`` needs the critic."""
+    adv_estimator: Literal[
+        "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gae"
+    ] = "grpo"
+    """Advantage estimator; ``gae`` needs the critic, ``remax`` one greedy generation per prompt
+    as its baseline, ``reinforce_plus_plus_baseline`` subtracts the group mean then whitens."""
     norm_adv_by_std_in_grpo: bool = True
     """GRPO: divide by the group's std (False = Dr. GRPO style)."""
     gamma: float = 1.0
     """Discount (GAE / REINFORCE++)."""
     lam: float = 1.0
     """GAE lambda."""
+    use_kl_in_reward: bool = False
+    """Subtract ``kl_ctrl`` * KL(actor || reference) from each token's reward (PPO/RLHF style);
+    needs the reference policy. Independent of ``trainer.use_kl_loss``."""
+    kl_penalty: KLEstimator = "kl"
+    """KL estimator for the in-reward penalty (``kl`` = k1, verl's default)."""
+    kl_ctrl: KLControlConfig = KLControlConfig()
+    """Coefficient of the in-reward KL: fixed or adaptive."""
+    overlong_buffer: OverlongBufferConfig = OverlongBufferConfig()
+    """DAPO's soft overlong punishment (verl: ``reward_model.overlong_buffer``)."""
+    filter_groups: FilterGroupsConfig = FilterGroupsConfig()
+    """DAPO's dynamic sampling (verl: ``algorithm.filter_groups``)."""
 
 
 class TrainerConfig(Section):
@@ -237,13 +285,22 @@ class TrainerConfig(Section):
     """PPO lower clip."""
     clip_ratio_high: float = 0.2
     """PPO upper clip."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    """How per-token losses become one number."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip PPO: the loss of a negative-advantage token is capped at -A * clip_ratio_c
+    (> 1), so one token whose probability exploded cannot dominate. Vanilla mode only."""
+    policy_loss_mode: Literal["vanilla", "gspo"] = "vanilla"
+    """``vanilla``: token-level ratio (PPO, dual clip); ``gspo``: sequence-level ratio (GSPO,
+    which uses seq-mean-token-mean; the paper's clip ratios are ~3e-4 / 4e-4)."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How per-token losses become one number (``seq-mean-token-sum-norm``: Dr. GRPO, the sum
+    over tokens divided by ``rollout.max_tokens``)."""
     use_kl_loss: bool = True
     """Add a KL(actor || reference) term to the loss (GRPO style)."""
     kl_loss_coef: float = 0.001
     """Weight of the KL loss."""
-    kl_loss_type: Literal["k1", "k2", "k3", "low_var_kl"] = "low_var_kl"
+    kl_loss_type: KLEstimator = "low_var_kl"
     """KL estimator."""
     entropy_coeff: float = 0.0
     """Entropy bonus weight."""
@@ -282,6 +339,18 @@ class TrainerConfig(Section):
     """Rollout replicas that must be serving before training starts (``rlfleet up`` sets N)."""
     replica_wait_s: float = 600.0
     """How long to wait for ``min_replicas`` at start-up before failing."""
+    logger: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = [
+        "console",
+        "jsonl",
+    ]
+    """Where step metrics go: ``console`` (a line per step), ``jsonl`` (run_dir/metrics.jsonl),
+    ``tensorboard`` (run_dir/tensorboard), ``wandb`` (offline, run_dir/wandb; sync later with
+    ``wandb sync``), ``mlflow`` (file store run_dir/mlruns). The last three need the
+    ``loggers`` extra."""
+    project_name: str = "rlfleet"
+    """Project (W&B project, MLflow experiment) the run is filed under."""
+    experiment_name: str | None = None
+    """Name of this run in W&B/MLflow/TensorBoard; None = the name of ``run_dir``."""
 
 
 class RlfleetConfig(Section):
@@ -338,12 +407,28 @@ class RlfleetConfig(Section):
             raise ValueError("data.max_prompt_length + rollout.max_tokens > rollout.max_model_len")
         if self.trainer.max_staleness < 0 or self.trainer.is_cap <= 0:
             raise ValueError("trainer.max_staleness must be >= 0 and trainer.is_cap > 0")
+        self._check_algorithm()
         return self
+
+    def _check_algorithm(self) -> None:
+        """Rules of the verl algorithm knobs (dual clip, KL controller, overlong buffer)."""
+        if self.trainer.clip_ratio_c <= 1.0:
+            raise ValueError(f"trainer.clip_ratio_c must be > 1, got {self.trainer.clip_ratio_c}")
+        ctrl = self.algorithm.kl_ctrl
+        if ctrl.type == "adaptive" and (ctrl.target_kl <= 0 or ctrl.horizon <= 0):
+            raise ValueError("algorithm.kl_ctrl: adaptive needs target_kl > 0 and horizon > 0")
+        buffer = self.algorithm.overlong_buffer
+        if buffer.enable and not 0 < buffer.len <= self.rollout.max_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer.len={buffer.len} must be in "
+                f"(0, rollout.max_tokens={self.rollout.max_tokens}] when enabled"
+            )
 
     @property
     def needs_reference(self) -> bool:
-        """The loss has a KL term, so reference log-probs are computed every step."""
-        return self.trainer.use_kl_loss and self.trainer.kl_loss_coef > 0
+        """The loss or the reward has a KL term, so reference log-probs are computed every step."""
+        kl_loss = self.trainer.use_kl_loss and self.trainer.kl_loss_coef > 0
+        return kl_loss or self.algorithm.use_kl_in_reward
 
     @property
     def needs_critic(self) -> bool:

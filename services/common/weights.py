@@ -117,13 +117,26 @@ def encode(
         nbytes = tensor.numel() * tensor.element_size()
         entries.append(TensorEntry(name, _dtype_name(tensor), tuple(tensor.shape), offset, nbytes))
         offset += nbytes
-    payload = torch.empty(offset, dtype=torch.uint8)
+    payload = empty_bytes(offset)
     for entry, tensor in zip(entries, state_dict.values(), strict=True):
-        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        payload[entry.offset : entry.offset + entry.nbytes].copy_(flat)  # D2H here if on GPU
+        _copy_bytes(tensor, payload[entry.offset : entry.offset + entry.nbytes])
     view = memoryview(payload.numpy())
     header = WeightHeader(version, entries, offset, checksum(view), flush_cache, force)
     return header, view
+
+
+def _copy_bytes(tensor: torch.Tensor, target: torch.Tensor) -> None:
+    """One copy of ``tensor``'s bytes into ``target`` (uint8). CPU tensors go through numpy, a
+    plain single-threaded memcpy (torch's threaded copy crawls on a busy 2-core machine);
+    GPU tensors are copied device-to-host straight into the payload."""
+    import numpy
+    import torch
+
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    if flat.device.type == "cpu":
+        numpy.copyto(target.numpy(), flat.numpy())
+    else:
+        target.copy_(flat)
 
 
 def iter_chunks(payload: BytesLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[memoryview]:
@@ -133,19 +146,26 @@ def iter_chunks(payload: BytesLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> I
         yield view[start : start + chunk_bytes]
 
 
+def empty_bytes(nbytes: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor. Why numpy allocates it: numpy asks for huge pages on
+    large arrays, and first-touch page faults on 4 KiB pages cost several memcpys' worth on
+    the virtual machines this runs on (measured: 64 MiB fresh, 77 ms with torch, 21 with numpy)."""
+    import numpy
+    import torch
+
+    return torch.from_numpy(numpy.empty(nbytes, dtype=numpy.uint8))
+
+
 class PayloadBuffer:
     """The receiver's one buffer of exactly ``total_bytes``; chunks are written in place.
 
-    Allocated only after the header passed its checks (``torch.empty``: pages are touched as
+    Allocated only after the header passed its checks (uninitialised: pages are touched as
     bytes arrive, not zeroed up front); a sender that sends more than it announced is refused
     at the chunk that overflows.
     """
 
     def __init__(self, total_bytes: int) -> None:
-        import torch
-
-        self._tensor = torch.empty(total_bytes, dtype=torch.uint8)
-        self._view = memoryview(self._tensor.numpy())
+        self._view = memoryview(empty_bytes(total_bytes).numpy())
         self.received = 0
 
     def write(self, chunk: BytesLike) -> None:
@@ -226,11 +246,24 @@ def _rebuild(buffer: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
 
 def check_finite(state_dict: Mapping[str, torch.Tensor]) -> None:
     """InvalidArgument naming the first floating tensor holding a NaN or an infinity."""
+    for name, tensor in state_dict.items():
+        if tensor.dtype.is_floating_point and not _all_finite(tensor):
+            raise InvalidArgument(f"tensor {name!r} holds NaN or inf values")
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Why a dot product with zeros: NaN*0 and inf*0 are NaN, so the dot is finite exactly when
+    every value is, and BLAS computes it at memory speed with no temporary as big as the tensor
+    (``torch.isfinite(t).all()`` ran at ~350 MB/s here). Other dtypes and devices use isfinite."""
+    import numpy
     import torch
 
-    for name, tensor in state_dict.items():
-        if tensor.dtype.is_floating_point and not bool(torch.isfinite(tensor).all()):
-            raise InvalidArgument(f"tensor {name!r} holds NaN or inf values")
+    flat = tensor.reshape(-1)
+    if flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64):
+        values = flat.numpy()
+        with numpy.errstate(invalid="ignore"):  # inf * 0 is the point, not a problem
+            return bool(numpy.isfinite(numpy.dot(values, numpy.zeros(len(values), values.dtype))))
+    return bool(torch.isfinite(flat).all())
 
 
 def max_bytes_for(numel: int, margin: float = 0.01) -> int:

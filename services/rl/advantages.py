@@ -9,7 +9,10 @@ Sources:
 - GRPO group-normalised outcome advantage: Shao et al. 2024, DeepSeekMath, arXiv:2402.03300.
 - Dr. GRPO (no std normalisation): Liu et al. 2025, arXiv:2503.20783.
 - RLOO leave-one-out baseline: Ahmadian et al. 2024, arXiv:2402.14740.
-- REINFORCE++ (discounted return, batch-whitened): Hu 2025, arXiv:2501.03262.
+- REINFORCE++ (discounted return, batch-whitened): Hu 2025, arXiv:2501.03262; its
+  ``_baseline`` variant (group mean subtracted first, then batch-whitened) is the same paper's
+  REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262v3).
+- ReMax (the greedy response's reward as the baseline): Li et al. 2023, arXiv:2310.10505.
 - GAE: Schulman et al. 2015, arXiv:1506.02438.
 """
 
@@ -24,10 +27,12 @@ import torch
 from rlfleet.rl.core_algos import masked_sum, masked_whiten
 
 GroupIndex = Sequence | torch.Tensor
-EstimatorName = Literal["grpo", "rloo", "reinforce_plus_plus", "gae"]
+EstimatorName = Literal[
+    "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gae"
+]
 
 
-def _group_ids(group_index: GroupIndex, device: torch.device) -> torch.Tensor:
+def dense_group_ids(group_index: GroupIndex, device: torch.device) -> torch.Tensor:
     """Map any group labels (uid strings, ints, a tensor) to dense ids 0..G-1, shape [B]."""
     if isinstance(group_index, torch.Tensor):
         return torch.unique(group_index, return_inverse=True)[1].to(device)
@@ -65,7 +70,7 @@ def grpo_outcome_advantage(
     Returns (advantages [B, T], returns [B, T]); both are the same broadcast score.
     """
     scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
-    mean, std, _ = _group_stats(scores, _group_ids(group_index, scores.device))
+    mean, std, _ = _group_stats(scores, dense_group_ids(group_index, scores.device))
     adv = scores - mean
     if norm_by_std:
         adv = adv / (std + eps)
@@ -86,7 +91,7 @@ def rloo_outcome_advantage(
     Returns (advantages [B, T], returns [B, T]).
     """
     scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
-    mean, _, count = _group_stats(scores, _group_ids(group_index, scores.device))
+    mean, _, count = _group_stats(scores, dense_group_ids(group_index, scores.device))
     scale = torch.where(count > 1, count / (count - 1).clamp_min(1), torch.ones_like(count))
     adv = (scale * (scores - mean)).unsqueeze(-1) * response_mask
     return adv, adv
@@ -111,6 +116,37 @@ def reinforce_plus_plus_advantage(
     """
     returns = _discounted_returns(token_level_rewards, response_mask, gamma)
     return masked_whiten(returns, response_mask), returns
+
+
+def reinforce_plus_plus_baseline_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: GroupIndex
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline: score minus its group's mean, then whitened over the whole batch.
+
+    The group mean removes the prompt's difficulty (as in GRPO) without dividing by a group std
+    that is tiny for nearly-solved prompts; the batch-wide whitening then sets one global scale.
+    A group of one keeps its raw score before whitening (as in verl).
+    Returns (advantages [B, T], returns [B, T]), the same tensor twice as in verl.
+    """
+    scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
+    mean, _, _ = _group_stats(scores, dense_group_ids(group_index, scores.device))
+    centred = (scores - mean).unsqueeze(-1) * response_mask
+    adv = masked_whiten(centred, response_mask)
+    return adv, adv
+
+
+def remax_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, baseline_scores: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax: reward-to-go minus the reward of the greedy response to the same prompt.
+
+    The greedy answer is a per-prompt baseline that costs one extra generation instead of a
+    critic or a group of samples. ``baseline_scores`` [B] is that reward, repeated for every
+    sample of the prompt. Returns (advantages [B, T], returns = undiscounted reward-to-go [B, T]).
+    """
+    returns = _discounted_returns(token_level_rewards, response_mask, 1.0)
+    baseline = baseline_scores.to(returns.dtype).unsqueeze(-1) * response_mask
+    return (returns - baseline) * response_mask, returns
 
 
 def gae_advantage(
@@ -150,6 +186,8 @@ class AdvantageInputs:
     """One label per prompt group (group estimators: grpo, rloo)."""
     values: torch.Tensor | None = None
     """Critic values per response token (gae)."""
+    baseline_scores: torch.Tensor | None = None
+    """Reward of the greedy response to each sample's prompt, ``[B]`` (remax)."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +222,17 @@ def _reinforce_pp(p: AdvantageParams, x: AdvantageInputs):
     return reinforce_plus_plus_advantage(x.token_level_rewards, x.response_mask, p.gamma)
 
 
+def _reinforce_pp_baseline(p: AdvantageParams, x: AdvantageInputs):
+    groups = _require(x.group_index, "group_index", p.estimator)
+    return reinforce_plus_plus_baseline_advantage(x.token_level_rewards, x.response_mask, groups)
+
+
+def _remax(p: AdvantageParams, x: AdvantageInputs):
+    what = "baseline_scores (the reward of a greedy response per prompt)"
+    baseline = _require(x.baseline_scores, what, p.estimator)
+    return remax_advantage(x.token_level_rewards, x.response_mask, baseline)
+
+
 def _gae(p: AdvantageParams, x: AdvantageInputs):
     values = _require(x.values, "critic values", p.estimator)
     return gae_advantage(x.token_level_rewards, values, x.response_mask, p.gamma, p.lam)
@@ -193,6 +242,8 @@ ESTIMATORS: dict[str, Callable[[AdvantageParams, AdvantageInputs], tuple]] = {
     "grpo": _grpo,
     "rloo": _rloo,
     "reinforce_plus_plus": _reinforce_pp,
+    "reinforce_plus_plus_baseline": _reinforce_pp_baseline,
+    "remax": _remax,
     "gae": _gae,
 }
 

@@ -17,6 +17,11 @@ Sources:
 - Token-level loss aggregation ("token-mean"): Yu et al. 2025, DAPO, arXiv:2503.14476.
 - k1/k2/k3 KL estimators: J. Schulman 2020, "Approximating KL divergence" (blog post);
   ``low_var_kl`` is k3 clamped to [-10, 10], the variant verl uses for the KL loss.
+- Dual-clip PPO (a floor on the loss of negative-advantage tokens): Ye et al. 2020, "Mastering
+  Complex Control in MOBA Games with Deep RL", arXiv:1912.09729.
+- GSPO (sequence-level importance ratio): Zheng et al. 2025, arXiv:2507.18071.
+- "seq-mean-token-sum-norm" (token sum over a constant horizon): Dr. GRPO, Liu et al. 2025,
+  arXiv:2503.20783.
 """
 
 from __future__ import annotations
@@ -26,8 +31,12 @@ from typing import Literal
 
 import torch
 
-KLKind = Literal["k1", "k2", "k3", "low_var_kl"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KLKind = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
+_KL_ALIASES = {"kl": "k1", "mse": "k2"}
+"""verl's names for the same estimators (``algorithm.kl_penalty: kl`` is k1)."""
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -60,9 +69,13 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: KLKind) -
     k1 = log p - log q (unbiased, high variance, can be negative); k2 = 0.5 * k1^2;
     k3 = q/p - 1 - log(q/p) (unbiased, always >= 0). ``low_var_kl`` is k3 with the log-ratio
     clamped to [-20, 20] before exp and the result to [-10, 10], so one outlier token cannot
-    blow up the loss. Not masked: the caller aggregates with its mask.
+    blow up the loss. verl's names work too: ``kl`` = k1, ``mse`` = k2, ``abs`` = |k1|.
+    Not masked: the caller aggregates with its mask.
     """
     log_ratio = logprob - ref_logprob
+    kind = _KL_ALIASES.get(kind, kind)
+    if kind == "abs":
+        return log_ratio.abs()
     if kind == "k1":
         return log_ratio
     if kind == "k2":
@@ -72,18 +85,28 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: KLKind) -
     if kind == "low_var_kl":
         neg = (-log_ratio).clamp(-20, 20)
         return (torch.exp(neg) - 1 - neg).clamp(-10, 10)
-    raise ValueError(f"unknown KL kind {kind!r}; valid: k1, k2, k3, low_var_kl")
+    raise ValueError(f"unknown KL kind {kind!r}; valid: k1, k2, k3, low_var_kl, kl, mse, abs")
 
 
-def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: LossAggMode) -> torch.Tensor:
+def agg_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: LossAggMode,
+    loss_scale_factor: float | None = None,
+) -> torch.Tensor:
     """Reduce a per-token loss [B, T] to a scalar.
 
     token-mean: every token weighs the same (DAPO), so long answers are not down-weighted.
     seq-mean-token-sum / seq-mean-token-mean: per-sequence sum or mean, then the mean over
     sequences that have at least one token.
+    seq-mean-token-sum-norm (Dr. GRPO, verl): the sum over every token of the batch divided by
+    a constant horizon, ``loss_scale_factor`` (the max response length; the mask width when
+    None), so neither the response length nor the number of live tokens rescales the gradient.
     """
     if mode == "token-mean":
         return masked_mean(loss_mat, mask)
+    if mode == "seq-mean-token-sum-norm":
+        return masked_sum(loss_mat, mask) / (loss_scale_factor or mask.shape[-1])
     if mode == "seq-mean-token-sum":
         per_seq = masked_sum(loss_mat, mask, dim=-1)
     elif mode == "seq-mean-token-mean":
@@ -95,11 +118,39 @@ def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: LossAggMode) -> t
 
 @dataclass
 class PolicyLossOutput:
-    """Scalar outputs of a policy loss: the loss to backprop and two diagnostics."""
+    """Scalar outputs of a policy loss: the loss to backprop and diagnostics."""
 
     pg_loss: torch.Tensor
     pg_clipfrac: torch.Tensor
     ppo_kl: torch.Tensor
+    pg_clipfrac_lower: torch.Tensor | None = None
+    """Share of tokens held by the dual-clip floor (negative advantages only)."""
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token pessimistic PPO loss, [B, T]; returns (losses, clipped, floored) masks too.
+
+    The ratio is clipped to [1 - low, 1 + high] and the larger loss is kept. Dual clip (Ye et
+    al. 2020): with a negative advantage the clipped loss -A * r grows without bound in r, so
+    one token whose probability exploded can dominate the batch; its loss is capped at
+    -A * clip_ratio_c (``clip_ratio_c`` > 1; None = no floor). Positive advantages are untouched.
+    """
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
+    losses = torch.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped
+    floored = torch.zeros_like(was_clipped)
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        floored = (losses > cap) & (advantages < 0)
+        losses = torch.where(advantages < 0, torch.minimum(losses, cap), losses)
+    return losses, was_clipped, floored
 
 
 def policy_loss_ppo_clip(
@@ -111,26 +162,71 @@ def policy_loss_ppo_clip(
     clip_ratio_high: float = 0.2,
     loss_agg_mode: LossAggMode = "token-mean",
     token_weights: torch.Tensor | None = None,
+    clip_ratio_c: float | None = 3.0,
+    loss_scale_factor: float | None = None,
 ) -> PolicyLossOutput:
-    """PPO clipped surrogate; all inputs [B, T].
+    """PPO clipped surrogate with per-token ratios, dual-clipped; all inputs [B, T].
 
-    The ratio is clipped to [1 - low, 1 + high] (separate bounds allow DAPO's clip-higher), and
-    the pessimistic (larger) loss is kept, so a token that already moved past the bound in the
-    advantage's direction contributes no gradient. ``ppo_kl`` is mean(old - new log-prob).
-    ``token_weights`` (detached, [B, T]) scale each token's loss: importance weights for
-    responses sampled by an older policy (``rlfleet.rl.losses``).
+    Separate bounds allow DAPO's clip-higher; a token that already moved past the bound in the
+    advantage's direction contributes no gradient (see ``clipped_surrogate``). ``ppo_kl`` is
+    mean(old - new log-prob). ``token_weights`` (detached, [B, T]) scale each token's loss:
+    importance weights for responses sampled by an older policy (``rlfleet.rl.losses``).
     """
     log_ratio = (logprob - old_logprob).clamp(-20, 20)  # keeps exp finite for stale tokens
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1 - clip_ratio_low, 1 + clip_ratio_high)
-    losses = torch.maximum(unclipped, clipped)
+    losses, clipped, floored = clipped_surrogate(
+        torch.exp(log_ratio), advantages, clip_ratio_low, clip_ratio_high, clip_ratio_c
+    )
     if token_weights is not None:
         losses = losses * token_weights
     return PolicyLossOutput(
-        pg_loss=agg_loss(losses, response_mask, loss_agg_mode),
-        pg_clipfrac=masked_mean((clipped > unclipped).float(), response_mask),
+        pg_loss=agg_loss(losses, response_mask, loss_agg_mode, loss_scale_factor),
+        pg_clipfrac=masked_mean(clipped.float(), response_mask),
         ppo_kl=masked_mean(-log_ratio, response_mask).detach(),
+        pg_clipfrac_lower=masked_mean(floored.float(), response_mask),
+    )
+
+
+def sequence_log_ratio(
+    old_logprob: torch.Tensor, logprob: torch.Tensor, response_mask: torch.Tensor
+) -> torch.Tensor:
+    """GSPO's per-token log-ratio, [B, T]: value = the sequence's mean log-ratio, gradient =
+    that token's own log-prob.
+
+    log s_i,t = sg[mean_t(log pi - log pi_old)] + log pi_t - sg[log pi_t] (GSPO-token, Zheng et
+    al. 2025, eq. 13): the same number on every token of a sequence, so the whole response is
+    clipped together, while each token keeps its own gradient path.
+    """
+    seq_mean = masked_mean(logprob - old_logprob, response_mask, dim=-1).detach()
+    return (logprob - logprob.detach() + seq_mean.unsqueeze(-1)).clamp(max=10.0)
+
+
+def policy_loss_gspo(
+    old_logprob: torch.Tensor,
+    logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    token_weights: torch.Tensor | None = None,
+) -> PolicyLossOutput:
+    """GSPO: PPO's clipped surrogate on the sequence-level ratio exp(mean_t log-ratio), [B, T].
+
+    A token-level ratio is a one-sample importance weight with high variance over long answers
+    (worst for MoE models); the geometric-mean ratio of the whole sequence matches the unit the
+    reward is given to. As in the paper and verl, the loss is a mean per sequence then over
+    sequences ("seq-mean-token-mean") whatever ``loss_agg_mode`` says, and no dual clip applies.
+    The paper's bounds are tiny (3e-4 / 4e-4), since a sequence ratio moves less than a token's.
+    """
+    log_ratio = sequence_log_ratio(old_logprob, logprob, response_mask)
+    losses, clipped, _ = clipped_surrogate(
+        torch.exp(log_ratio), advantages, clip_ratio_low, clip_ratio_high
+    )
+    if token_weights is not None:
+        losses = losses * token_weights
+    return PolicyLossOutput(
+        pg_loss=agg_loss(losses, response_mask, "seq-mean-token-mean"),
+        pg_clipfrac=masked_mean(clipped.float(), response_mask),
+        ppo_kl=masked_mean(old_logprob - logprob, response_mask).detach(),
     )
 
 

@@ -13,16 +13,23 @@ token is weighted by ``pi_prox / pi_behav``, truncated at ``is_cap`` (truncated 
 sampling, Espeholt et al. 2018, IMPALA, arXiv:1802.01561). With fresh responses the weight is 1
 and the loss is plain PPO (Schulman et al. 2017, arXiv:1707.06347). The KL term follows GRPO
 (Shao et al. 2024, arXiv:2402.03300).
+
+``policy_loss_mode`` picks the surrogate: ``vanilla`` is token-level PPO with dual clip (Ye et
+al. 2020, arXiv:1912.09729), ``gspo`` the sequence-level ratio of GSPO (Zheng et al. 2025,
+arXiv:2507.18071); see ``rlfleet.rl.core_algos``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from rlfleet.rl import core_algos
 from rlfleet.rl.core_algos import KLKind, LossAggMode
+
+PolicyLossMode = Literal["vanilla", "gspo"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,18 @@ class LossParams:
     entropy_coeff: float = 0.0
     is_cap: float = 2.0
     """Upper bound of the per-token importance weight pi_prox / pi_behav."""
+    clip_ratio_c: float | None = 3.0
+    """Dual-clip floor for negative advantages (> 1; None = off). Vanilla mode only."""
+    policy_loss_mode: PolicyLossMode = "vanilla"
+    """``vanilla``: token-level ratio; ``gspo``: sequence-level ratio."""
+    loss_scale_factor: float | None = None
+    """Constant horizon of ``seq-mean-token-sum-norm`` (the max response length); None = the
+    mask width, which varies with the mini-batch's longest response."""
+
+    @property
+    def effective_agg_mode(self) -> LossAggMode:
+        """The aggregation the policy loss really uses (GSPO fixes seq-mean-token-mean)."""
+        return "seq-mean-token-mean" if self.policy_loss_mode == "gspo" else self.loss_agg_mode
 
 
 @dataclass
@@ -62,6 +81,33 @@ def importance_weights(
     return torch.exp(log_w).clamp(max=cap).detach()
 
 
+def policy_loss(
+    params: LossParams, x: LossInputs, weights: torch.Tensor | None
+) -> core_algos.PolicyLossOutput:
+    """The surrogate named by ``params.policy_loss_mode``."""
+    low, high = params.clip_ratio_low, params.clip_ratio_high
+    if params.policy_loss_mode == "gspo":
+        return core_algos.policy_loss_gspo(
+            x.old_logprob, x.logprob, x.advantages, x.response_mask, low, high, weights
+        )
+    if params.policy_loss_mode != "vanilla":
+        raise ValueError(
+            f"unknown policy_loss_mode {params.policy_loss_mode!r}; valid: vanilla, gspo"
+        )
+    return core_algos.policy_loss_ppo_clip(
+        x.old_logprob,
+        x.logprob,
+        x.advantages,
+        x.response_mask,
+        low,
+        high,
+        params.loss_agg_mode,
+        token_weights=weights,
+        clip_ratio_c=params.clip_ratio_c,
+        loss_scale_factor=params.loss_scale_factor,
+    )
+
+
 def actor_loss(params: LossParams, x: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss to backprop and verl-named metrics for one mini-batch."""
     mask = x.response_mask
@@ -71,16 +117,7 @@ def actor_loss(params: LossParams, x: LossInputs) -> tuple[torch.Tensor, dict[st
         weights = importance_weights(x.old_logprob, x.behaviour_logprob, params.is_cap)
         metrics["async/importance_weight/mean"] = core_algos.masked_mean(weights, mask).item()
         metrics["async/importance_weight/max"] = float((weights * mask).max())
-    out = core_algos.policy_loss_ppo_clip(
-        x.old_logprob,
-        x.logprob,
-        x.advantages,
-        mask,
-        params.clip_ratio_low,
-        params.clip_ratio_high,
-        params.loss_agg_mode,
-        token_weights=weights,
-    )
+    out = policy_loss(params, x, weights)
     loss = out.pg_loss
     metrics.update(
         {
@@ -89,14 +126,15 @@ def actor_loss(params: LossParams, x: LossInputs) -> tuple[torch.Tensor, dict[st
             "actor/ppo_kl": out.ppo_kl.item(),
         }
     )
+    if out.pg_clipfrac_lower is not None:
+        metrics["actor/pg_clipfrac_lower"] = out.pg_clipfrac_lower.item()
+    agg = {"mode": params.effective_agg_mode, "loss_scale_factor": params.loss_scale_factor}
     if params.kl_coef and x.ref_logprob is not None:
         kl = core_algos.kl_penalty(x.logprob, x.ref_logprob, params.kl_type)
-        kl_loss = core_algos.agg_loss(kl, mask, params.loss_agg_mode)
+        kl_loss = core_algos.agg_loss(kl, mask, **agg)
         loss = loss + params.kl_coef * kl_loss
         metrics["actor/kl_loss"] = kl_loss.item()
-    entropy = core_algos.agg_loss(
-        core_algos.entropy_from_logits(x.logits), mask, params.loss_agg_mode
-    )
+    entropy = core_algos.agg_loss(core_algos.entropy_from_logits(x.logits), mask, **agg)
     if params.entropy_coeff:
         loss = loss - params.entropy_coeff * entropy
     metrics["actor/entropy"] = entropy.item()

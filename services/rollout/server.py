@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import grpc
+
 from rlfleet.common import weights
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.grpc_server import Registration
@@ -60,25 +62,82 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return convert.status_to_proto(self._replica.status())
 
 
-async def _receive_header(
-    messages: AsyncIterator[rollout_pb2.WeightChunk],
-) -> weights.WeightHeader:
+UpdateMessage = rollout_pb2.WeightChunk | memoryview  # a data chunk arrives as a memoryview
+UPDATE_WEIGHTS = "UpdateWeights"
+_DATA_TAG = 0x12  # WeightChunk.data: field 2, length-delimited
+
+
+async def _receive_header(messages: AsyncIterator[UpdateMessage]) -> weights.WeightHeader:
     """The header, which must come first."""
     first = await anext(aiter(messages), None)
-    if first is None or first.WhichOneof("kind") != "header":
+    if not isinstance(first, rollout_pb2.WeightChunk) or first.WhichOneof("kind") != "header":
         raise InvalidArgument("UpdateWeights: the first message must be the header")
     return convert.header_from_proto(first.header)
 
 
 async def _receive_payload(
-    messages: AsyncIterator[rollout_pb2.WeightChunk], buffer: weights.PayloadBuffer
+    messages: AsyncIterator[UpdateMessage], buffer: weights.PayloadBuffer
 ) -> memoryview:
     """Data chunks written into ``buffer`` (which refuses more than it holds), then the whole."""
     async for message in messages:
-        if message.WhichOneof("kind") != "data":
+        if isinstance(message, memoryview):
+            buffer.write(message)
+        elif message.WhichOneof("kind") == "data":
+            buffer.write(message.data)
+        else:
             raise InvalidArgument("UpdateWeights: only one header, then data chunks")
-        buffer.write(message.data)
     return buffer.payload()
+
+
+def parse_update_message(raw: bytes) -> UpdateMessage:
+    """A data chunk as a view of the received bytes; anything else parsed as a WeightChunk.
+
+    Why: parsing a 4 MiB chunk with protobuf and reading ``.data`` allocates and copies it
+    twice more, which cost ten times the memcpy itself on a busy machine. A message that is
+    exactly one ``data`` field is read in place; every other one takes the protobuf path.
+    """
+    view = memoryview(raw)
+    if view[:1] == bytes((_DATA_TAG,)):
+        length, start = _read_varint(view, 1)
+        if start + length == len(view):
+            return view[start:]
+    return rollout_pb2.WeightChunk.FromString(raw)
+
+
+def _read_varint(view: memoryview, position: int) -> tuple[int, int]:
+    """(value, position after it); -1 for a malformed varint, which never matches a length."""
+    value, shift = 0, 0
+    while position < len(view) and shift < 64:
+        byte = view[position]
+        value |= (byte & 0x7F) << shift
+        position, shift = position + 1, shift + 7
+        if not byte & 0x80:
+            return value, position
+    return -1, position
+
+
+class _RawUpdateServer:
+    """Stands in for the server during the generated registration, swapping in
+    ``parse_update_message`` as UpdateWeights' deserializer (every other method unchanged)."""
+
+    def __init__(self, server: grpc.aio.Server, servicer: RolloutServicer) -> None:
+        self._server = server
+        self._handler = grpc.stream_unary_rpc_method_handler(
+            servicer.UpdateWeights, request_deserializer=parse_update_message,
+            response_serializer=rollout_pb2.UpdateWeightsResponse.SerializeToString,
+        )  # fmt: skip
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        mine = grpc.method_handlers_generic_handler(SERVICE_NAME, {UPDATE_WEIGHTS: self._handler})
+        self._server.add_generic_rpc_handlers((mine, *handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        handlers = {**handlers, UPDATE_WEIGHTS: self._handler}
+        self._server.add_registered_method_handlers(service, handlers)
+
+
+def _add_to_server(servicer: RolloutServicer, server: grpc.aio.Server) -> None:
+    rollout_pb2_grpc.add_RolloutServicer_to_server(servicer, _RawUpdateServer(server, servicer))
 
 
 def _check_distinct(request_ids: list[str]) -> None:
@@ -87,6 +146,4 @@ def _check_distinct(request_ids: list[str]) -> None:
 
 
 def registration(replica: Replica) -> Registration:
-    return Registration(
-        rollout_pb2_grpc.add_RolloutServicer_to_server, RolloutServicer(replica), SERVICE_NAME
-    )
+    return Registration(_add_to_server, RolloutServicer(replica), SERVICE_NAME)

@@ -43,10 +43,13 @@ class Actor:
             clip_ratio_low=cfg.clip_ratio_low,
             clip_ratio_high=cfg.clip_ratio_high,
             loss_agg_mode=cfg.loss_agg_mode,
-            kl_coef=cfg.kl_loss_coef if config.needs_reference else 0.0,
+            kl_coef=cfg.kl_loss_coef if cfg.use_kl_loss else 0.0,
             kl_type=cfg.kl_loss_type,
             entropy_coeff=cfg.entropy_coeff,
             is_cap=cfg.is_cap,
+            clip_ratio_c=cfg.clip_ratio_c,
+            policy_loss_mode=cfg.policy_loss_mode,
+            loss_scale_factor=config.rollout.max_tokens,
         )
 
     def _lr_factor(self, step: int) -> float:
@@ -110,7 +113,10 @@ class Actor:
         live = ((advantages[idx] != 0) & (rows_mask > 0)).any(-1)
         if bool(live.all()):
             return idx, 1.0
-        if params.loss_agg_mode == "token-mean":
+        mode = params.effective_agg_mode
+        if mode == "seq-mean-token-sum-norm":  # a constant divisor: dropped rows change nothing
+            total, kept = torch.tensor(1.0), torch.tensor(1.0)
+        elif mode == "token-mean":
             total, kept = rows_mask.sum(), rows_mask[live].sum()
         else:
             total, kept = (rows_mask.sum(-1) > 0).sum(), live.sum()

@@ -4,7 +4,6 @@ reflects what the rollout replicas actually serve, not a private copy of the mod
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections import defaultdict
 
@@ -13,25 +12,26 @@ from rlfleet.trainer.data import PromptRecord
 
 
 async def greedy_responses(
-    rollout, records: list[PromptRecord], max_tokens: int, min_version: int, concurrency: int = 64
+    rollout, records: list[PromptRecord], max_tokens: int, min_version: int, chunk: int = 256
 ) -> list[list[int]]:
-    """Token ids of the greedy completion of every record (bounded concurrency)."""
-    gate = asyncio.Semaphore(concurrency)
+    """Token ids of the greedy completion of every record, ``chunk`` prompts per batch call."""
     tag = uuid.uuid4().hex[:8]
-
-    async def one(index: int, record: PromptRecord) -> list[int]:
-        request = GenerateRequest(
+    sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
+    requests = [
+        GenerateRequest(
             request_id=f"val-{tag}-{index}",
-            sampling=SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens),
+            sampling=sampling,
             prompt_token_ids=record.token_ids,
             session_id=f"val-{tag}-{index}",
             min_weight_version=min_version,
         )
-        async with gate:
-            result = await rollout.generate(request)
-        return result.completions[0].token_ids
-
-    return await asyncio.gather(*(one(i, r) for i, r in enumerate(records)))
+        for index, record in enumerate(records)
+    ]
+    responses: list[list[int]] = []
+    for start in range(0, len(requests), chunk):
+        results = await rollout.generate_batch(requests[start : start + chunk])
+        responses.extend(result.completions[0].token_ids for result in results)
+    return responses
 
 
 def accuracy_by_source(records: list[PromptRecord], scores: list[float]) -> dict[str, float]:

@@ -25,6 +25,8 @@ class Generator(Closable, Protocol):
 
     async def generate(self, request: GenerateRequest) -> GenerateResult: ...
 
+    async def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]: ...
+
 
 class Scorer(Closable, Protocol):
     """The reward service (``rlfleet.reward.client.RewardClient``)."""

@@ -74,7 +74,8 @@ class Timer:
 
 
 class MetricsWriter:
-    """Appends one JSON object per step to ``metrics.jsonl``; keeps history for the plot."""
+    """Appends one JSON object per step to ``metrics.jsonl`` (verl's ``file`` logger); keeps
+    history for the plot."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -86,6 +87,13 @@ class MetricsWriter:
         self.history.append(record)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """The ``jsonl`` backend of ``rlfleet.trainer.loggers.Tracker``."""
+        self.write(step, metrics)
+
+    def close(self) -> None:
+        """Nothing is held open: every write appends and closes the file."""
 
 
 def plot_reward_curve(history: list[dict], path: Path, val: dict[str, float]) -> Path | None:

@@ -103,7 +103,9 @@ class Trainer:
     async def generate(
         self, prompts: list[PromptRecord], step: int, min_version: int
     ) -> RolloutBatch:
-        """One Generate per prompt with n samples; the group id is the sticky session."""
+        """The whole step in one ``GenerateBatch``: each replica gets its share as one queue
+        entry (one engine batch). One request per prompt with n samples; the group id is the
+        sticky session, so a group's samples share a replica's prefix cache."""
         cfg = self.config.rollout
         sampling = SamplingParams(
             n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens
@@ -118,7 +120,7 @@ class Trainer:
             )
             for i, record in enumerate(prompts)
         ]
-        results = await asyncio.gather(*(self.fleet.rollout.generate(r) for r in requests))
+        results = await self.fleet.rollout.generate_batch(requests)
         batch = RolloutBatch()
         for group_id, (record, result) in enumerate(zip(prompts, results, strict=True)):
             batch.add_group(record, group_id, result)

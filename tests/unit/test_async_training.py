@@ -71,6 +71,9 @@ class LaggingRollout:
         result.weight_version = held
         return result
 
+    async def generate_batch(self, requests):
+        return [await self.generate(request) for request in requests]
+
     async def close(self):
         pass
 

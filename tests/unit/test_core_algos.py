@@ -5,10 +5,12 @@ test fails if the implementation drifts from the papers, not just if it changes.
 """
 
 import math
+from typing import get_args
 
 import pytest
 import torch
 
+from rlfleet.common.config import AlgorithmConfig
 from rlfleet.rl import advantages as adv_mod
 from rlfleet.rl import core_algos as ca
 
@@ -126,12 +128,15 @@ def test_compute_advantage_dispatches_by_name() -> None:
     )
     adv, _ = adv_mod.compute_advantage(adv_mod.AdvantageParams(estimator="rloo"), inputs)
     close(adv, [[1.0], [-1.0]])
-    assert set(adv_mod.ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus", "gae"}
+    assert set(adv_mod.ESTIMATORS) == set(get_args(adv_mod.EstimatorName))
+    config_names = get_args(AlgorithmConfig.model_fields["adv_estimator"].annotation)
+    assert set(adv_mod.ESTIMATORS) == set(config_names)
 
 
 def test_compute_advantage_unknown_name_lists_valid_ones() -> None:
     inputs = adv_mod.AdvantageInputs(token_level_rewards=t([[1.0]]), response_mask=t([[1]]))
-    with pytest.raises(ValueError, match="gae, grpo, reinforce_plus_plus, rloo"):
+    valid = "gae, grpo, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, rloo"
+    with pytest.raises(ValueError, match=valid):
         adv_mod.compute_advantage(adv_mod.AdvantageParams(estimator="ppo-magic"), inputs)
 
 

@@ -58,6 +58,9 @@ class SamplingRollout:
         version = request.min_weight_version + self.version_offset
         return GenerateResult(request.request_id, completions, version, "fake-0")
 
+    async def generate_batch(self, requests):
+        return [await self.generate(request) for request in requests]
+
     async def close(self):
         pass
 

@@ -7,6 +7,7 @@ from rlfleet.common import weights
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout.client import PreparedUpdate
+from rlfleet.rollout.server import parse_update_message
 from rlfleet.trainer.weight_sync import PushResult, push_metrics
 
 
@@ -130,11 +131,13 @@ def test_bad_version_and_unknown_dtype_are_rejected():
         weights.decode(header, payload)
 
 
-def test_non_finite_values_are_named():
-    state = sample_state()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_values_are_named(dtype: torch.dtype, bad: float):
+    state = {"ok": torch.randn(100), "w": torch.randn(1000).to(dtype)}
     weights.check_finite(state)
-    state["c.half"][1, 1] = float("inf")
-    with pytest.raises(InvalidArgument, match="c.half"):
+    state["w"][777] = bad
+    with pytest.raises(InvalidArgument, match="'w' holds NaN or inf"):
         weights.check_finite(state)
 
 
@@ -158,3 +161,14 @@ def test_push_metrics_keep_the_old_names_and_add_per_replica_ones():
     assert metrics["weight_sync/mbytes"] == 1.0
     assert metrics["weight_sync/r0/seconds"] == 0.5 and metrics["weight_sync/r1/mbytes"] == 0.0
     assert metrics["weight_sync/push_s_max"] == 0.5
+
+
+def test_the_replica_reads_data_chunks_in_place_and_parses_anything_else():
+    header, payload = weights.encode(sample_state(), version=2)
+    update = PreparedUpdate.of(header, payload, chunk_bytes=16)
+    first, *data = [parse_update_message(m) for m in update.messages]
+    assert isinstance(first, rollout_pb2.WeightChunk) and first.header.version == 2
+    assert all(isinstance(d, memoryview) for d in data)
+    assert b"".join(data) == bytes(payload)
+    odd = rollout_pb2.WeightChunk(data=b"abc").SerializeToString() + b"\x12\x01z"  # two fields
+    assert parse_update_message(odd).data == b"z"  # protobuf's rule: the last one wins

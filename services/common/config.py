@@ -121,6 +121,9 @@ class RolloutConfig(Section):
     debug_generate_delay_s: float = 0.0
     """Chaos/testing aid: sleep this long inside every queued request before generating, so
     tests can kill a replica mid-request. Keep 0 in real runs."""
+    metrics_port: int = 0
+    """Port of the replica's Prometheus ``/metrics`` (tokens, queue depth, weight version,
+    update time), served on ``host``; 0 = off."""
 
 
 class RouterConfig(Section):
@@ -139,6 +142,13 @@ class RouterConfig(Section):
     before the router answers UNAVAILABLE."""
     janitor_interval_s: float = 1.0
     """How often the router looks for dead replicas and migrates their queued work."""
+    http_port: int | None = None
+    """Port of the OpenAI-compatible HTTP front (``/v1/models``, ``/v1/completions``,
+    ``/v1/chat/completions``, and Prometheus ``/metrics``); None = off, 0 = any free port.
+    It tokenizes chat messages with ``model.path``'s tokenizer."""
+    metrics_port: int | None = None
+    """Port of a ``/metrics``-only HTTP server, for routers without ``http_port`` (which
+    serves ``/metrics`` itself); None = off."""
 
 
 class UserScorerConfig(Section):

@@ -2,7 +2,9 @@
 
 Each server gets: the health service (``grpc.health.v1.Health``) and reflection, explicit
 message-size limits, an interceptor that turns exceptions into proper status codes (never
-a bare UNKNOWN) and checks the API key when one is configured, and graceful shutdown.
+a bare UNKNOWN; a request that does not even parse, e.g. a string field that is not UTF-8,
+is INVALID_ARGUMENT naming the field: ``proto_decode``) and checks the API key when one is
+configured, and graceful shutdown.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from rlfleet.common import errors
+from rlfleet.common.proto_decode import check, checked_stream, tolerant
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +70,18 @@ def _check_auth(context: grpc.aio.ServicerContext, api_key: str | None, method: 
         raise errors.Unauthenticated("missing or wrong API key (authorization: Bearer <key>)")
 
 
-def _wrap_unary(behavior: Callable, method: str, api_key: str | None) -> Callable:
+def _parsed(request_or_iterator: Any, streaming: bool) -> Any:
+    """The request (InvalidArgument if it did not parse), or a stream that checks each one."""
+    return checked_stream(request_or_iterator) if streaming else check(request_or_iterator)
+
+
+def _wrap_unary(
+    behavior: Callable, method: str, api_key: str | None, streaming: bool = False
+) -> Callable:
     async def wrapper(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             _check_auth(context, api_key, method)
-            return await behavior(request_or_iterator, context)
+            return await behavior(_parsed(request_or_iterator, streaming), context)
         except asyncio.CancelledError:
             raise
         except grpc.aio.AbortError:
@@ -82,11 +92,13 @@ def _wrap_unary(behavior: Callable, method: str, api_key: str | None) -> Callabl
     return wrapper
 
 
-def _wrap_stream(behavior: Callable, method: str, api_key: str | None) -> Callable:
+def _wrap_stream(
+    behavior: Callable, method: str, api_key: str | None, streaming: bool = False
+) -> Callable:
     async def wrapper(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             _check_auth(context, api_key, method)
-            async for item in behavior(request_or_iterator, context):
+            async for item in behavior(_parsed(request_or_iterator, streaming), context):
                 yield item
         except asyncio.CancelledError:
             raise
@@ -110,25 +122,18 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = handler_call_details.method
         key = self._api_key
+        parse = tolerant(handler.request_deserializer)
         if handler.unary_unary:
             fn = _wrap_unary(handler.unary_unary, method, key)
-            return grpc.unary_unary_rpc_method_handler(
-                fn, handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_unary_rpc_method_handler(fn, parse, handler.response_serializer)
         if handler.stream_unary:
-            fn = _wrap_unary(handler.stream_unary, method, key)
-            return grpc.stream_unary_rpc_method_handler(
-                fn, handler.request_deserializer, handler.response_serializer
-            )
+            fn = _wrap_unary(handler.stream_unary, method, key, streaming=True)
+            return grpc.stream_unary_rpc_method_handler(fn, parse, handler.response_serializer)
         if handler.unary_stream:
             fn = _wrap_stream(handler.unary_stream, method, key)
-            return grpc.unary_stream_rpc_method_handler(
-                fn, handler.request_deserializer, handler.response_serializer
-            )
-        fn = _wrap_stream(handler.stream_stream, method, key)
-        return grpc.stream_stream_rpc_method_handler(
-            fn, handler.request_deserializer, handler.response_serializer
-        )
+            return grpc.unary_stream_rpc_method_handler(fn, parse, handler.response_serializer)
+        fn = _wrap_stream(handler.stream_stream, method, key, streaming=True)
+        return grpc.stream_stream_rpc_method_handler(fn, parse, handler.response_serializer)
 
 
 def message_options(max_message_mb: int) -> list[tuple[str, int]]:

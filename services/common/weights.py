@@ -110,7 +110,6 @@ def encode(
     force: bool = False,
 ) -> tuple[WeightHeader, memoryview]:  # fmt: skip
     """Copy every tensor once into one payload and describe it in a header (one checksum)."""
-    import torch
 
     entries, offset = [], 0
     for name, tensor in state_dict.items():

@@ -1,9 +1,12 @@
 """Proto <-> plain objects for the Rollout service, used by the replica's server and its client.
 
 Protobuf types stop here: the replica core and its callers pass the dataclasses of
-``rlfleet.rollout.types`` and ``rlfleet.common.weights``. Proto3 zeros mean "unset" where a
-zero would be invalid: ``n`` and ``max_tokens`` fall back to the dataclass defaults and
-``top_p`` 0 means 1 (the router's converters follow the same rules). Temperature 0 is greedy.
+``rlfleet.rollout.types`` and ``rlfleet.common.weights``. Proto3 cannot tell an unset scalar
+from 0, so (as ``types`` documents): a request without ``sampling`` gets the dataclass
+defaults; a present ``sampling`` is taken as sent, so ``n=0`` or ``max_tokens=0`` fail
+validation instead of silently becoming 1 and 16. Only the zeros the proto documents keep
+their "unset" meaning: ``top_p`` 0 is 1, ``top_k`` <= 0 is off. Temperature 0 is greedy. The
+router uses these same converters.
 """
 
 from __future__ import annotations
@@ -25,10 +28,9 @@ from rlfleet.rollout.types import (
 
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
-    defaults = SamplingParams()
     return SamplingParams(
-        n=msg.n or defaults.n, temperature=msg.temperature, top_p=msg.top_p or 1.0,
-        top_k=max(0, msg.top_k), max_tokens=msg.max_tokens or defaults.max_tokens,
+        n=msg.n, temperature=msg.temperature, top_p=msg.top_p or 1.0,
+        top_k=max(0, msg.top_k), max_tokens=msg.max_tokens,
         stop=list(msg.stop), seed=msg.seed if msg.HasField("seed") else None,
         logprobs=msg.logprobs,
     )  # fmt: skip
@@ -43,8 +45,10 @@ def sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
 
 def request_from_proto(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
     which = msg.WhichOneof("prompt")
+    sent = msg.HasField("sampling")
     return GenerateRequest(
-        request_id=msg.request_id, sampling=sampling_from_proto(msg.sampling),
+        request_id=msg.request_id,
+        sampling=sampling_from_proto(msg.sampling) if sent else SamplingParams(),
         prompt_token_ids=list(msg.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
         prompt_text=msg.prompt_text if which == "prompt_text" else None,
         session_id=msg.session_id, min_weight_version=msg.min_weight_version,

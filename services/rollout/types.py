@@ -8,12 +8,24 @@ that JSON would print and parse one by one (a single request's answer is still J
 every reader of the queue understands; ``decode`` reads both). Several requests for one replica travel as one queue entry
 (``pack_requests``): a JSON object, so a janitor reads its ``min_weight_version`` like a single
 request's.
+
+Validation (``validate``) is the one place every front door (router and replica gRPC, the
+router's HTTP API, queued JSON) checks a request, so each answers a bad value the same way:
+``InvalidField`` (an ``InvalidArgument``, so INVALID_ARGUMENT / HTTP 400) naming the field.
+NaN and infinite numbers are refused everywhere (a NaN timeout once made the router wait until
+the caller's deadline). Proto3 cannot tell an unset scalar from 0, so ``convert`` applies one
+rule: a request without ``sampling`` gets the defaults below; a request WITH ``sampling``
+means every field in it, so ``n=0`` and ``max_tokens=0`` are refused, not replaced. The two
+zeros the proto documents as "unset" keep that meaning: ``top_p`` 0 is 1 and ``top_k`` <= 0
+is off. JSON (HTTP) can tell absent from 0: an absent field takes the default, an explicit
+out-of-range value (``top_p: 0`` included) is refused.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 import struct
 from array import array
 from collections.abc import Sequence
@@ -23,6 +35,11 @@ from rlfleet.common.errors import InvalidArgument
 
 MAX_SAMPLES = 1024
 MAX_NEW_TOKENS = 1 << 16
+MAX_ID_CHARS = 256
+MAX_TIMEOUT_S = 86_400.0
+MAX_STOP_STRINGS = 64
+INT32_MAX = (1 << 31) - 1
+INT64 = (-(1 << 63), (1 << 63) - 1)
 PACKED_MAGIC = b"\x00RG1"  # never the first bytes of JSON, so old JSON answers still decode
 _HEADER_LEN = struct.Struct("<I")
 BATCH_FIELD = "batch"
@@ -84,17 +101,19 @@ class SamplingParams:
     logprobs: int = 1
 
     def validate(self) -> None:
-        """Raise InvalidArgument for values no engine can honour."""
-        if not 1 <= self.n <= MAX_SAMPLES:
-            raise InvalidArgument(f"sampling.n must be in [1, {MAX_SAMPLES}], got {self.n}")
-        if not 1 <= self.max_tokens <= MAX_NEW_TOKENS:
-            raise InvalidArgument(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise InvalidArgument(f"sampling.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise InvalidArgument(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.logprobs not in (0, 1):
-            raise InvalidArgument("sampling.logprobs must be 0 or 1 (the sampled token's)")
+        """Raise InvalidField for values no engine can honour (see the module docstring)."""
+        _check_int("sampling.n", self.n, 1, MAX_SAMPLES)
+        _check_int("sampling.max_tokens", self.max_tokens, 1, MAX_NEW_TOKENS)
+        _check_float("sampling.temperature", self.temperature, 0.0)
+        _check_float("sampling.top_p", self.top_p, 0.0, 1.0)
+        if self.top_p == 0:
+            raise InvalidField("sampling.top_p", "must be in (0, 1], got 0")
+        _check_int("sampling.top_k", self.top_k, 0, INT32_MAX)
+        _check_stop(self.stop)
+        if self.seed is not None:
+            _check_int("sampling.seed", self.seed, *INT64)
+        if self.logprobs not in (0, 1) or isinstance(self.logprobs, bool):
+            raise InvalidField("sampling.logprobs", "must be 0 or 1 (the sampled token's)")
 
 
 @dataclass
@@ -116,14 +135,14 @@ class GenerateRequest:
     timeout_s: float = 0.0
 
     def validate(self) -> None:
-        if not self.request_id or len(self.request_id) > 256:
-            raise InvalidArgument("request_id must be 1-256 characters")
-        if not self.prompt_token_ids and not self.prompt_text:
-            raise InvalidArgument("a prompt (text or token ids) is required")
-        if self.prompt_token_ids and any(t < 0 for t in self.prompt_token_ids):
-            raise InvalidArgument("prompt token ids must be >= 0")
-        if self.min_weight_version < 0 or self.timeout_s < 0:
-            raise InvalidArgument("min_weight_version and timeout_s must be >= 0")
+        """Raise InvalidField naming the first bad field (see the module docstring)."""
+        _check_text("request_id", self.request_id, 1)
+        _check_text("session_id", self.session_id, 0)
+        _check_prompt(self.prompt_token_ids, self.prompt_text)
+        _check_int("min_weight_version", self.min_weight_version, 0, INT64[1])
+        _check_float("timeout_s", self.timeout_s, 0.0, MAX_TIMEOUT_S)
+        if not isinstance(self.sampling, SamplingParams):
+            raise InvalidField("sampling", "must be sampling parameters")
         self.sampling.validate()
 
     def to_json(self) -> bytes:
@@ -218,6 +237,49 @@ def entry_demand(payload: bytes) -> tuple[int, int]:
     """(weight version it needs, requests it holds) of a queue entry, single or packed."""
     raw = json.loads(payload)
     return int(raw.get("min_weight_version", 0)), len(raw.get(BATCH_FIELD, [None]))
+
+
+class InvalidField(InvalidArgument):
+    """InvalidArgument naming the request field at fault (the HTTP front reports it as the
+    OpenAI error's ``param``); the message starts with the field's name."""
+
+    def __init__(self, field_name: str, problem: str) -> None:
+        super().__init__(f"{field_name} {problem}")
+        self.field = field_name
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidField(name, f"must be an integer in [{low}, {high}], got {value!r}")
+
+
+def _check_float(name: str, value: object, low: float, high: float = math.inf) -> None:
+    """A finite number in [low, high]; NaN and infinities never pass."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidField(name, f"must be a finite number, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidField(name, f"must be in [{low:g}, {high:g}], got {value!r}")
+
+
+def _check_text(name: str, value: object, min_chars: int) -> None:
+    if not isinstance(value, str) or not min_chars <= len(value) <= MAX_ID_CHARS:
+        raise InvalidField(name, f"must be a string of {min_chars}-{MAX_ID_CHARS} characters")
+
+
+def _check_prompt(token_ids: list[int] | None, text: str | None) -> None:
+    if not token_ids and not text:
+        raise InvalidField("prompt", "is required (text or token ids)")
+    if text is not None and not isinstance(text, str):
+        raise InvalidField("prompt_text", "must be a string")
+    for token in token_ids or ():
+        _check_int("prompt_token_ids", token, 0, INT32_MAX)
+
+
+def _check_stop(stop: object) -> None:
+    if not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS:
+        raise InvalidField("sampling.stop", f"must be a list of at most {MAX_STOP_STRINGS} strings")
+    if not all(isinstance(s, str) and s for s in stop):
+        raise InvalidField("sampling.stop", "must hold non-empty strings")
 
 
 def _request_from_dict(raw: dict) -> GenerateRequest:

@@ -11,7 +11,8 @@ from pathlib import Path
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.trainer.data import batches, load_records
 from rlfleet.trainer.evaluate import accuracy_by_source, greedy_responses
-from rlfleet.trainer.metrics import MetricsWriter, plot_reward_curve
+from rlfleet.trainer.loggers import Tracker, progress_postfix
+from rlfleet.trainer.metrics import plot_reward_curve
 from rlfleet.trainer.state import TrainerState
 from rlfleet.trainer.trainer import Trainer
 
@@ -151,10 +152,7 @@ def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float]) -> None
     metrics["training/global_step"] = float(trainer.step)
     writer.write(trainer.step, metrics)
     bar.update(1)
-    bar.set_postfix(
-        score=f"{metrics.get('critic/score/mean', 0):.3f}",
-        s_per_step=f"{metrics.get('timing_s/step', 0):.2f}",
-    )
+    bar.set_postfix(progress_postfix(metrics))
     if cfg.trainer.save_freq and trainer.step % cfg.trainer.save_freq == 0:
         save_checkpoint(trainer, Path(cfg.run_dir) / "checkpoints" / f"global_step_{trainer.step}")
 
@@ -178,7 +176,7 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
         : config.data.val_size
     ]
     fleet = await connect_fleet(config)
-    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    writer = Tracker.from_config(config, run_dir)
     trainer = Trainer(config, fleet, actor, tokenizer)
     restore(trainer)
     server = control_server_factory(trainer, writer) if control_server_factory else None
@@ -189,6 +187,7 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
     finally:
         if server is not None:
             await server.stop(1.0)
+        writer.close()
         await fleet.close()
 
 
@@ -224,7 +223,7 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
         "time_to_target_s": _rounded(clock.time_to_target_s),
         "val_before": before,
         "val_after": after,
-        "metrics_file": str(writer.path),
+        "metrics_file": str(writer.path) if writer.path else None,
         "reward_curve": str(plot) if plot else None,
         "checkpoint": str(checkpoint),
     }

@@ -22,6 +22,7 @@ from rlfleet.trainer.batch import RolloutBatch, response_mask, token_level_rewar
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
+from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
 from rlfleet.trainer.state import TrainerState
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class Trainer:
         """The newest version the replicas acknowledged (async rollouts wait on it)."""
         self._landed = asyncio.Condition()
         algo = config.algorithm
+        self.kl_ctrl = kl_controller_for(config)
+        self.shaping_metrics: dict[str, float] = {}
         self.advantage_params = AdvantageParams(
             estimator=algo.adv_estimator,
             gamma=algo.gamma,
@@ -187,8 +190,11 @@ class Trainer:
         lengths = batch.response_lengths()
         mask = response_mask(lengths)
         values = pad_rows(batch.values, mask.shape[1]) if batch.values else None
+        outcome = token_level_rewards(batch.scores, lengths)
+        shaping = shaping_inputs(batch, outcome, mask)
+        rewards, self.shaping_metrics = shape_rewards(shaping, self.config, self.kl_ctrl)
         inputs = AdvantageInputs(
-            token_level_rewards=token_level_rewards(batch.scores, lengths),
+            token_level_rewards=rewards,
             response_mask=mask,
             group_index=batch.group_ids,
             values=values,
@@ -221,7 +227,7 @@ class Trainer:
             await self.old_logprobs(batch)
         with timer.phase("adv"):
             advantages, returns, mask = self.advantages(batch)
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = dict(self.shaping_metrics)
         if self.config.needs_critic:
             with timer.phase("update_critic"):
                 metrics.update(await self.update_critic(batch, returns, mask))

@@ -131,6 +131,12 @@ def _wandb_records(path: str):
             yield record
 
 
+def _history_row(record) -> dict:
+    """One ``run.log`` call; a key with "/" is stored as a one-element ``nested_key``."""
+    items = record.history.item
+    return {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
+
+
 @pytest.mark.slow
 def test_wandb_offline_run_reads_back(tmp_path, monkeypatch) -> None:
     pytest.importorskip("wandb")
@@ -140,11 +146,7 @@ def test_wandb_offline_run_reads_back(tmp_path, monkeypatch) -> None:
     records = list(_wandb_records(path))
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert (run.project, run.display_name) == ("proj", "exp")
-    rows = [
-        {item.key: json.loads(item.value_json) for item in r.history.item}
-        for r in records
-        if r.WhichOneof("record_type") == "history"
-    ]
+    rows = [_history_row(r) for r in records if r.WhichOneof("record_type") == "history"]
     assert [(row["_step"], row["critic/score/mean"]) for row in rows] == [
         (1, 0.25),
         (2, 0.5),

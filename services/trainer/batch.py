@@ -25,11 +25,17 @@ class RolloutBatch:
     finish_reasons: list[str] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     score_errors: int = 0
+    sampling_metrics: dict[str, float] = field(default_factory=dict)
+    """How the batch was assembled (DAPO's dynamic sampling rounds, dropped groups)."""
     behaviour_logprobs: list[list[float]] = field(default_factory=list)
     """Log-probs the sampling engine reported (async mode's off-policy correction)."""
     old_logprobs: list[list[float]] = field(default_factory=list)
     ref_logprobs: list[list[float]] = field(default_factory=list)
     values: list[list[float]] = field(default_factory=list)
+    baseline_scores: list[float] = field(default_factory=list)
+    """ReMax: the score of the greedy response to each sequence's prompt."""
+    baseline_texts: list[str] = field(default_factory=list)
+    """ReMax: the greedy response per group, in group order (not per sequence)."""
     engine_logprobs: list[list[float]] = field(default_factory=list)
     """Per-token log-probs of every completion as the engine sampled it (kept, not trained on
     unless copied to ``behaviour_logprobs`` for an off-policy update)."""
@@ -56,6 +62,16 @@ class RolloutBatch:
             if isinstance(value, list) and len(value) == len(self):
                 setattr(picked, name, [value[i] for i in rows])
         return picked
+
+    def extend(self, other: RolloutBatch, group_offset: int) -> RolloutBatch:
+        """A batch of this one's rows then ``other``'s (its group ids shifted by the offset)."""
+        merged = RolloutBatch(score_errors=self.score_errors + other.score_errors)
+        for name, mine in vars(self).items():
+            theirs = getattr(other, name)
+            if isinstance(mine, list) and len(mine) == len(self) and len(theirs) == len(other):
+                setattr(merged, name, mine + theirs)
+        merged.group_ids = self.group_ids + [g + group_offset for g in other.group_ids]
+        return merged
 
     def use_engine_logprobs_as_behaviour(self) -> bool:
         """Train with the engine's log-probs as the behaviour policy, if every token has one."""

@@ -98,7 +98,9 @@ class AsyncRollouts:
         await self._gate.wait()
         timer = Timer()
         async with self._busy:
-            batch = await self.trainer.produce(prompts, step, needed, timer)
+            batch = await self.trainer.produce(
+                prompts, step, needed, timer, refill=lambda: next(self._data)
+            )
         waited = time.perf_counter()
         await self._ready.put((batch, timer))
         self.idle_rollout_s += time.perf_counter() - waited

@@ -141,7 +141,7 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
 async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:
     if rollouts is None:
         await trainer.push_weights(only_stale=True)  # replicas that joined mid-run
-        return await trainer.train_step(next(data))
+        return await trainer.train_step(next(data), refill=lambda: next(data))
     # Async: every background push goes to all live replicas, joiners included.
     return await trainer.train_step_async(rollouts)
 

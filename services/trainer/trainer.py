@@ -12,6 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition
@@ -20,6 +24,7 @@ from rlfleet.rl.sequences import pad_rows
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.batch import RolloutBatch, response_mask, token_level_rewards
 from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.dynamic_sampling import fill_batch
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
@@ -104,31 +109,51 @@ class Trainer:
 
     # --- one step --------------------------------------------------------------------------
     async def generate(
-        self, prompts: list[PromptRecord], step: int, min_version: int
+        self, prompts: list[PromptRecord], step: int, min_version: int, tag: str = ""
     ) -> RolloutBatch:
         """The whole step in one ``GenerateBatch``: each replica gets its share as one queue
         entry (one engine batch). One request per prompt with n samples; the group id is the
-        sticky session, so a group's samples share a replica's prefix cache."""
-        cfg = self.config.rollout
-        sampling = SamplingParams(
-            n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens
-        )
+        sticky session, so a group's samples share a replica's prefix cache. ReMax adds one
+        greedy request per prompt (its baseline) to the same call."""
+        prefix = f"{self.run_tag}-s{step}{tag}"
         requests = [
-            GenerateRequest(
-                request_id=f"{self.run_tag}-s{step}-p{i}",
-                sampling=sampling,
-                prompt_token_ids=record.token_ids,
-                session_id=f"{self.run_tag}-s{step}-g{i}",
-                min_weight_version=min_version,
-            )
+            self._request(f"{prefix}-p{i}", f"{prefix}-g{i}", record, min_version, self._sampling)
             for i, record in enumerate(prompts)
         ]
+        if self.config.algorithm.adv_estimator == "remax":
+            greedy = replace(self._sampling, n=1, temperature=0.0)
+            requests += [
+                self._request(f"{prefix}-b{i}", f"{prefix}-g{i}", record, min_version, greedy)
+                for i, record in enumerate(prompts)
+            ]
         results = await self.fleet.rollout.generate_batch(requests)
         batch = RolloutBatch()
-        for group_id, (record, result) in enumerate(zip(prompts, results, strict=True)):
+        for group_id, (record, result) in enumerate(zip(prompts, results, strict=False)):
             batch.add_group(record, group_id, result)
-        batch.texts = [self.tokenizer.decode(r, skip_special_tokens=True) for r in batch.responses]
+        batch.texts = self._decode(batch.responses)
+        baselines = [r.completions[0].token_ids for r in results[len(prompts) :]]
+        batch.baseline_texts = self._decode(baselines)
         return batch
+
+    @property
+    def _sampling(self) -> SamplingParams:
+        cfg = self.config.rollout
+        return SamplingParams(
+            n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens
+        )
+
+    @staticmethod
+    def _request(request_id, session_id, record, min_version, sampling) -> GenerateRequest:
+        return GenerateRequest(
+            request_id=request_id,
+            sampling=sampling,
+            prompt_token_ids=record.token_ids,
+            session_id=session_id,
+            min_weight_version=min_version,
+        )
+
+    def _decode(self, responses: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
 
     def check_versions(self, batch: RolloutBatch) -> None:
         """Every trained response must come from the weights the trainer holds now."""
@@ -139,8 +164,16 @@ class Trainer:
             )
 
     async def score(self, batch: RolloutBatch) -> None:
+        """Score every response (and ReMax's greedy baselines) in one ``ScoreBatch``."""
         from rlfleet.reward.types import ScoreRequest
 
+        groups = sorted(set(batch.group_ids))
+        first = {g: batch.group_ids.index(g) for g in groups}
+        pairs = list(zip(batch.records, batch.texts, strict=True))
+        pairs += [
+            (batch.records[first[g]], text)
+            for g, text in zip(groups, batch.baseline_texts, strict=False)
+        ]
         requests = [
             ScoreRequest(
                 id=f"{self.run_tag}-s{self.step}-r{i}",
@@ -149,10 +182,14 @@ class Trainer:
                 ground_truth=record.ground_truth,
                 extra_info=record.extra_info,
             )
-            for i, (record, text) in enumerate(zip(batch.records, batch.texts, strict=True))
+            for i, (record, text) in enumerate(pairs)
         ]
         results = await self.fleet.reward.score_batch(requests)
-        batch.scores = [0.0 if r.error else float(r.score) for r in results]
+        scores = [0.0 if r.error else float(r.score) for r in results]
+        batch.scores = scores[: len(batch)]
+        if batch.baseline_texts:
+            by_group = dict(zip(groups, scores[len(batch) :], strict=True))
+            batch.baseline_scores = [by_group[g] for g in batch.group_ids]
         batch.score_errors = sum(1 for r in results if r.error)
         if batch.score_errors:
             log.warning("step %d: %d responses could not be scored", self.step, batch.score_errors)
@@ -198,6 +235,7 @@ class Trainer:
             response_mask=mask,
             group_index=batch.group_ids,
             values=values,
+            baseline_scores=torch.tensor(batch.baseline_scores) if batch.baseline_scores else None,
         )
         advantages, returns = compute_advantage(self.advantage_params, inputs)
         return advantages, returns, mask
@@ -209,16 +247,44 @@ class Trainer:
         )
 
     async def produce(
-        self, prompts: list[PromptRecord], step: int, min_version: int, timer: Timer
+        self,
+        prompts: list[PromptRecord],
+        step: int,
+        min_version: int,
+        timer: Timer,
+        refill: Callable[[], list[PromptRecord]] | None = None,
     ) -> RolloutBatch:
-        """Everything a step needs that does not touch the actor: generate, score, reference
+        """Everything a step needs that does not touch the actor: generate and score (with
+        DAPO's dynamic sampling when on, drawing more prompts from ``refill``), then reference
         log-probs and values. Async mode runs this ahead of ``learn``."""
-        with timer.phase("gen"):
-            batch = await self.generate(prompts, step, min_version)
-        await asyncio.gather(
-            timer.timed("reward", self.score(batch)),
-            timer.timed("ref", self.reference_and_values(batch)),
+        dapo = self.config.algorithm.filter_groups
+        if not (dapo.enable and refill is not None):
+            with timer.phase("gen"):
+                batch = await self.generate(prompts, step, min_version)
+            await asyncio.gather(
+                timer.timed("reward", self.score(batch)),
+                timer.timed("ref", self.reference_and_values(batch)),
+            )
+            return batch
+        batch = await self._generate_and_score(prompts, step, min_version, timer)
+
+        async def one_round(more: list[PromptRecord], index: int) -> RolloutBatch:
+            return await self._generate_and_score(more, step, min_version, timer, f"r{index}")
+
+        target = self.config.data.train_batch_size
+        batch, metrics = await fill_batch(
+            batch, target, dapo.max_num_gen_batches, refill, one_round
         )
+        batch.sampling_metrics = metrics
+        with timer.phase("ref"):
+            await self.reference_and_values(batch)
+        return batch
+
+    async def _generate_and_score(self, prompts, step, min_version, timer, tag="") -> RolloutBatch:
+        with timer.phase("gen"):
+            batch = await self.generate(prompts, step, min_version, tag)
+        with timer.phase("reward"):
+            await self.score(batch)
         return batch
 
     async def learn(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
@@ -227,7 +293,7 @@ class Trainer:
             await self.old_logprobs(batch)
         with timer.phase("adv"):
             advantages, returns, mask = self.advantages(batch)
-        metrics: dict[str, float] = dict(self.shaping_metrics)
+        metrics: dict[str, float] = {**self.shaping_metrics, **batch.sampling_metrics}
         if self.config.needs_critic:
             with timer.phase("update_critic"):
                 metrics.update(await self.update_critic(batch, returns, mask))
@@ -265,11 +331,13 @@ class Trainer:
         task, self._push_task = self._push_task, None
         return await task if task is not None else {}
 
-    async def train_step(self, prompts: list[PromptRecord]) -> dict[str, float]:
+    async def train_step(
+        self, prompts: list[PromptRecord], refill: Callable[[], list[PromptRecord]] | None = None
+    ) -> dict[str, float]:
         """One synchronous step: produce with the current weights, then learn."""
         timer = Timer()
         with timer.phase("step"):
-            batch = await self.produce(prompts, self.step, self.version, timer)
+            batch = await self.produce(prompts, self.step, self.version, timer, refill)
             self.check_versions(batch)
             metrics = await self.learn(batch, timer)
         metrics.update(timer.metrics)

@@ -7,6 +7,8 @@ that dies mid-request leaves its work in the stream, and the janitor here hands 
 live replica (``janitor.py``), so the caller still gets its answer (request ids make the
 answer unique). Every read and write of that state goes through ``ReplicaRegistry``.
 ``generate_batch`` answers a whole step with one queue entry per replica (see ``batch.py``).
+Every call is counted and timed in ``metrics`` (Prometheus; ``metrics.py``), whichever front
+door (gRPC ``server.py``, HTTP ``http.py``) it came through.
 
 No grpc here: ``server.py`` converts protobuf to the plain objects in ``types.py``.
 """
@@ -30,6 +32,7 @@ from rlfleet.common.workqueue import Result, WorkQueue, decode_result
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router.batch import Assignment, assign, stored_results, wait_entries
 from rlfleet.rollout.router.janitor import Janitor
+from rlfleet.rollout.router.metrics import RouterMetrics
 from rlfleet.rollout.router.routing import loading, pick_replica
 from rlfleet.rollout.types import (
     GenerateRequest,
@@ -76,7 +79,9 @@ class RouterCore:
         self._route_wait_s = config.router.route_wait_s
         self._queues: dict[str, WorkQueue] = {}
         self._rng = rng or random.Random()
-        self.janitor = Janitor(self, self.registry, config.router.janitor_interval_s)
+        self.metrics = RouterMetrics()
+        self.janitor = Janitor(self, self.registry, config.router.janitor_interval_s,
+                               self.metrics.migrated)  # fmt: skip
 
     def start(self) -> None:
         """Start the janitor that rescues work queued on dead or departed replicas."""
@@ -89,6 +94,10 @@ class RouterCore:
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Answer one request (idempotent on ``request_id``)."""
+        with self.metrics.track("generate"):
+            return await self._generate(request)
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
         request.validate()
         stored = await self._redis.get(self._keys.result(request.request_id))
         if stored is not None:
@@ -111,6 +120,10 @@ class RouterCore:
         """Answer many requests, in order, with one queue entry per replica and a few round
         trips in all (``batch.py``). Idempotent per request id, like ``generate``; the first
         failure in request order fails the call (as a gather of ``generate`` calls would)."""
+        with self.metrics.track("generate_batch", max(1, len(requests))):
+            return await self._generate_batch(requests)
+
+    async def _generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         _validate_batch(requests)
         ids = [r.request_id for r in requests]
         stored = await stored_results(self._redis, self._keys, ids)
@@ -225,6 +238,13 @@ class RouterCore:
         if replica_id not in views:
             raise NotFound(f"replica {replica_id!r} deregistered meanwhile")
         return views[replica_id]
+
+    async def scrape_metrics(self) -> bytes:
+        """The Prometheus text, with per-replica gauges read from Redis just now."""
+        views = await self.list_replicas()
+        self.metrics.set_replicas((v.info.replica_id, v.in_flight, v.info.weight_version)
+                                  for v in views)  # fmt: skip
+        return self.metrics.render()
 
     def queue(self, replica_id: str) -> WorkQueue:
         if replica_id not in self._queues:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 from rlfleet.common.errors import Unavailable
@@ -54,8 +55,12 @@ class Routes(Protocol):
 class Janitor:
     """Periodic sweeps over the registry; ``sweep()`` is one pass (tests call it directly)."""
 
-    def __init__(self, core: Routes, registry: ReplicaRegistry, interval_s: float) -> None:
+    def __init__(
+        self, core: Routes, registry: ReplicaRegistry, interval_s: float,
+        on_migrated: Callable[[int], None] = lambda moved: None,
+    ) -> None:  # fmt: skip
         self._core, self._registry, self._interval_s = core, registry, interval_s
+        self._on_migrated = on_migrated  # told how many requests each sweep moved (metrics)
         self._token = uuid.uuid4().hex
         self._known: set[str] = set()  # registered at the previous sweep
         self._dead: set[str] = set()  # registered without heartbeat at the previous sweep
@@ -83,7 +88,7 @@ class Janitor:
     async def _loop(self) -> None:
         while not self._stopping:
             try:
-                await self.sweep()
+                self._on_migrated(await self.sweep())
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - keep sweeping (e.g. Redis restarting)

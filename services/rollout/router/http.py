@@ -1,0 +1,202 @@
+"""The router's OpenAI-compatible HTTP front door (FastAPI), plus Prometheus ``/metrics``.
+
+Why: evaluation harnesses, chat UIs and the ``openai`` client speak this API, not rlfleet's
+gRPC. Underneath it is the same ``RouterCore`` (routing, stickiness, version gating, metrics)
+and the same validation; only the transport differs (``openai_api`` maps the bodies). No grpc
+here. Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``): bad
+input is 400 naming the field in ``param``, a fleet that cannot serve now 503, a timeout 504.
+When the fleet has an API key, every route but ``/healthz`` and ``/metrics`` needs
+``Authorization: Bearer <key>`` (what the ``openai`` client sends).
+
+Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /metrics``, ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from redis.exceptions import RedisError
+
+from rlfleet.common import errors
+from rlfleet.rollout.router import openai_api as oai
+from rlfleet.rollout.router.core import RouterCore
+from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaState
+
+log = logging.getLogger(__name__)
+
+SessionHeader = Annotated[str | None, Header(alias="X-Session-Id")]
+ERRORS: list[tuple[type[BaseException], int, str]] = [
+    (errors.InvalidArgument, 400, "invalid_request_error"),
+    (errors.Unauthenticated, 401, "authentication_error"),
+    (errors.NotFound, 404, "not_found_error"),
+    (errors.FailedPrecondition, 409, "conflict_error"),
+    (errors.Unavailable, 503, "service_unavailable"),
+    (RedisError, 503, "service_unavailable"),
+    (TimeoutError, 504, "timeout"),
+]
+PARAM_NAMES = {"prompt_text": "prompt", "prompt_token_ids": "prompt", "session_id": "user"}
+
+
+def create_app(core: RouterCore, policy: oai.Policy, api_key: str | None = None) -> FastAPI:
+    """The FastAPI app over ``core``; ``api_key`` None leaves it open (loopback use)."""
+    app = FastAPI(title="rlfleet router", version="1")
+    auth = [Depends(_auth_checker(api_key))]
+
+    @app.get("/v1/models", dependencies=auth)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [await _model_card(core, policy)]}
+
+    @app.post("/v1/completions", dependencies=auth)
+    async def completions(body: oai.CompletionBody, session: SessionHeader = None) -> Any:
+        _check_model(body.model, policy)
+        sampling, session = oai.completion_sampling(body), oai.session_of(body, session)
+        results = await _generate(core, oai.requests_for(oai.prompts_of(body), sampling, body,
+                                                         session))  # fmt: skip
+        choices = oai.completion_choices(results, policy.tokenizer, body.logprobs is not None)
+        return _answer("text_completion", policy, choices, results, body)
+
+    @app.post("/v1/chat/completions", dependencies=auth)
+    async def chat(body: oai.ChatBody, session: SessionHeader = None) -> Any:
+        _check_model(body.model, policy)
+        prompt = _chat_prompt(policy, oai.chat_messages(body))
+        sampling = oai.chat_sampling(body, len(prompt), policy.max_model_len)
+        requests = oai.requests_for([prompt], sampling, body, oai.session_of(body, session))
+        results = await _generate(core, requests)
+        choices = oai.chat_choices(results, policy.tokenizer, body.logprobs)
+        return _answer("chat.completion", policy, choices, results, body)
+
+    add_service_routes(app, core)
+    app.add_exception_handler(RequestValidationError, _validation_response)
+    for kind, _, _ in ERRORS:
+        app.add_exception_handler(kind, _error_response)
+    return app
+
+
+def add_service_routes(app: FastAPI, core: RouterCore) -> None:
+    """``/metrics`` (Prometheus text) and ``/healthz`` (Redis answers), open to scrapers."""
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(await core.scrape_metrics(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        await core.list_replicas()
+        return {"status": "ok"}
+
+
+def metrics_app(core: RouterCore) -> FastAPI:
+    """Only ``/metrics`` and ``/healthz``: for a router without the OpenAI front."""
+    app = FastAPI(title="rlfleet router metrics", version="1")
+    add_service_routes(app, core)
+    return app
+
+
+async def _generate(core: RouterCore, requests: list[GenerateRequest]) -> list[GenerateResult]:
+    if len(requests) == 1:
+        return [await core.generate(requests[0])]
+    return await core.generate_batch(requests)
+
+
+def _answer(
+    kind: str, policy: oai.Policy, choices: list, results: list[GenerateResult], body: oai.Body
+) -> Any:
+    """The response body, or its server-sent-event stream when ``stream`` asked for one."""
+    head = oai.envelope(kind, policy.name, results)
+    response = {**head, "choices": choices, "usage": oai.usage(results)}
+    if not body.stream:
+        return response
+    include_usage = bool((body.stream_options or {}).get("include_usage"))
+    chunks = oai.stream_chunks(response, kind != "text_completion", include_usage)
+    return StreamingResponse(_sse(chunks), media_type="text/event-stream")
+
+
+async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+def _chat_prompt(policy: oai.Policy, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of the messages through the tokenizer's chat template (clear 400 if none)."""
+    tokenizer = policy.tokenizer
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise oai.BadField("messages", f"the policy's tokenizer ({policy.path}) has no chat "
+                           "template; use /v1/completions with a prompt string instead")  # fmt: skip
+    from rlfleet.common.model_io import encode_prompt
+
+    return encode_prompt(tokenizer, messages)
+
+
+async def _model_card(core: RouterCore, policy: oai.Policy) -> dict[str, Any]:
+    """The policy and the newest weight version a serving replica holds (-1: none serves)."""
+    views = await core.list_replicas()
+    serving = [v.info.weight_version for v in views if v.state is ReplicaState.SERVING]
+    return {"id": policy.name, "object": "model", "created": 0, "owned_by": "rlfleet",
+            "root": policy.path, "weight_version": max(serving, default=-1),
+            "max_model_len": policy.max_model_len}  # fmt: skip
+
+
+def _check_model(model: str | None, policy: oai.Policy) -> None:
+    if model and model not in (policy.name, policy.path):
+        raise errors.NotFound(f"model {model!r} is not served here; this router serves "
+                              f"{policy.name!r} (GET /v1/models)")  # fmt: skip
+
+
+def _auth_checker(api_key: str | None) -> Any:
+    async def check(authorization: str | None = Header(default=None)) -> None:
+        if api_key is None:
+            return
+        if not secrets.compare_digest(authorization or "", f"Bearer {api_key}"):
+            raise errors.Unauthenticated("missing or wrong API key (Authorization: Bearer <key>)")
+
+    return check
+
+
+def openai_error(message: str, kind: str, param: str | None, status: int) -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return JSONResponse(body, status_code=status)
+
+
+async def _error_response(request: Request, exc: Exception) -> JSONResponse:
+    status, kind = next(((s, k) for t, s, k in ERRORS if isinstance(exc, t)), (500, "server_error"))
+    field = getattr(exc, "field", None)
+    param = PARAM_NAMES.get(field, field.removeprefix("sampling.")) if field else None
+    message = str(exc).removeprefix("sampling.")
+    log.warning("HTTP %s %s -> %d: %s", request.method, request.url.path, status, message)
+    return openai_error(message, kind, param, status)
+
+
+async def _validation_response(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's body errors (wrong types, unreadable JSON) as a 400 naming the field."""
+    first = exc.errors()[0] if exc.errors() else {}
+    where = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(where) or None
+    message = f"{param or 'body'}: {first.get('msg', 'invalid request body')}"
+    log.warning("HTTP %s %s -> 400: %s", request.method, request.url.path, message)
+    return openai_error(message, "invalid_request_error", param, 400)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn inside our own loop: the router owns SIGTERM/SIGINT, not uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def make_http_server(app: FastAPI, host: str, port: int) -> uvicorn.Server:
+    """A uvicorn server to ``await server.serve()``; set ``should_exit`` to stop it."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    return _Server(config)

@@ -118,7 +118,10 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
         return Child(name, argv, {**env, **(env_extra or {})}, log_dir / f"{name}.log")
 
     cores = os.cpu_count() or 1
-    children = [child("router", "router", f"router.port={ports['router']}")]
+    http_port = config.router.http_port or free_port()  # the OpenAI-compatible API
+    print(f"rlfleet up: router HTTP at http://127.0.0.1:{http_port}/v1", flush=True)
+    children = [child("router", "router", f"router.port={ports['router']}",
+                      f"router.http_port={http_port}")]  # fmt: skip
     children += [
         child(
             f"rollout-{i}",

@@ -332,6 +332,12 @@ class TrainerConfig(Section):
     """Checkpoint directory written by this trainer (``run_dir/checkpoints/global_step_N`` or
     ``final``) to continue from: actor weights, optimizer, schedule, step and data position.
     The reference policy stays ``model.path``."""
+    resume_mode: str = "auto"
+    """``auto``: continue from the newest ``run_dir/checkpoints/global_step_N`` if there is one;
+    ``disable``: always start fresh; any other value: that checkpoint directory (verl's
+    ``trainer.resume_mode``). ``resume_from``, when set, wins."""
+    max_ckpt_to_keep: int = 0
+    """Keep only the newest N ``global_step_N`` checkpoints (0 = keep all)."""
     mode: Literal["sync", "async"] = "sync"
     """``sync``: generate with the weights being trained (strictly on-policy). ``async``:
     replicas generate the next batches while the trainer updates; see ``max_staleness``."""

@@ -3,17 +3,19 @@
 The gRPC server comes up first (health NOT_SERVING, state ``starting``) so the replica is
 visible while its engine loads; then the engine starts, the replica registers as ``serving``
 and starts pulling from its stream. torch and vLLM are imported only after argument parsing, so
-``--help`` is instant. vLLM spawns child processes, hence the ``__main__`` guard.
+``--help`` is instant. vLLM spawns child processes, hence the ``__main__`` guard. With
+``rollout.metrics_port`` set, Prometheus ``/metrics`` is served there (``metrics.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import socket
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING
 
 from rlfleet.common.config import RlfleetConfig, RolloutConfig
@@ -61,13 +63,14 @@ async def serve(config: RlfleetConfig) -> None:
     from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
     from rlfleet.common.redis_client import connect
     from rlfleet.rollout.engine import make_engine
-    from rlfleet.rollout.replica import Replica
+    from rlfleet.rollout.metrics import MeteredReplica
     from rlfleet.rollout.server import registration
 
     rollout = config.rollout
     redis = connect(config.redis_url)
     replica_id = rollout.replica_id or default_replica_id()
-    replica = Replica(config, make_engine(config), redis, Keys(config.cluster), replica_id, "")
+    replica = MeteredReplica(config, make_engine(config), redis, Keys(config.cluster),
+                             replica_id, "")  # fmt: skip
     server = GrpcServer([registration(replica)], rollout.host, rollout.port,
                         config.max_message_mb, config.api_key)  # fmt: skip
     stop = asyncio.Event()
@@ -76,9 +79,27 @@ async def serve(config: RlfleetConfig) -> None:
     await server.set_serving(False)
     replica.address = f"{advertised_host(rollout)}:{port}"
     try:
-        await _run_until(stop, replica, server)
+        with metrics_server(replica, rollout):
+            await _run_until(stop, replica, server)
     finally:
         await _shutdown(replica, server, redis)
+
+
+@contextlib.contextmanager
+def metrics_server(replica: Replica, rollout: RolloutConfig) -> Iterator[None]:
+    """Prometheus ``/metrics`` on ``rollout.metrics_port`` while the block runs (0 = off)."""
+    if not rollout.metrics_port:
+        yield
+        return
+    from rlfleet.rollout.metrics import serve_metrics
+
+    server, sampler = serve_metrics(replica, rollout.host, rollout.metrics_port)
+    log.info("replica metrics at http://%s:%d/metrics", rollout.host, rollout.metrics_port)
+    try:
+        yield
+    finally:
+        sampler.cancel()
+        server.shutdown()
 
 
 async def _run_until(stop: asyncio.Event, replica: Replica, server: GrpcServer) -> None:

@@ -72,6 +72,7 @@ class Replica:
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), GROUP)
         self._redis = redis  # stores the member answers of packed entries
         self.version, self.state, self.served, self._paused = 0, S.STARTING, 0, False
+        self.generated_tokens = 0  # completion tokens so far (metrics: tokens/s)
         self._serving = asyncio.Event()  # set exactly when state is SERVING
         self._changed = asyncio.Event()  # pulsed on every state change
         self._running: dict[str, asyncio.Task] = {}  # engine request id -> task
@@ -128,6 +129,7 @@ class Replica:
         self._check_request(request, prompt)
         version = self.version
         completions = await self.engine.generate(key, prompt, request.sampling)
+        self.generated_tokens += sum(len(c.token_ids) for c in completions)
         return GenerateResult(request.request_id, completions, version, self.replica_id, prompt)
 
     def _check_request(self, request: GenerateRequest, prompt: list[int]) -> None:

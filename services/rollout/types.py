@@ -137,6 +137,8 @@ class GenerateRequest:
     def validate(self) -> None:
         """Raise InvalidField naming the first bad field (see the module docstring)."""
         _check_text("request_id", self.request_id, 1)
+        if "\n" in self.request_id:
+            raise InvalidField("request_id", "must be a single line")
         _check_text("session_id", self.session_id, 0)
         _check_prompt(self.prompt_token_ids, self.prompt_text)
         _check_int("min_weight_version", self.min_weight_version, 0, INT64[1])

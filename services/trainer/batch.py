@@ -7,7 +7,7 @@ response mask, the layout every function in ``rlfleet.rl`` expects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlfleet.trainer.data import PromptRecord
 
@@ -25,6 +25,8 @@ class RolloutBatch:
     finish_reasons: list[str] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
     score_errors: int = 0
+    data_batches: int = 1
+    """Batches of prompts drawn from the data to build this one (DAPO may draw several)."""
     sampling_metrics: dict[str, float] = field(default_factory=dict)
     """How the batch was assembled (DAPO's dynamic sampling rounds, dropped groups)."""
     behaviour_logprobs: list[list[float]] = field(default_factory=list)
@@ -57,7 +59,7 @@ class RolloutBatch:
 
     def select(self, rows: list[int]) -> RolloutBatch:
         """A batch of only ``rows`` (every per-sequence list filtered the same way)."""
-        picked = RolloutBatch(score_errors=self.score_errors)
+        picked = replace(self)  # counters and metrics carry over; per-sequence lists below
         for name, value in vars(self).items():
             if isinstance(value, list) and len(value) == len(self):
                 setattr(picked, name, [value[i] for i in rows])
@@ -65,7 +67,7 @@ class RolloutBatch:
 
     def extend(self, other: RolloutBatch, group_offset: int) -> RolloutBatch:
         """A batch of this one's rows then ``other``'s (its group ids shifted by the offset)."""
-        merged = RolloutBatch(score_errors=self.score_errors + other.score_errors)
+        merged = replace(self, score_errors=self.score_errors + other.score_errors)
         for name, mine in vars(self).items():
             theirs = getattr(other, name)
             if isinstance(mine, list) and len(mine) == len(self) and len(theirs) == len(other):

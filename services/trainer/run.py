@@ -20,15 +20,17 @@ log = logging.getLogger(__name__)
 
 
 def build_actor(config: RlfleetConfig):
-    """Tokenizer, actor (model + optimizer); torch threads set from config."""
+    """Tokenizer, actor (model + optimizer), from the checkpoint being resumed if any."""
     import torch
 
     from rlfleet.common.model_io import load_causal_lm, load_tokenizer
     from rlfleet.trainer.actor import Actor
+    from rlfleet.trainer.checkpoints import resume_path
 
     torch.set_num_threads(config.trainer.torch_threads)
     torch.manual_seed(config.trainer.seed)
-    source = config.trainer.resume_from or config.model.path
+    resumed = resume_path(config)
+    source = str(resumed) if resumed else config.model.path
     tokenizer = load_tokenizer(source)
     model = load_causal_lm(source, config.model.dtype)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -36,13 +38,19 @@ def build_actor(config: RlfleetConfig):
 
 
 def restore(trainer: Trainer) -> None:
-    """Continue a run from ``trainer.resume_from`` (the actor weights are already loaded)."""
-    path = trainer.config.trainer.resume_from
-    if not path:
+    """Continue from the checkpoint ``trainer.resume_mode`` names (the actor weights are
+    already loaded): optimizer, schedule, step, weight version, data position, RNG states."""
+    from rlfleet.trainer.checkpoints import resume_path, set_rng_state
+
+    path = resume_path(trainer.config)
+    if path is None:
         return
-    state = trainer.actor.load_training_state(Path(path))
+    state = trainer.actor.load_training_state(path)
     trainer.step = int(state["step"])
     trainer.resumed_version = int(state["version"])
+    trainer.batches_consumed = int(state.get("batches_consumed", trainer.step))
+    if "rng" in state:
+        set_rng_state(state["rng"])
     log.info(
         "resumed from %s at step %d (weights v%d)", path, trainer.step, trainer.resumed_version
     )
@@ -114,7 +122,7 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
     cfg = trainer.config
     clock = clock or TrainingClock(1.0)
     data = batches(train_records, cfg.data.train_batch_size, cfg.data.seed)
-    for _ in range(trainer.step):  # a resumed run continues the same data order
+    for _ in range(trainer.batches_consumed):  # a resumed run continues the same data order
         next(data)
     rollouts = None
     if cfg.trainer.mode == "async":
@@ -154,14 +162,30 @@ def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float]) -> None
     bar.update(1)
     bar.set_postfix(progress_postfix(metrics))
     if cfg.trainer.save_freq and trainer.step % cfg.trainer.save_freq == 0:
-        save_checkpoint(trainer, Path(cfg.run_dir) / "checkpoints" / f"global_step_{trainer.step}")
+        save_step_checkpoint(trainer)
 
 
 def save_checkpoint(trainer: Trainer, path: Path) -> Path:
+    from rlfleet.trainer.checkpoints import rng_state
+
     trainer.actor.save_hf(path, trainer.tokenizer)
-    trainer.actor.save_training_state(path, {"step": trainer.step, "version": trainer.version})
+    extra = {
+        "step": trainer.step,
+        "version": trainer.version,
+        "batches_consumed": trainer.batches_consumed,
+        "rng": rng_state(),
+    }
+    trainer.actor.save_training_state(path, extra)
     log.info("checkpoint saved to %s", path)
     return path
+
+
+def save_step_checkpoint(trainer: Trainer) -> None:
+    from rlfleet.trainer.checkpoints import prune, step_dir
+
+    cfg = trainer.config
+    save_checkpoint(trainer, step_dir(cfg.run_dir, trainer.step))
+    prune(cfg.run_dir, cfg.trainer.max_ckpt_to_keep)
 
 
 async def run_training(config: RlfleetConfig, control_server_factory=None) -> dict:

@@ -49,6 +49,9 @@ class Trainer:
         self._resume.set()
         self.stop_requested = False
         self._push_task: asyncio.Task | None = None
+        self.batches_consumed = 0
+        """Data batches behind the steps trained so far (DAPO may draw several per step): a
+        resumed run skips exactly these."""
         self.landed_version = 0
         """The newest version the replicas acknowledged (async rollouts wait on it)."""
         self._landed = asyncio.Condition()
@@ -276,6 +279,7 @@ class Trainer:
             batch, target, dapo.max_num_gen_batches, refill, one_round
         )
         batch.sampling_metrics = metrics
+        batch.data_batches = int(metrics["dapo/gen_rounds"])
         with timer.phase("ref"):
             await self.reference_and_values(batch)
         return batch
@@ -289,6 +293,7 @@ class Trainer:
 
     async def learn(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
         """Update the critic and the actor on ``batch``, then publish version + 1."""
+        self.batches_consumed += batch.data_batches
         with timer.phase("old_log_prob"):
             await self.old_logprobs(batch)
         with timer.phase("adv"):

@@ -196,3 +196,72 @@ def test_resume_from_a_directory_without_state_is_refused(tmp_path):
     trainer = make_trainer(**{"trainer.resume_from": str(tmp_path)})
     with pytest.raises(InvalidArgument, match="trainer_state.pt"):
         restore(trainer)
+
+
+def test_resume_mid_run_continues_exactly(tmp_path):
+    """4 uninterrupted steps vs 2 steps, a checkpoint, a fresh trainer restored from it
+    (``resume_mode: auto``) and 2 more: the same batches, losses and weights."""
+    from rlfleet.trainer.checkpoints import step_checkpoints
+    from rlfleet.trainer.run import TrainingClock, restore, train_loop
+
+    class SavingTokenizer(CharTokenizer):
+        def save_pretrained(self, path):
+            (path / "tokenizer.marker").write_text("char")
+
+    class Rows:
+        def __init__(self):
+            self.rows = []
+
+        def write(self, step, metrics):
+            self.rows.append(metrics)
+
+    records = prompts(16)
+    settings = {"run_dir": str(tmp_path), "data.train_batch_size": 4, "trainer.save_freq": 2}
+
+    def run_steps(trainer, total):
+        trainer.config.trainer.total_steps = total
+        writer = Rows()
+
+        async def go():
+            await trainer.start(1, 1.0)
+            await train_loop(trainer, records, writer, (), TrainingClock(1.0))
+
+        asyncio.run(go())
+        return writer.rows
+
+    torch.manual_seed(0)
+    straight = make_trainer(**{**settings, "run_dir": str(tmp_path / "straight")})
+    straight.tokenizer = SavingTokenizer()
+    torch.manual_seed(1)
+    expected = run_steps(straight, 4)
+
+    torch.manual_seed(0)
+    first = make_trainer(**settings)
+    first.tokenizer = SavingTokenizer()
+    torch.manual_seed(1)
+    run_steps(first, 2)
+    assert [step for step, _ in step_checkpoints(tmp_path)] == [2]
+
+    torch.manual_seed(123)  # whatever the new process's seed, the checkpoint's RNG wins
+    second = make_trainer(**settings)
+    second.actor.model.load_state_dict(first.actor.model.state_dict())  # build_actor's job
+    second.tokenizer = SavingTokenizer()
+    restore(second)
+    assert second.step == 2 and second.batches_consumed == 2
+    resumed = run_steps(second, 4)
+    for name in ("actor/pg_loss", "critic/score/mean", "actor/grad_norm"):
+        assert [r[name] for r in resumed] == pytest.approx([r[name] for r in expected[2:]])
+    for a, b in zip(
+        second.actor.model.parameters(), straight.actor.model.parameters(), strict=True
+    ):
+        torch.testing.assert_close(a, b)
+
+
+def test_old_checkpoints_beyond_max_ckpt_to_keep_are_removed(tmp_path):
+    from rlfleet.trainer.checkpoints import prune, step_checkpoints
+
+    for step in (2, 4, 6):
+        (tmp_path / "checkpoints" / f"global_step_{step}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"global_step_{step}" / "trainer_state.pt").write_text("x")
+    prune(tmp_path, keep=2)
+    assert [step for step, _ in step_checkpoints(tmp_path)] == [4, 6]

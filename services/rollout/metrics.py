@@ -1,0 +1,140 @@
+"""A replica's Prometheus ``/metrics``: tokens and tokens/s, queue depth, in-flight, state,
+weight version, and how long weight updates take.
+
+Why a collector that reads the replica at scrape time (rather than gauges set on every
+change): the replica core stays free of metric calls except one token counter, and a scrape
+always shows the current state. Two things cannot be read at scrape time: the queue depth is
+in Redis (the scrape runs in prometheus-client's server thread, away from the event loop), so
+``poll`` samples it every second, together with the token rate; and update timings, which
+``MeteredReplica`` records around ``Replica.update_weights`` without touching it.
+Served by ``prometheus_client.start_http_server`` on ``rollout.metrics_port`` (0 = off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from rlfleet.common import weights
+from rlfleet.rollout.replica import Replica
+from rlfleet.rollout.types import ReplicaState, UpdateOutcome
+
+RATE_WINDOW_S = 10.0
+POLL_S = 1.0
+
+
+class MeteredReplica(Replica):
+    """A Replica that also records each weight update's duration and outcome."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - Replica's own
+        super().__init__(*args, **kwargs)
+        self.updates_ok = self.updates_failed = 0
+        self.last_load_s = self.last_update_s = 0.0
+        self.total_update_s = 0.0
+
+    async def update_weights(
+        self, header: weights.WeightHeader, payload: weights.BytesLike
+    ) -> UpdateOutcome:
+        started = time.perf_counter()
+        try:
+            outcome = await super().update_weights(header, payload)
+        except BaseException:
+            self.updates_failed += 1
+            raise
+        self.last_update_s = time.perf_counter() - started
+        self.last_load_s, self.updates_ok = outcome.load_seconds, self.updates_ok + 1
+        self.total_update_s += self.last_update_s
+        return outcome
+
+
+class ReplicaCollector(Collector):
+    """The metric families of one replica, read when scraped."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.queue_depth = 0
+        self.tokens_per_s = 0.0
+        self._samples: deque[tuple[float, int]] = deque()
+
+    def collect(self) -> Iterator[Metric]:
+        r, status = self.replica, self.replica.status()
+        rid = [r.replica_id]
+        yield _gauge("rlfleet_rollout_weight_version", "Weight version served", rid,
+                     status.weight_version)  # fmt: skip
+        yield _gauge("rlfleet_rollout_queue_depth", "Requests in this replica's stream (waiting "
+                     "or running)", rid, self.queue_depth)  # fmt: skip
+        yield _gauge("rlfleet_rollout_inflight", "Requests the engine works on", rid,
+                     status.in_flight)  # fmt: skip
+        yield _gauge("rlfleet_rollout_tokens_per_second", f"Generated tokens per second over "
+                     f"the last {RATE_WINDOW_S:g} s", rid, self.tokens_per_s)  # fmt: skip
+        yield _counter("rlfleet_rollout_generated_tokens", "Completion tokens generated", rid,
+                       r.generated_tokens)  # fmt: skip
+        yield _counter("rlfleet_rollout_requests", "Requests answered", rid, status.served)
+        state = GaugeMetricFamily("rlfleet_rollout_state", "1 for the current state",
+                                  labels=["replica", "state"])  # fmt: skip
+        for s in ReplicaState:
+            state.add_metric([*rid, s.value], float(status.state is s))
+        yield state
+        yield from _update_metrics(r, rid)
+
+    def sample(self, depth: int) -> None:
+        """Record the queue depth and the token count now; update the token rate."""
+        now, tokens = time.monotonic(), self.replica.generated_tokens
+        self.queue_depth = depth
+        self._samples.append((now, tokens))
+        while self._samples and now - self._samples[0][0] > RATE_WINDOW_S:
+            self._samples.popleft()
+        first_t, first_n = self._samples[0]
+        self.tokens_per_s = (tokens - first_n) / (now - first_t) if now > first_t else 0.0
+
+
+def _update_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
+    if not isinstance(r, MeteredReplica):
+        return
+    yield _counter("rlfleet_rollout_weight_updates", "Weight updates applied", rid, r.updates_ok)
+    yield _counter("rlfleet_rollout_weight_update_failures", "Weight updates refused or failed",
+                   rid, r.updates_failed)  # fmt: skip
+    yield _gauge("rlfleet_rollout_last_update_seconds", "Last weight update, receipt to serving "
+                 "(verify, drain, load, flush)", rid, r.last_update_s)  # fmt: skip
+    yield _gauge("rlfleet_rollout_last_load_seconds", "Last weight update's load and flush",
+                 rid, r.last_load_s)  # fmt: skip
+    yield _counter("rlfleet_rollout_update_seconds", "Time spent in weight updates", rid,
+                   r.total_update_s)  # fmt: skip
+
+
+def _gauge(name: str, doc: str, labels: list[str], value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=["replica"])
+    family.add_metric(labels, value)
+    return family
+
+
+def _counter(name: str, doc: str, labels: list[str], value: float) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["replica"])
+    family.add_metric(labels, value)
+    return family
+
+
+async def poll(collector: ReplicaCollector, interval_s: float = POLL_S) -> None:
+    """Sample queue depth and token rate until cancelled (Redis hiccups are skipped)."""
+    while True:
+        try:
+            collector.sample(await collector.replica.queue.length())
+        except Exception:  # noqa: BLE001, S110 - a missed sample is taken next time
+            pass
+        await asyncio.sleep(interval_s)
+
+
+def serve_metrics(replica: Replica, host: str, port: int) -> tuple[object, asyncio.Task]:
+    """Start ``/metrics`` on ``host:port`` and the sampler; returns (server, sampler task):
+    call ``server.shutdown()`` and cancel the task to stop."""
+    registry = CollectorRegistry()
+    collector = ReplicaCollector(replica)
+    registry.register(collector)
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return server, asyncio.create_task(poll(collector), name="replica-metrics")

@@ -69,11 +69,15 @@ def progress_postfix(metrics: Mapping[str, float]) -> dict[str, str]:
 
 
 class ConsoleBackend:
-    """One log line per step with the key numbers (verl's ``console``)."""
+    """A log line with the key numbers every ``every`` steps (verl's ``console``); the progress
+    bar shows them live, so a line per step would only break the bar up."""
+
+    def __init__(self, every: int = 25) -> None:
+        self.every = every
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         numbers = " | ".join(f"{k} {v}" for k, v in progress_postfix(metrics).items())
-        if numbers:
+        if numbers and step % self.every == 0:
             log.info("step %d | %s", step, numbers)
 
     def close(self) -> None:

@@ -65,7 +65,7 @@ async def validate(trainer: Trainer, records) -> dict[str, float]:
 
     batch = RolloutBatch(records=list(records), responses=responses)
     batch.texts = [trainer.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
-    await trainer.score(batch)
+    await trainer.collector.score(batch)
     return accuracy_by_source(records, batch.scores)
 
 

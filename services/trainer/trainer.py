@@ -13,7 +13,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 
@@ -21,10 +20,9 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition
 from rlfleet.rl.advantages import AdvantageInputs, AdvantageParams, compute_advantage
 from rlfleet.rl.sequences import pad_rows
-from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.batch import RolloutBatch, response_mask, token_level_rewards
+from rlfleet.trainer.collect import Collector
 from rlfleet.trainer.data import PromptRecord
-from rlfleet.trainer.dynamic_sampling import fill_batch
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
@@ -49,6 +47,7 @@ class Trainer:
         self._resume.set()
         self.stop_requested = False
         self._push_task: asyncio.Task | None = None
+        self.collector = Collector(config, fleet, tokenizer, self.run_tag)
         self.batches_consumed = 0
         """Data batches behind the steps trained so far (DAPO may draw several per step): a
         resumed run skips exactly these."""
@@ -111,53 +110,6 @@ class Trainer:
         self.state = TrainerState.RUNNING
 
     # --- one step --------------------------------------------------------------------------
-    async def generate(
-        self, prompts: list[PromptRecord], step: int, min_version: int, tag: str = ""
-    ) -> RolloutBatch:
-        """The whole step in one ``GenerateBatch``: each replica gets its share as one queue
-        entry (one engine batch). One request per prompt with n samples; the group id is the
-        sticky session, so a group's samples share a replica's prefix cache. ReMax adds one
-        greedy request per prompt (its baseline) to the same call."""
-        prefix = f"{self.run_tag}-s{step}{tag}"
-        requests = [
-            self._request(f"{prefix}-p{i}", f"{prefix}-g{i}", record, min_version, self._sampling)
-            for i, record in enumerate(prompts)
-        ]
-        if self.config.algorithm.adv_estimator == "remax":
-            greedy = replace(self._sampling, n=1, temperature=0.0)
-            requests += [
-                self._request(f"{prefix}-b{i}", f"{prefix}-g{i}", record, min_version, greedy)
-                for i, record in enumerate(prompts)
-            ]
-        results = await self.fleet.rollout.generate_batch(requests)
-        batch = RolloutBatch()
-        for group_id, (record, result) in enumerate(zip(prompts, results, strict=False)):
-            batch.add_group(record, group_id, result)
-        batch.texts = self._decode(batch.responses)
-        baselines = [r.completions[0].token_ids for r in results[len(prompts) :]]
-        batch.baseline_texts = self._decode(baselines)
-        return batch
-
-    @property
-    def _sampling(self) -> SamplingParams:
-        cfg = self.config.rollout
-        return SamplingParams(
-            n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens
-        )
-
-    @staticmethod
-    def _request(request_id, session_id, record, min_version, sampling) -> GenerateRequest:
-        return GenerateRequest(
-            request_id=request_id,
-            sampling=sampling,
-            prompt_token_ids=record.token_ids,
-            session_id=session_id,
-            min_weight_version=min_version,
-        )
-
-    def _decode(self, responses: list[list[int]]) -> list[str]:
-        return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
-
     def check_versions(self, batch: RolloutBatch) -> None:
         """Every trained response must come from the weights the trainer holds now."""
         stale = {v for v in batch.weight_versions if v != self.version}
@@ -165,37 +117,6 @@ class Trainer:
             raise FailedPrecondition(
                 f"responses from weight versions {sorted(stale)} != current {self.version}"
             )
-
-    async def score(self, batch: RolloutBatch) -> None:
-        """Score every response (and ReMax's greedy baselines) in one ``ScoreBatch``."""
-        from rlfleet.reward.types import ScoreRequest
-
-        groups = sorted(set(batch.group_ids))
-        first = {g: batch.group_ids.index(g) for g in groups}
-        pairs = list(zip(batch.records, batch.texts, strict=True))
-        pairs += [
-            (batch.records[first[g]], text)
-            for g, text in zip(groups, batch.baseline_texts, strict=False)
-        ]
-        requests = [
-            ScoreRequest(
-                id=f"{self.run_tag}-s{self.step}-r{i}",
-                data_source=record.data_source,
-                solution_str=text,
-                ground_truth=record.ground_truth,
-                extra_info=record.extra_info,
-            )
-            for i, (record, text) in enumerate(pairs)
-        ]
-        results = await self.fleet.reward.score_batch(requests)
-        scores = [0.0 if r.error else float(r.score) for r in results]
-        batch.scores = scores[: len(batch)]
-        if batch.baseline_texts:
-            by_group = dict(zip(groups, scores[len(batch) :], strict=True))
-            batch.baseline_scores = [by_group[g] for g in batch.group_ids]
-        batch.score_errors = sum(1 for r in results if r.error)
-        if batch.score_errors:
-            log.warning("step %d: %d responses could not be scored", self.step, batch.score_errors)
 
     def single_update_per_batch(self) -> bool:
         """One optimizer step on the whole batch: old log-probs equal the current ones."""
@@ -216,14 +137,6 @@ class Trainer:
         batch.old_logprobs = await asyncio.to_thread(
             self.actor.logprobs, batch.prompts, batch.responses
         )
-
-    async def reference_and_values(self, batch: RolloutBatch) -> None:
-        if self.config.needs_reference:
-            batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(
-                batch.prompts, batch.responses
-            )
-        if self.config.needs_critic:
-            batch.values = await self.fleet.refcritic.values(batch.prompts, batch.responses)
 
     def advantages(self, batch: RolloutBatch):
         """``(advantages, returns, mask)`` as ``[B, R]`` tensors."""
@@ -257,39 +170,8 @@ class Trainer:
         timer: Timer,
         refill: Callable[[], list[PromptRecord]] | None = None,
     ) -> RolloutBatch:
-        """Everything a step needs that does not touch the actor: generate and score (with
-        DAPO's dynamic sampling when on, drawing more prompts from ``refill``), then reference
-        log-probs and values. Async mode runs this ahead of ``learn``."""
-        dapo = self.config.algorithm.filter_groups
-        if not (dapo.enable and refill is not None):
-            with timer.phase("gen"):
-                batch = await self.generate(prompts, step, min_version)
-            await asyncio.gather(
-                timer.timed("reward", self.score(batch)),
-                timer.timed("ref", self.reference_and_values(batch)),
-            )
-            return batch
-        batch = await self._generate_and_score(prompts, step, min_version, timer)
-
-        async def one_round(more: list[PromptRecord], index: int) -> RolloutBatch:
-            return await self._generate_and_score(more, step, min_version, timer, f"r{index}")
-
-        target = self.config.data.train_batch_size
-        batch, metrics = await fill_batch(
-            batch, target, dapo.max_num_gen_batches, refill, one_round
-        )
-        batch.sampling_metrics = metrics
-        batch.data_batches = int(metrics["dapo/gen_rounds"])
-        with timer.phase("ref"):
-            await self.reference_and_values(batch)
-        return batch
-
-    async def _generate_and_score(self, prompts, step, min_version, timer, tag="") -> RolloutBatch:
-        with timer.phase("gen"):
-            batch = await self.generate(prompts, step, min_version, tag)
-        with timer.phase("reward"):
-            await self.score(batch)
-        return batch
+        """Generate, score, reference/values for a step (``Collector.produce``)."""
+        return await self.collector.produce(prompts, step, min_version, timer, refill)
 
     async def learn(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
         """Update the critic and the actor on ``batch``, then publish version + 1."""

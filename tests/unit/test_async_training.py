@@ -92,7 +92,7 @@ def test_staleness_never_exceeds_k_and_overlap_happens():
 def test_stale_rows_are_dropped_whole_groups():
     trainer = make_trainer()
     asyncio.run(trainer.start(1, 1.0))
-    batch = asyncio.run(trainer.generate(prompts(2), 0, 1))
+    batch = asyncio.run(trainer.collector.generate(prompts(2), 0, 1))
     batch.weight_versions = [1] * 8 + [3] * 8
     kept, dropped = drop_stale(batch, oldest=2)
     assert dropped == 8 and len(kept) == 8
@@ -122,7 +122,7 @@ def test_skipping_zero_advantage_rows_gives_the_same_update():
         trainer = make_trainer(**{"trainer.use_kl_loss": "false"})
         asyncio.run(trainer.start(1, 1.0))
         torch.manual_seed(2)
-        batch = asyncio.run(trainer.generate(prompts(3), 0, 1))
+        batch = asyncio.run(trainer.collector.generate(prompts(3), 0, 1))
         mask = response_mask(batch.response_lengths())
         advantages = torch.zeros_like(mask)
         advantages[8:16] = torch.linspace(-1, 1, 8)[:, None]  # only the middle group learns

@@ -45,7 +45,17 @@ def test_console_and_jsonl_read_back(tmp_path, caplog) -> None:
     ]
     assert tracker.path == tmp_path / "metrics.jsonl"
     assert tracker.history[1] == {"step": 2, **STEPS[1]}
+
+
+def test_console_logs_every_nth_step(caplog) -> None:
+    from rlfleet.trainer.loggers import ConsoleBackend
+
+    console = ConsoleBackend(every=2)
+    with caplog.at_level(logging.INFO, logger="rlfleet.trainer.loggers"):
+        for step, metrics in enumerate(STEPS, start=1):
+            console.log(step, metrics)
     assert "step 2 | score 0.5 | pg_loss -0.25 | s/step 1.25" in caplog.text
+    assert "step 1 |" not in caplog.text and "step 3 |" not in caplog.text
 
 
 def test_history_is_kept_without_jsonl(tmp_path) -> None:

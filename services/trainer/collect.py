@@ -1,0 +1,163 @@
+"""The rollout side of a training step: everything that does not touch the actor.
+
+``Collector`` turns a batch of prompts into a scored ``RolloutBatch``: one ``GenerateBatch``
+through the router (plus ReMax's greedy baselines in the same call), one ``ScoreBatch``, and
+the reference log-probs and critic values when the config needs them. DAPO's dynamic
+sampling repeats generate+score until enough groups teach. The synchronous loop calls it
+between updates; the asynchronous one runs it ahead in ``AsyncRollouts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.rollout.types import GenerateRequest, SamplingParams
+from rlfleet.trainer.batch import RolloutBatch
+from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.dynamic_sampling import fill_batch
+from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.metrics import Timer
+
+log = logging.getLogger(__name__)
+
+
+class Collector:
+    def __init__(self, config: RlfleetConfig, fleet: Fleet, tokenizer, run_tag: str) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.tokenizer = tokenizer
+        self.run_tag = run_tag
+        self._calls = itertools.count()
+
+    async def produce(
+        self,
+        prompts: list[PromptRecord],
+        step: int,
+        min_version: int,
+        timer: Timer,
+        refill: Callable[[], list[PromptRecord]] | None = None,
+    ) -> RolloutBatch:
+        """Everything a step needs that does not touch the actor: generate and score (with
+        DAPO's dynamic sampling when on, drawing more prompts from ``refill``), then reference
+        log-probs and values. Async mode runs this ahead of ``learn``."""
+        dapo = self.config.algorithm.filter_groups
+        if not (dapo.enable and refill is not None):
+            with timer.phase("gen"):
+                batch = await self.generate(prompts, step, min_version)
+            await asyncio.gather(
+                timer.timed("reward", self.score(batch)),
+                timer.timed("ref", self.reference_and_values(batch)),
+            )
+            return batch
+        batch = await self._generate_and_score(prompts, step, min_version, timer)
+
+        async def one_round(more: list[PromptRecord], index: int) -> RolloutBatch:
+            return await self._generate_and_score(more, step, min_version, timer, f"r{index}")
+
+        target = self.config.data.train_batch_size
+        batch, metrics = await fill_batch(
+            batch, target, dapo.max_num_gen_batches, refill, one_round
+        )
+        batch.sampling_metrics = metrics
+        batch.data_batches = int(metrics["dapo/gen_rounds"])
+        with timer.phase("ref"):
+            await self.reference_and_values(batch)
+        return batch
+
+    async def _generate_and_score(self, prompts, step, min_version, timer, tag="") -> RolloutBatch:
+        with timer.phase("gen"):
+            batch = await self.generate(prompts, step, min_version, tag)
+        with timer.phase("reward"):
+            await self.score(batch)
+        return batch
+
+    async def generate(
+        self, prompts: list[PromptRecord], step: int, min_version: int, tag: str = ""
+    ) -> RolloutBatch:
+        """The whole step in one ``GenerateBatch``: each replica gets its share as one queue
+        entry (one engine batch). One request per prompt with n samples; the group id is the
+        sticky session, so a group's samples share a replica's prefix cache. ReMax adds one
+        greedy request per prompt (its baseline) to the same call."""
+        prefix = f"{self.run_tag}-s{step}{tag}"
+        requests = [
+            self._request(f"{prefix}-p{i}", f"{prefix}-g{i}", record, min_version, self._sampling)
+            for i, record in enumerate(prompts)
+        ]
+        if self.config.algorithm.adv_estimator == "remax":
+            greedy = replace(self._sampling, n=1, temperature=0.0)
+            requests += [
+                self._request(f"{prefix}-b{i}", f"{prefix}-g{i}", record, min_version, greedy)
+                for i, record in enumerate(prompts)
+            ]
+        results = await self.fleet.rollout.generate_batch(requests)
+        batch = RolloutBatch()
+        for group_id, (record, result) in enumerate(zip(prompts, results, strict=False)):
+            batch.add_group(record, group_id, result)
+        batch.texts = self._decode(batch.responses)
+        baselines = [r.completions[0].token_ids for r in results[len(prompts) :]]
+        batch.baseline_texts = self._decode(baselines)
+        return batch
+
+    @property
+    def _sampling(self) -> SamplingParams:
+        cfg = self.config.rollout
+        return SamplingParams(
+            n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens
+        )
+
+    @staticmethod
+    def _request(request_id, session_id, record, min_version, sampling) -> GenerateRequest:
+        return GenerateRequest(
+            request_id=request_id,
+            sampling=sampling,
+            prompt_token_ids=record.token_ids,
+            session_id=session_id,
+            min_weight_version=min_version,
+        )
+
+    def _decode(self, responses: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
+
+    async def score(self, batch: RolloutBatch) -> None:
+        """Score every response (and ReMax's greedy baselines) in one ``ScoreBatch``."""
+        from rlfleet.reward.types import ScoreRequest
+
+        groups = sorted(set(batch.group_ids))
+        first = {g: batch.group_ids.index(g) for g in groups}
+        pairs = list(zip(batch.records, batch.texts, strict=True))
+        pairs += [
+            (batch.records[first[g]], text)
+            for g, text in zip(groups, batch.baseline_texts, strict=False)
+        ]
+        requests = [
+            ScoreRequest(
+                id=f"{self.run_tag}-c{next(self._calls)}-r{i}",
+                data_source=record.data_source,
+                solution_str=text,
+                ground_truth=record.ground_truth,
+                extra_info=record.extra_info,
+            )
+            for i, (record, text) in enumerate(pairs)
+        ]
+        results = await self.fleet.reward.score_batch(requests)
+        scores = [0.0 if r.error else float(r.score) for r in results]
+        batch.scores = scores[: len(batch)]
+        if batch.baseline_texts:
+            by_group = dict(zip(groups, scores[len(batch) :], strict=True))
+            batch.baseline_scores = [by_group[g] for g in batch.group_ids]
+        batch.score_errors = sum(1 for r in results if r.error)
+        if batch.score_errors:
+            log.warning("%d responses could not be scored", batch.score_errors)
+
+    async def reference_and_values(self, batch: RolloutBatch) -> None:
+        if self.config.needs_reference:
+            batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(
+                batch.prompts, batch.responses
+            )
+        if self.config.needs_critic:
+            batch.values = await self.fleet.refcritic.values(batch.prompts, batch.responses)

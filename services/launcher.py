@@ -120,6 +120,7 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
     cores = os.cpu_count() or 1
     http_port = config.router.http_port or free_port()  # the OpenAI-compatible API
     print(f"rlfleet up: router HTTP at http://127.0.0.1:{http_port}/v1", flush=True)
+    record_endpoints(config, args, ports, http_port, redis_url)
     children = [child("router", "router", f"router.port={ports['router']}",
                       f"router.http_port={http_port}")]  # fmt: skip
     children += [
@@ -148,6 +149,24 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
             )
         )
     return children
+
+
+def record_endpoints(config, args, ports: dict, http_port: int, redis_url: str) -> None:
+    """Every role's address in ``run_dir/endpoints.json`` (services add what they bind)."""
+    from rlfleet.common.endpoints import describe, write_endpoints
+    from rlfleet.common.entry import safe_url
+
+    roles = {"redis": {"url": safe_url(redis_url)},
+             "router": {"grpc": f"127.0.0.1:{ports['router']}",
+                        "http": f"http://127.0.0.1:{http_port}/v1"},
+             "reward": {"grpc": f"127.0.0.1:{ports['reward']}"}}  # fmt: skip
+    if config.needs_refcritic:
+        roles["refcritic"] = {"grpc": f"127.0.0.1:{ports['refcritic']}"}
+    if not args.no_trainer:
+        roles["trainer"] = {"grpc": f"127.0.0.1:{ports['trainer']}"}
+    for role, addresses in roles.items():
+        write_endpoints(config.run_dir, role, addresses)
+        print(f"rlfleet up: {describe(role, addresses)}", flush=True)
 
 
 def stop_all(children: list[Child]) -> None:

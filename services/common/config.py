@@ -165,6 +165,29 @@ class UserScorerConfig(Section):
     """data_source values routed to this scorer (empty = it is the default for unknown ones)."""
 
 
+class SandboxLimits(Section):
+    """Limits of one sandboxed child (a user-function worker, or one run of the ``code``
+    scorer). What the kernel enforces and what only a Python audit hook does is in the README
+    ("Reward service")."""
+
+    timeout_s: float = 10.0
+    """Wall clock of one call (one item, or one batch-form call) or one program run; past it
+    the child's whole process group is killed (a pool worker is then replaced)."""
+    cpu_s: float = 10.0
+    """CPU seconds per call or run (RLIMIT_CPU; SIGXCPU ends the child)."""
+    memory_mb: int = 2048
+    """Address space of the child (RLIMIT_AS): allocation past it raises MemoryError."""
+    file_size_mb: int = 16
+    """Largest file the child may write (RLIMIT_FSIZE)."""
+    processes: int = 64
+    """RLIMIT_NPROC (binds only for a non-root user; as root, process creation is refused by
+    the audit hook and the process group is killed after every run)."""
+    workers: int = 2
+    """Sandboxed user-function processes per reward process, and concurrent ``code`` runs."""
+    output_kb: int = 1024
+    """Most stdout/stderr kept from one ``code`` run; more kills the run."""
+
+
 class RewardConfig(Section):
     host: str = "127.0.0.1"
     """Interface the reward gRPC server binds to."""
@@ -185,6 +208,17 @@ class RewardConfig(Section):
     """Scorer for HTTP callers that name no data_source (OpenRLHF ``/get_reward``, slime)."""
     composite: dict[str, float] = {"math": 0.9, "format": 0.1}
     """The ``composite`` scorer: a weighted sum of these built-in scorers' scores."""
+    sandbox: bool = True
+    """Run the user function (``custom``) in sandboxed child processes (``sandbox_limits``: a
+    timeout, CPU, memory, file size, no network, scrubbed environment, empty cwd); false runs
+    it in threads of the service (trusted code only). The ``code`` scorer is always sandboxed."""
+    sandbox_limits: SandboxLimits = SandboxLimits()
+    """Limits of each sandboxed process."""
+    default_score: float = 0.0
+    """Score of an item that could not be scored (its ``error`` says why): a raise, a timeout,
+    a crash, a sandbox violation, an unknown data source."""
+    code_scoring: Literal["fraction", "all"] = "fraction"
+    """``code`` scorer: the fraction of tests passed, or 1.0 only when all pass."""
 
 
 class RefCriticConfig(Section):
@@ -344,6 +378,12 @@ class TrainerConfig(Section):
     max_staleness: int = 1
     """Async mode: the oldest weight version a trained response may come from is
     ``current - max_staleness``; older ones are dropped (counted in ``async/dropped``)."""
+    old_logprob_source: Literal["engine", "actor"] = "engine"
+    """Where the PPO ratio's old log-probs come from when a batch takes several optimizer
+    steps: ``engine`` (the sampling engine's own, no extra forward; in async mode the ratio is
+    then against the behaviour policy) or ``actor`` (a forward of the actor before the update;
+    in async mode the proximal policy of AReaL's decoupled objective, with truncated
+    importance weights for stale responses)."""
     is_cap: float = 2.0
     """Async mode: cap of the per-token importance weight pi_prox / pi_behav."""
     test_freq: int = 0

@@ -3,7 +3,9 @@
 ``RewardClient`` is async (the trainer's loop); ``SyncRewardClient`` wraps it for evaluation
 scripts and notebooks that have no event loop. Failed calls raise ``InvalidArgument``,
 ``NotFound``, ``Unavailable``, ... (the gRPC error is the ``__cause__``), so callers never need
-grpc themselves.
+grpc themselves. Arguments are checked before anything is sent: something that is not a
+ScoreRequest (or a dict of its fields) is a TypeError, a field of the wrong type an
+InvalidArgument naming it.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
 from rlfleet.proto import common_pb2, reward_pb2, reward_pb2_grpc
 from rlfleet.reward import convert as glue
-from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo
+from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo, check_types
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 300.0
@@ -40,15 +43,21 @@ class RewardClient:
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
         await wait_ready(self._channel, timeout_s)
 
-    async def score(self, request: ScoreRequest) -> ScoreResult:
-        reply = await self._call(self._stub.Score, glue.request_to_proto(request))
+    async def score(self, request: ScoreRequest | dict[str, Any]) -> ScoreResult:
+        """One item: a ScoreRequest, or a dict of its fields."""
+        message = glue.request_to_proto(as_request(request, "score()"))
+        reply = await self._call(self._stub.Score, message)
         return glue.result_from_proto(reply)
 
-    async def score_batch(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+    async def score_batch(
+        self, requests: Sequence[ScoreRequest | dict[str, Any]]
+    ) -> list[ScoreResult]:
         """Results in the order of ``requests``; per-item failures are in ``result.error``."""
-        message = reward_pb2.ScoreBatchRequest(
-            requests=[glue.request_to_proto(r) for r in requests]
-        )
+        if isinstance(requests, str | bytes | dict) or not isinstance(requests, Sequence):
+            kind = type(requests).__name__
+            raise TypeError(f"score_batch() takes a list of ScoreRequest, got {kind}")
+        items = [as_request(r, f"score_batch() item {i}") for i, r in enumerate(requests)]
+        message = reward_pb2.ScoreBatchRequest(requests=[glue.request_to_proto(r) for r in items])
         reply = await self._call(self._stub.ScoreBatch, message)
         return [glue.result_from_proto(item) for item in reply.results]
 
@@ -77,10 +86,10 @@ class SyncRewardClient:
         self._loop = asyncio.new_event_loop()
         self._client = self._loop.run_until_complete(_make(address, api_key, kwargs))
 
-    def score(self, request: ScoreRequest) -> ScoreResult:
+    def score(self, request: ScoreRequest | dict[str, Any]) -> ScoreResult:
         return self._loop.run_until_complete(self._client.score(request))
 
-    def score_batch(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+    def score_batch(self, requests: Sequence[ScoreRequest | dict[str, Any]]) -> list[ScoreResult]:
         return self._loop.run_until_complete(self._client.score_batch(requests))
 
     def list_scorers(self) -> list[ScorerInfo]:
@@ -96,6 +105,21 @@ class SyncRewardClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def as_request(item: Any, where: str) -> ScoreRequest:
+    """A ScoreRequest checked before it is sent: TypeError for what is not one (nor a dict of
+    its fields), InvalidArgument naming the field of a wrong type."""
+    if isinstance(item, dict):
+        item = ScoreRequest.from_dict(item)
+    if not isinstance(item, ScoreRequest):
+        raise TypeError(f"{where} takes a ScoreRequest (or a dict of its fields), "
+                        f"got {type(item).__name__}")  # fmt: skip
+    try:
+        check_types(item)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{where} (id {item.id!r}): {exc}") from None
+    return item
 
 
 async def _make(address: str, api_key: str | None, kwargs: dict[str, Any]) -> RewardClient:

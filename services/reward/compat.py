@@ -4,7 +4,7 @@
   [...], "labels": [...]}``; ``query`` is prompt + response, so the response is what follows
   the prompt. Reply ``{"rewards": [...], "scores": [...], "extra_logs": {...}}``, where
   ``extra_logs`` holds one list per metric (and ``reward_error``: 1.0 where an item could not
-  be scored, its reward then 0.0): OpenRLHF averages and logs them.
+  be scored, its reward then ``reward.default_score``): OpenRLHF averages and logs them.
 - slime (``--rm-type remote_rm``): ``POST /slime/reward`` with ``{"prompt", "response",
   "label"}``; the reply is the bare float slime takes as the reward, or with ``?detail=true``
   ``{"score": ..., "metrics": {...}}`` (for slime's ``--reward-key score``).
@@ -41,7 +41,7 @@ def openrlhf_requests(body: dict[str, Any], default_scorer: str) -> list[ScoreRe
 
 
 def openrlhf_reply(results: list[ScoreResult]) -> dict[str, Any]:
-    rewards = [0.0 if r.error else r.score for r in results]
+    rewards = [r.score for r in results]  # a failed item carries the default score
     names = sorted({name for r in results for name in r.metrics})
     logs = {name: [r.metrics.get(name, 0.0) for r in results] for name in names}
     logs["reward_error"] = [float(bool(r.error)) for r in results]

@@ -1,8 +1,11 @@
 """Scores a list of requests: the one scoring loop behind a reward worker and the local path.
 
-User code is untrusted for liveness: a sync function runs in a thread and an ``async def`` one
-on the loop, each under a timeout counted from when the item starts running, so a hung function
-costs its items an error, not the process. Built-ins run inline. A function in verl's batch
+User code is untrusted for liveness: with ``reward.sandbox`` it runs in sandboxed processes
+(``sandbox_pool``), which time, kill and replace what hangs; without, a sync function runs in a
+thread and an ``async def`` one on the loop, each under a timeout counted from when the item
+starts running, so a hung function costs its items an error, not the process. Built-ins run
+inline. When the caller goes away (cancellation), items not started are never started and
+sandboxed ones running are killed. A function in verl's batch
 form is called once for all of a list's items that select it. One item's failure (no scorer, a
 raise, a non-number) is that item's ``error``; nothing here raises for a single bad item.
 """
@@ -72,6 +75,8 @@ class BatchScorer:
         return units
 
     async def _run(self, scorer: Scorer, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        if scorer.sandboxed:  # timed by the sandbox, from when a process takes the item
+            return await scorer.ascore_many(requests)
         if not scorer.blocking and not scorer.is_async:
             return scorer.score_many(requests)
         timeout_s = self.item_timeout_s * math.ceil(len(requests) / USER_THREADS)

@@ -5,7 +5,8 @@ key, every route except ``/healthz`` needs ``Authorization: Bearer <key>``: rewa
 reachable from a network must not score for anyone who asks.
 
 Routes: ``POST /score`` and ``/score_batch`` (rlfleet's ScoreRequest JSON; ``id`` optional),
-``GET /scorers``, ``GET /healthz``, and two for other frameworks' remote reward calls
+``GET /scorers``, ``GET /healthz``, ``GET /metrics`` (Prometheus; open, like ``/healthz``, so a
+scraper needs no key), and two for other frameworks' remote reward calls
 (``compat``): ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime).
 """
 
@@ -19,7 +20,8 @@ from typing import Annotated, Any
 
 import uvicorn
 from fastapi import Body, Depends, FastAPI, Header, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
 from rlfleet.common import errors
@@ -61,6 +63,10 @@ def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
         return {"scorers": [info.to_dict() for info in service.list_scorers()]}
 
     add_compat_routes(app, service, auth)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

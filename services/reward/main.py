@@ -4,26 +4,35 @@
 starting more processes; the front door does not need to know about them. The front door and
 this process's workers share ``WorkerSlots``: a request arriving while one of them is idle is
 scored in-process (``reward.local_first``; see ``rlfleet.reward.service``).
+
+Standalone: with no ``redis_url`` (nor ``RLFLEET_REDIS_URL``) it starts an embedded Redis under
+``run_dir/redis`` and stops it on exit. The addresses it bound (gRPC, HTTP, ``/metrics``,
+Redis) are printed and merged into ``run_dir/endpoints.json``. With ``reward.sandbox`` the
+user function runs in sandboxed processes (``sandbox_pool``), one pool per process.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 
-from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.entry import base_parser, resolve
+from rlfleet.common.config import RewardConfig, RlfleetConfig
+from rlfleet.common.endpoints import describe, write_endpoints
+from rlfleet.common.entry import base_parser, resolve, safe_url
 from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
 from rlfleet.common.jobs import WorkerGroup, WorkerSlots, consumer_name
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_client import connect
-from rlfleet.reward.scorers import ScorerRegistry, build_registry
+from rlfleet.reward.sandbox_pool import close_scorer, sandboxed_user_scorer
+from rlfleet.reward.scorers import Scorer, ScorerRegistry, build_registry
 from rlfleet.reward.server import registration
 from rlfleet.reward.service import REDIS_CONCURRENCY, RewardService, reward_queue
 from rlfleet.reward.worker import READ_COUNT, RewardWorker
@@ -49,14 +58,29 @@ def main(argv: list[str] | None = None) -> None:
         help="a job pending this long on another worker is taken over (that worker died)",
     )  # fmt: skip
     config, args = resolve(parser, "reward", argv)
-    if not config.redis_url:
-        parser.error("reward needs Redis: set redis_url=... or RLFLEET_REDIS_URL")
+    if args.worker_only and not config.redis_url:
+        parser.error("--worker-only needs the service's Redis: redis_url=... or RLFLEET_REDIS_URL")
     if args.worker_only and config.reward.workers < 1:
         parser.error("--worker-only needs reward.workers >= 1")
     if args.port is not None:
         config.reward.port = args.port
-    if not asyncio.run(serve(config, args)):
-        raise SystemExit(1)
+    with embedded_redis(config):
+        if not asyncio.run(serve(config, args)):
+            raise SystemExit(1)
+
+
+@contextlib.contextmanager
+def embedded_redis(config: RlfleetConfig) -> Iterator[None]:
+    """Standalone use: no Redis configured starts one under ``run_dir/redis``, stopped on exit."""
+    if config.redis_url:
+        yield
+        return
+    from rlfleet.common.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis(Path(config.run_dir) / "redis") as server:
+        config.redis_url = server.url
+        print(f"rlfleet reward: embedded Redis at {server.url}", flush=True)
+        yield
 
 
 async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
@@ -67,7 +91,8 @@ async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
     stop = asyncio.Event()
     install_stop_signals(stop)
     keys = Keys(config.cluster)
-    registry = build_registry(config.reward)
+    user = await start_sandboxed_user(config.reward)
+    registry = build_registry(config.reward, user)
     worker_redis = redis_client(config.redis_url, config.reward.workers * (READ_COUNT + 3))
     slots = WorkerSlots(config.reward.workers)
     pool = start_workers(worker_redis, keys, registry, args, slots, stop.set)
@@ -75,13 +100,42 @@ async def serve(config: RlfleetConfig, args: argparse.Namespace) -> bool:
     front = (
         None if args.worker_only else await start_front_doors(config, keys, registry, local, args)
     )
+    if front is not None:
+        announce(config, front)
     await stop.wait()
     log.info("stopping reward %s", "workers" if front is None else "service")
     if front is not None:
         await front.stop()
     await pool.stop()
     await worker_redis.aclose()
+    await close_scorer(user)
     return not pool.crashed
+
+
+async def start_sandboxed_user(rc: RewardConfig) -> Scorer | None:
+    """The user function's sandboxed pool (``reward.sandbox``); None: none, or threads."""
+    if rc.custom is None or not rc.sandbox:
+        return None
+    return await sandboxed_user_scorer(rc.custom, rc.sandbox_limits)
+
+
+def announce(config: RlfleetConfig, front: FrontDoors) -> None:
+    """Print the bound addresses and merge them into ``run_dir/endpoints.json``."""
+    host = config.reward.host
+    addresses = {"grpc": f"{host}:{front.grpc_server.port}", "redis": safe_url(config.redis_url)}
+    if front.http_server is not None:
+        http = f"http://{host}:{bound_port(front.http_server)}"
+        addresses |= {"http": http, "metrics": f"{http}/metrics"}
+    try:
+        where = write_endpoints(config.run_dir, "reward", addresses)
+    except OSError as exc:
+        where = f"not written: {exc}"
+    print(f"rlfleet {describe('reward', addresses)} ({where})", flush=True)
+
+
+def bound_port(server: Any) -> int:
+    """The HTTP server's real port (``http_port=0`` picks a free one)."""
+    return int(server.servers[0].sockets[0].getsockname()[1])
 
 
 def redis_client(url: str, max_connections: int) -> Redis:

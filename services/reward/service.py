@@ -11,6 +11,10 @@ to the stream as one job, cut into a few only when ``IdleWorkers`` sees several 
 Durability is the toolkit's story: a local request is answered by the process that accepted
 it, or its RPC fails and the caller retries it.
 
+An item that could not be scored has ``error`` set and ``reward.default_score`` as its score.
+A caller that cancels or times out stops its work (``_run``; ``rlfleet.reward.withdraw``).
+Counters for ``/metrics`` are ``RewardMetrics``.
+
 A batch not fully scored within ``reward.request_timeout_s`` fails with DeadlineExceeded
 (a TimeoutError), which clients do not retry automatically: resubmitting to a queue that is
 already behind would only add to its backlog.
@@ -18,22 +22,18 @@ already behind would only add to its backlog.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Awaitable, Sequence
 
 from redis.asyncio import Redis
 
 from rlfleet.common.config import RewardConfig
-from rlfleet.common.jobs import (
-    IdleWorkers,
-    LocalFirst,
-    ScatterGather,
-    WorkerSlots,
-    parts_for,
-    split_evenly,
-)
+from rlfleet.common.jobs import IdleWorkers, LocalFirst, WorkerSlots, parts_for, split_evenly
 from rlfleet.common.keys import REWARD_GROUP, Keys
 from rlfleet.common.workqueue import Result, WorkQueue
 from rlfleet.reward.engine import BatchScorer
+from rlfleet.reward.metrics import RewardMetrics
 from rlfleet.reward.scorers import ScorerRegistry
 from rlfleet.reward.types import (
     ScoreRequest,
@@ -44,6 +44,7 @@ from rlfleet.reward.types import (
     fill_ids,
     validate_batch,
 )
+from rlfleet.reward.withdraw import WithdrawingJobs
 
 MAX_DELIVERIES = 3
 RESULT_TTL_S = 900
@@ -67,8 +68,13 @@ class RewardService:
     ) -> None:  # fmt: skip
         self.queue = reward_queue(redis, keys)
         self.registry, self.default_scorer = registry, config.default_scorer
+        self.default_score = config.default_score
         timeout_s = config.request_timeout_s
-        self.jobs = ScatterGather(self.queue, timeout_s, "reward workers", REDIS_CONCURRENCY)
+        self.jobs = WithdrawingJobs(redis, self.queue, timeout_s, "reward workers",
+                                    REDIS_CONCURRENCY)  # fmt: skip
+        self.metrics = RewardMetrics()
+        self.metrics.gauge("rlfleet_reward_withdrawn_jobs", "Queued jobs withdrawn (caller gone)",
+                           lambda: self.jobs.withdrawn)  # fmt: skip
         self.idle_workers = IdleWorkers(redis, self.queue)
         self.route = LocalFirst(slots if config.local_first else None, timeout_s)
         self.engine = BatchScorer(registry, item_timeout_s, name="score-local")
@@ -100,9 +106,25 @@ class RewardService:
         return await self.queue.ping()
 
     async def _run(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
-        return await self.route.run(
-            lambda: self.engine.score_all(requests), lambda: self._queued(requests)
-        )
+        """Scored here or through the queue; an item that failed gets ``default_score``. A
+        cancelled call (its caller gone) stops its work: local items not started never start,
+        sandboxed ones running are killed, queued jobs are withdrawn."""
+        started, path = time.perf_counter(), ["queued"]
+
+        def local() -> Awaitable[list[ScoreResult]]:
+            path[0] = "local"
+            return self.engine.score_all(requests)
+
+        try:
+            results = await self.route.run(local, lambda: self._queued(requests))
+        except asyncio.CancelledError:
+            self.metrics.cancelled.inc()
+            raise
+        for result in results:
+            if result.error:
+                result.score = self.default_score
+        self.metrics.observe(path[0], results, time.perf_counter() - started)
+        return results
 
     async def _queued(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         parts = parts_for(len(requests), await self.idle_workers.count(), MIN_JOB_ITEMS)

@@ -155,12 +155,19 @@ _TEXT_FIELDS = ("id", "data_source", "solution_str", "prompt")
 _DEFAULTS = {"id": "", "data_source": ""}  # optional in JSON bodies
 
 
+def check_types(request: ScoreRequest) -> None:
+    """InvalidArgument naming the first field of the wrong type (clients check before sending)."""
+    _check_types(request)
+
+
 def _check_types(request: ScoreRequest) -> None:
     for name in _TEXT_FIELDS:
         if not isinstance(getattr(request, name), str):
-            raise InvalidArgument(f"{name} must be a string, got {type(getattr(request, name))}")
+            kind = type(getattr(request, name)).__name__
+            raise InvalidArgument(f"{name} must be a string, got {kind}")
     if not isinstance(request.extra_info, dict):
-        raise InvalidArgument("extra_info must be an object")
+        kind = type(request.extra_info).__name__
+        raise InvalidArgument(f"extra_info must be an object (dict), got {kind}")
     if request.scorer is not None and not isinstance(request.scorer, str):
         raise InvalidArgument("scorer must be a string or null")
     if request.scorer == "":

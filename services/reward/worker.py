@@ -6,11 +6,16 @@ is the shared ``rlfleet.common.jobs.JobWorker``, so a worker that dies mid-job l
 a slow user function is never mistaken for a dead worker. Scoring itself is ``BatchScorer``
 (the same code the front door runs for a request it keeps in-process).
 
+A job whose caller gave up (``rlfleet.reward.withdraw``) is skipped, or its scoring is
+cancelled mid-way (sandboxed items running are killed).
+
 Items were validated by the front door that queued them; decoding still checks their types,
 so a malformed payload fails its job (InvalidArgument) instead of reaching a scorer.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.jobs import JobWorker, WorkerSlots
@@ -18,6 +23,7 @@ from rlfleet.common.workqueue import Job, WorkQueue
 from rlfleet.reward.engine import BatchScorer
 from rlfleet.reward.scorers import ScorerRegistry
 from rlfleet.reward.types import ScoreRequest, ScoreResult, decode_requests, encode_results
+from rlfleet.reward.withdraw import until_withdrawn, withdrawn
 
 READ_COUNT = 4  # jobs taken, scored and answered together
 
@@ -36,6 +42,7 @@ class RewardWorker(JobWorker):
     ) -> None:
         super().__init__(queue, consumer, reclaim_idle_s, read_count=READ_COUNT, slots=slots)
         self.engine = BatchScorer(registry, item_timeout_s, name=f"score-{consumer}")
+        self.withdrawn = 0
 
     @property
     def scored(self) -> int:
@@ -45,12 +52,25 @@ class RewardWorker(JobWorker):
         self.engine.close()
 
     async def handle(self, job: Job) -> bytes:
-        """The job's results; InvalidArgument when the job itself is unusable."""
+        """The job's results; InvalidArgument when the job itself is unusable. A job withdrawn
+        by its caller is not started, or stops (its answer, b"", is then never stored)."""
         try:
             requests = decode_requests(job.payload)
         except InvalidArgument as exc:
             raise InvalidArgument(f"bad scoring job {job.request_id}: {exc}") from exc
-        return encode_results(await self.engine.score_all(requests))
+        if await withdrawn(self.queue, job.request_id):
+            return b""
+        scoring = asyncio.create_task(self.engine.score_all(requests))
+        watch = asyncio.create_task(until_withdrawn(self.queue, job.request_id))
+        try:
+            await asyncio.wait({scoring, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (scoring, watch):
+                task.cancel()
+        if not scoring.done() or scoring.cancelled():
+            self.withdrawn += 1
+            return b""
+        return encode_results(scoring.result())
 
     async def score(self, request: ScoreRequest) -> ScoreResult:
         """Score one request; every failure becomes the item's ``error``."""

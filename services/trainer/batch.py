@@ -75,11 +75,15 @@ class RolloutBatch:
         merged.group_ids = self.group_ids + [g + group_offset for g in other.group_ids]
         return merged
 
-    def use_engine_logprobs_as_behaviour(self) -> bool:
-        """Train with the engine's log-probs as the behaviour policy, if every token has one."""
-        complete = len(self.engine_logprobs) == len(self) and all(
+    def engine_logprobs_complete(self) -> bool:
+        """Whether the engine reported a log-prob for every sampled token."""
+        return len(self.engine_logprobs) == len(self) and all(
             len(lp) == len(r) for lp, r in zip(self.engine_logprobs, self.responses, strict=True)
         )
+
+    def use_engine_logprobs_as_behaviour(self) -> bool:
+        """Train with the engine's log-probs as the behaviour policy, if every token has one."""
+        complete = self.engine_logprobs_complete()
         if complete:
             self.behaviour_logprobs = self.engine_logprobs
         return complete

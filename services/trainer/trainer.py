@@ -127,12 +127,18 @@ class Trainer:
         )
 
     async def old_logprobs(self, batch: RolloutBatch) -> None:
-        """Recompute behaviour log-probs with the actor, unless the update is on-policy.
+        """Old (proximal) log-probs for the PPO ratio, when the update takes several steps.
 
-        With one optimizer step per batch the ratio is exactly 1, so the actor reuses its own
-        (detached) log-probs from the update's forward pass and this forward is skipped.
+        With one optimizer step per batch the ratio is exactly 1: the actor reuses its own
+        detached log-probs from the update's forward pass. Otherwise they come from the engine
+        that sampled the batch (``trainer.old_logprob_source: engine``, no extra forward: the
+        engine reports ``log_softmax(logits / T)`` of the same weights) or from a forward of
+        the actor (``actor``; in async mode this is AReaL's proximal policy).
         """
         if self.single_update_per_batch():
+            return
+        if self.config.trainer.old_logprob_source == "engine" and batch.engine_logprobs_complete():
+            batch.old_logprobs = batch.engine_logprobs
             return
         batch.old_logprobs = await asyncio.to_thread(
             self.actor.logprobs, batch.prompts, batch.responses
@@ -230,6 +236,15 @@ class Trainer:
         metrics.update(timer.metrics)
         return metrics
 
+    def corrects_staleness(self, batch: RolloutBatch) -> bool:
+        """Whether stale rows get truncated importance weights pi_prox / pi_behav. Not when the
+        old log-probs are the engine's: then the PPO ratio is already against the behaviour
+        policy and the weight would be exactly 1."""
+        if not any(v != self.version for v in batch.weight_versions):
+            return False
+        from_engine = self.config.trainer.old_logprob_source == "engine"
+        return self.single_update_per_batch() or not from_engine
+
     async def train_step_async(self, rollouts) -> dict[str, float]:
         """One asynchronous step: take the batch produced ahead (``AsyncRollouts``), drop what
         is older than ``max_staleness``, and learn with the off-policy correction."""
@@ -246,7 +261,7 @@ class Trainer:
                     f"all {dropped} responses were older than weight version {oldest}"
                 )
             lag = staleness_metrics(batch, self.version, dropped)
-            if any(v != self.version for v in batch.weight_versions):
+            if self.corrects_staleness(batch):
                 batch.use_engine_logprobs_as_behaviour()
             metrics = await self.learn(batch, timer)
         metrics.update(produced.metrics)

@@ -265,3 +265,20 @@ def test_old_checkpoints_beyond_max_ckpt_to_keep_are_removed(tmp_path):
         (tmp_path / "checkpoints" / f"global_step_{step}" / "trainer_state.pt").write_text("x")
     prune(tmp_path, keep=2)
     assert [step for step, _ in step_checkpoints(tmp_path)] == [4, 6]
+
+
+@pytest.mark.parametrize("source, forwards", [("engine", 0), ("actor", 1)])
+def test_old_logprobs_come_from_the_engine_without_a_forward(source, forwards):
+    trainer = make_trainer(
+        **{"trainer.ppo_mini_batch_size": 8, "trainer.old_logprob_source": source}
+    )
+    asyncio.run(trainer.start(1, 1.0))
+    batch = asyncio.run(trainer.collector.generate(prompts(2), 0, 1))
+    batch.engine_logprobs = [[-0.5] * len(r) for r in batch.responses]
+    calls = []
+    real = trainer.actor.logprobs
+    trainer.actor.logprobs = lambda p, r: calls.append(1) or real(p, r)
+    asyncio.run(trainer.old_logprobs(batch))
+    assert len(calls) == forwards
+    if source == "engine":
+        assert batch.old_logprobs is batch.engine_logprobs

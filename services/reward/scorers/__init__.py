@@ -2,23 +2,27 @@
 
 ``base``: the ``Scorer`` and how its answer becomes a ``ScoreResult``; ``user``: loading a
 user's file; ``builtin``: arith, gsm8k, math, exact_match, regex, format, composite;
-``answers``: answer extraction and equivalence; ``registry``: selection by name/data source.
+``code``: a solution run against tests in the sandbox; ``answers``: answer extraction and
+equivalence; ``registry``: selection by name/data source.
+
+Names are imported on first use (PEP 562): a sandboxed worker needs only ``base`` and ``user``
+and should not pay for sympy and pydantic at every start.
 """
 
-from rlfleet.reward.scorers.base import ScoreFn, Scorer, error_result, to_result
-from rlfleet.reward.scorers.builtin import builtin_scorers
-from rlfleet.reward.scorers.registry import DEFAULT_MARK, ScorerRegistry, build_registry
-from rlfleet.reward.scorers.user import load_user_function, user_scorer
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_MARK",
-    "ScoreFn",
-    "Scorer",
-    "ScorerRegistry",
-    "build_registry",
-    "builtin_scorers",
-    "error_result",
-    "load_user_function",
-    "to_result",
-    "user_scorer",
-]
+import importlib
+from typing import Any
+
+_HOMES = {
+    "ScoreFn": "base", "Scorer": "base", "error_result": "base", "to_result": "base",
+    "builtin_scorers": "builtin", "DEFAULT_MARK": "registry", "ScorerRegistry": "registry",
+    "build_registry": "registry", "load_user_function": "user", "user_scorer": "user",
+}  # fmt: skip
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

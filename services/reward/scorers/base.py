@@ -32,7 +32,8 @@ class Scorer:
 
     ``data_sources`` are claimed outright; ``aliases`` (verl's dataset names for a built-in)
     are taken only when no user function is the default. ``blocking`` functions (user code)
-    run in a thread with a timeout; ``is_async`` ones are awaited with one."""
+    run in a thread with a timeout; ``is_async`` ones are awaited with one; ``sandboxed`` ones
+    (``ascore_many``) are awaited as they are: their processes have their own wall clock."""
 
     name: str
     kind: str
@@ -45,6 +46,7 @@ class Scorer:
     is_async: bool = False
     takes_prompt: bool = False
     aliases: list[str] = field(default_factory=list)
+    sandboxed: bool = False  # runs in sandboxed processes that enforce their own time limits
 
     def arguments(self, request: ScoreRequest) -> dict[str, Any]:
         args = {"data_source": request.data_source, "solution_str": request.solution_str,

@@ -13,6 +13,7 @@ from rlfleet.common.config import RewardConfig
 from rlfleet.common.errors import NotFound
 from rlfleet.reward.scorers.base import Scorer
 from rlfleet.reward.scorers.builtin import builtin_scorers
+from rlfleet.reward.scorers.code import code_scorer
 from rlfleet.reward.scorers.user import user_scorer
 from rlfleet.reward.types import ScoreRequest, ScorerInfo
 
@@ -78,13 +79,15 @@ class ScorerRegistry:
         return ScorerInfo(scorer.name, scorer.kind, sources, scorer.description)
 
 
-def build_registry(config: RewardConfig) -> ScorerRegistry:
-    """Built-ins plus the configured user function (default when it names no data sources)."""
+def build_registry(config: RewardConfig, sandboxed_user: Scorer | None = None) -> ScorerRegistry:
+    """Built-ins plus the configured user function (default when it names no data sources):
+    ``sandboxed_user`` when given (``sandbox_pool``), else loaded here to run in threads."""
     registry = ScorerRegistry()
     for scorer in builtin_scorers(config.composite):
         registry.add(scorer)
+    registry.add(code_scorer(config.sandbox_limits, config.code_scoring))
     if config.custom is not None:
-        custom = user_scorer(config.custom)
+        custom = sandboxed_user or user_scorer(config.custom)
         registry.add(custom, default=not config.custom.data_sources)
         log.info("user scorer %s loaded from %s", custom.name, config.custom.path)
     registry.named(config.default_scorer)  # a typo fails at start, not on the first request

@@ -12,9 +12,12 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlfleet.common.config import UserScorerConfig
 from rlfleet.reward.scorers.base import ScoreFn, Scorer
+
+if TYPE_CHECKING:  # not at run time: a sandboxed worker loads this without pydantic
+    from rlfleet.common.config import UserScorerConfig
 
 
 def load_user_function(path: str | Path, name: str) -> ScoreFn:

@@ -27,6 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException
 
 from rlfleet.common import errors
 from rlfleet.rollout.router import openai_api as oai
@@ -78,6 +79,7 @@ def create_app(core: RouterCore, policy: oai.Policy, api_key: str | None = None)
 
     add_service_routes(app, core)
     app.add_exception_handler(RequestValidationError, _validation_response)
+    app.add_exception_handler(HTTPException, _http_error_response)
     for kind, _, _ in ERRORS:
         app.add_exception_handler(kind, _error_response)
     return app
@@ -171,9 +173,10 @@ def openai_error(message: str, kind: str, param: str | None, status: int) -> JSO
 
 async def _error_response(request: Request, exc: Exception) -> JSONResponse:
     status, kind = next(((s, k) for t, s, k in ERRORS if isinstance(exc, t)), (500, "server_error"))
-    field = getattr(exc, "field", None)
+    field, message = getattr(exc, "field", None), str(exc)
     param = PARAM_NAMES.get(field, field.removeprefix("sampling.")) if field else None
-    message = str(exc).removeprefix("sampling.")
+    if field and message.startswith(field):  # the body's name for it, not the proto's
+        message = param + message[len(field) :]
     log.warning("HTTP %s %s -> %d: %s", request.method, request.url.path, status, message)
     return openai_error(message, kind, param, status)
 
@@ -186,6 +189,16 @@ async def _validation_response(request: Request, exc: RequestValidationError) ->
     message = f"{param or 'body'}: {first.get('msg', 'invalid request body')}"
     log.warning("HTTP %s %s -> 400: %s", request.method, request.url.path, message)
     return openai_error(message, "invalid_request_error", param, 400)
+
+
+async def _http_error_response(request: Request, exc: HTTPException) -> JSONResponse:
+    """FastAPI's own refusals (an unreadable body: not UTF-8, not JSON; unknown routes)."""
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    if exc.status_code == 400:
+        message = f"the request body is not valid UTF-8 JSON ({exc.detail})"
+    else:
+        message = str(exc.detail)
+    return openai_error(message, kind, None, exc.status_code)
 
 
 class _Server(uvicorn.Server):

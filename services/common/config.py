@@ -179,7 +179,7 @@ class SandboxLimits(Section):
     """Address space of the child (RLIMIT_AS): allocation past it raises MemoryError."""
     file_size_mb: int = 16
     """Largest file the child may write (RLIMIT_FSIZE)."""
-    processes: int = 64
+    processes: int = 256
     """RLIMIT_NPROC (binds only for a non-root user; as root, process creation is refused by
     the audit hook and the process group is killed after every run)."""
     workers: int = 2

@@ -29,6 +29,7 @@ from rlfleet.common.config import SandboxLimits
 
 CHILD_MODULE = "rlfleet.reward.sandbox_child"
 READY_TIMEOUT_S = 60.0
+REAP_TIMEOUT_S = 5.0
 LINE_LIMIT = 64 << 20  # longest reply line from a serving child
 SIGNAL_MEANING = {
     signal.SIGXCPU: "CPU time limit exceeded",
@@ -72,6 +73,14 @@ def kill_group(process: Any) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+async def reap(process: Any) -> None:
+    """Kill and wait. (asyncio's ``wait`` also waits for the pipes to close, which a killed
+    child's do at once; the bound only guards against a pipe nobody drains.)"""
+    kill_group(process)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(process.wait(), REAP_TIMEOUT_S)
+
+
 @dataclass
 class RunOutcome:
     """What one program run did; ``reason`` is set when the sandbox stopped it."""
@@ -98,22 +107,20 @@ async def run_program(source: str, stdin: str, limits: SandboxLimits) -> RunOutc
         try:
             return await _supervise(process, stdin.encode(), limits)
         finally:
-            kill_group(process)
-            await process.wait()
+            await reap(process)
 
 
 async def _supervise(process: Any, stdin: bytes, limits: SandboxLimits) -> RunOutcome:
     cap = limits.output_kb * 1024
     feed = asyncio.create_task(_feed(process, stdin))
-    reads = [_read_capped(process.stdout, cap), _read_capped(process.stderr, cap)]
+    reads = [_read_capped(stream, cap, process) for stream in (process.stdout, process.stderr)]
     reason = ""
     try:
         async with asyncio.timeout(limits.timeout_s):
             (out, over_out), (err, over_err) = await asyncio.gather(*reads)
-            if not (over_out or over_err):
-                await process.wait()
-            else:
+            if over_out or over_err:
                 reason = f"output over {limits.output_kb} KiB"
+            await process.wait()
     except TimeoutError:
         out, err, reason = b"", b"", f"timed out after {limits.timeout_s:g}s"
     finally:
@@ -132,14 +139,17 @@ async def _feed(process: Any, data: bytes) -> None:
         process.stdin.close()
 
 
-async def _read_capped(stream: Any, cap: int) -> tuple[bytes, bool]:
-    """Up to ``cap`` bytes, and whether there was more (the run is then stopped)."""
-    data = b""
+async def _read_capped(stream: Any, cap: int, process: Any) -> tuple[bytes, bool]:
+    """Up to ``cap`` bytes, and whether there was more: then the run is killed, and the rest
+    drained (asyncio's ``wait`` waits for the pipes to close)."""
+    data, over = b"", False
     while chunk := await stream.read(1 << 16):
-        data += chunk
-        if len(data) > cap:
-            return data[:cap], True
-    return data, False
+        if not over:
+            data += chunk
+            over = len(data) > cap
+            if over:
+                kill_group(process)
+    return data[:cap], over
 
 
 class SandboxError(RuntimeError):
@@ -187,6 +197,5 @@ class SandboxProcess:
         return json.loads(line)
 
     async def close(self) -> None:
-        kill_group(self.process)
-        await self.process.wait()
+        await reap(self.process)
         self._workdir.cleanup()

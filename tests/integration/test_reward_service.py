@@ -182,7 +182,8 @@ def test_score_cli_writes_scores_and_summary(service, tmp_path):
          str(dst), "--address", service.address, "--batch-size", "2", "--no-progress"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # rows failed
+    assert "2 rows failed" in done.stderr
     out = [json.loads(line) for line in dst.read_text().splitlines()]
     assert [row["score"] for row in out] == [1.0, 0.0, 1.5, 0.0, 0.0]
     assert out[2]["score_metrics"]["acc"] == 1.0 and out[2]["extra_info"] == {"index": 3}
@@ -255,12 +256,15 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, call
 """
 
 
-def user_scorer(tmp_path: Path, **kwargs: object) -> tuple[str, str]:
+def user_scorer(tmp_path: Path, **kwargs: object) -> tuple[str, ...]:
     """Overrides loading TEST_SCORER as the user function, with ``kwargs`` as reward_kwargs."""
     path = tmp_path / "user_scorer.py"
     path.write_text(TEST_SCORER)
     pairs = ", ".join(f"{key}: '{value}'" for key, value in kwargs.items())
-    return f"reward.custom.path={path}", f"reward.custom.reward_kwargs={{{pairs}}}"
+    # threads, not the sandbox: it writes calls_file outside any sandbox dir (sandboxed
+    # recovery: test_reward_sandbox.py)
+    return (f"reward.custom.path={path}", f"reward.custom.reward_kwargs={{{pairs}}}",
+            "reward.sandbox=false")  # fmt: skip
 
 
 async def test_job_of_killed_worker_is_reclaimed(launcher, redis_client, keys, tmp_path):

@@ -14,4 +14,3 @@ def test_generated_stubs_are_up_to_date():
         text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-

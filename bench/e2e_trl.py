@@ -43,6 +43,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1.5e-4)
     parser.add_argument("--schedule", default="linear", choices=["linear", "constant"])
     parser.add_argument("--beta", type=float, default=0.0, help="KL coefficient (TRL's default 0)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument(
+        "--steps-per-generation", type=int, default=1,
+        help="optimizer steps per generated batch (mini-batches, like ppo_mini_batch_size)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--eval-every", type=int, default=0, help="greedy held-out eval period")
@@ -95,9 +100,10 @@ def grpo_config(args: argparse.Namespace):
     return GRPOConfig(
         output_dir=str(args.work_dir), report_to="none", save_strategy="no", logging_steps=1,
         disable_tqdm=True, use_cpu=True, bf16=False, seed=args.seed, data_seed=args.seed,
-        per_device_train_batch_size=args.batch * args.n, num_generations=args.n,
-        steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1,
-        max_completion_length=args.max_tokens, temperature=1.0, max_steps=args.steps,
+        per_device_train_batch_size=args.batch * args.n // args.steps_per_generation,
+        num_generations=args.n, steps_per_generation=args.steps_per_generation,
+        gradient_accumulation_steps=1, num_iterations=1, max_completion_length=args.max_tokens,
+        temperature=args.temperature, max_steps=args.steps * args.steps_per_generation,
         learning_rate=args.lr, lr_scheduler_type=args.schedule, warmup_steps=0, beta=args.beta,
         dataloader_num_workers=0,
     )  # fmt: skip

@@ -1,0 +1,110 @@
+"""The whole fleet's config: every section, plus the cross-field rules checked at load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import field_validator, model_validator
+
+from rlfleet.common.config.base import LogLevel, Section, shipped_path
+from rlfleet.common.config.serving import (
+    DataConfig,
+    EndpointsConfig,
+    ModelConfig,
+    RefCriticConfig,
+    RewardConfig,
+    RolloutConfig,
+    RouterConfig,
+)
+from rlfleet.common.config.training import (
+    AlgorithmConfig,
+    TrainerConfig,
+)
+
+
+class RlfleetConfig(Section):
+    cluster: str = "default"
+    """Namespace for Redis keys (rlfleet:{cluster}:...), so runs can share a server."""
+    redis_url: str | None = None
+    """Redis URL; None = ``rlfleet up`` starts an embedded Valkey."""
+    api_key: str | None = None
+    """If set, every RPC must carry ``authorization: Bearer <key>`` (health checks excepted)."""
+    run_dir: str = "runs/default"
+    """Where logs, metrics.jsonl, plots and checkpoints go."""
+    log_level: LogLevel = "INFO"
+    """Logging level for every role: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."""
+    max_message_mb: int = 64
+    """gRPC send/receive message size limit (weights travel in chunks below this)."""
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    endpoints: EndpointsConfig = EndpointsConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    router: RouterConfig = RouterConfig()
+    reward: RewardConfig = RewardConfig()
+    refcritic: RefCriticConfig = RefCriticConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_capitals(cls, level: Any) -> Any:
+        """``debug`` works like ``DEBUG``; a misspelt level is an error, not silently INFO."""
+        return level.upper() if isinstance(level, str) else level
+
+    @model_validator(mode="after")
+    def _find_shipped_files(self) -> RlfleetConfig:
+        """Relative model and data paths missing from the working directory are looked up
+        where the package ships them (see ``shipped_path``)."""
+        self.model.path = shipped_path(self.model.path)
+        self.data.train_files = [shipped_path(f) for f in self.data.train_files]
+        self.data.val_files = [shipped_path(f) for f in self.data.val_files]
+        return self
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> RlfleetConfig:
+        if self.rollout.n < 1:
+            raise ValueError("rollout.n must be >= 1")
+        if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
+            raise ValueError(f"{self.algorithm.adv_estimator} needs rollout.n >= 2 (a group)")
+        if self.data.train_batch_size < 1 or self.trainer.total_steps < 0:
+            raise ValueError("data.train_batch_size must be >= 1 and trainer.total_steps >= 0")
+        mini = self.trainer.ppo_mini_batch_size
+        batch = self.data.train_batch_size * self.rollout.n
+        if mini and batch % mini:
+            raise ValueError(f"trainer.ppo_mini_batch_size={mini} must divide {batch} sequences")
+        if self.data.max_prompt_length + self.rollout.max_tokens > self.rollout.max_model_len:
+            raise ValueError("data.max_prompt_length + rollout.max_tokens > rollout.max_model_len")
+        if self.trainer.max_staleness < 0 or self.trainer.is_cap <= 0:
+            raise ValueError("trainer.max_staleness must be >= 0 and trainer.is_cap > 0")
+        self._check_algorithm()
+        return self
+
+    def _check_algorithm(self) -> None:
+        """Rules of the verl algorithm knobs (dual clip, KL controller, overlong buffer)."""
+        if self.trainer.clip_ratio_c <= 1.0:
+            raise ValueError(f"trainer.clip_ratio_c must be > 1, got {self.trainer.clip_ratio_c}")
+        ctrl = self.algorithm.kl_ctrl
+        if ctrl.type == "adaptive" and (ctrl.target_kl <= 0 or ctrl.horizon <= 0):
+            raise ValueError("algorithm.kl_ctrl: adaptive needs target_kl > 0 and horizon > 0")
+        buffer = self.algorithm.overlong_buffer
+        if buffer.enable and not 0 < buffer.len <= self.rollout.max_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer.len={buffer.len} must be in "
+                f"(0, rollout.max_tokens={self.rollout.max_tokens}] when enabled"
+            )
+
+    @property
+    def needs_reference(self) -> bool:
+        """The loss or the reward has a KL term, so reference log-probs are computed every step."""
+        kl_loss = self.trainer.use_kl_loss and self.trainer.kl_loss_coef > 0
+        return kl_loss or self.algorithm.use_kl_in_reward
+
+    @property
+    def needs_critic(self) -> bool:
+        """The advantage estimator reads critic values (GAE)."""
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def needs_refcritic(self) -> bool:
+        """Whether the refcritic service has to run at all."""
+        return self.needs_reference or self.needs_critic

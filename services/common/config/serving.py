@@ -1,0 +1,218 @@
+"""Config sections of the serving roles: model, data, endpoints, rollout, router, reward,
+refcritic."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from rlfleet.common.config.base import Section
+
+
+class ModelConfig(Section):
+    path: str = "models/tiny-qwen2-arith"
+    """Hugging Face causal-LM directory (local; nothing is downloaded)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype for the actor, reference, critic and rollout engines."""
+
+
+class DataConfig(Section):
+    train_files: list[str] = ["data/arith/train.jsonl"]
+    """JSONL or Parquet files in verl's schema (prompt, data_source, reward_model.ground_truth)."""
+    val_files: list[str] = ["data/arith/test.jsonl"]
+    """Held-out files for greedy accuracy before/after training."""
+    train_batch_size: int = 16
+    """Prompts per training step (each gets ``rollout.n`` samples)."""
+    val_size: int = 500
+    """At most this many held-out prompts are evaluated."""
+    max_prompt_length: int = 32
+    """Prompts longer than this (in tokens) are rejected at load time."""
+    seed: int = 0
+    """Shuffling seed for the training data."""
+
+
+class EndpointsConfig(Section):
+    router: str = "127.0.0.1:50051"
+    """Address of the router (Rollout.Generate + Router)."""
+    reward: str = "127.0.0.1:50061"
+    """Address of the reward service."""
+    refcritic: str = "127.0.0.1:50071"
+    """Address of the refcritic service."""
+    trainer: str = "127.0.0.1:50081"
+    """Address of the trainer's control service."""
+
+
+class RolloutConfig(Section):
+    backend: Literal["auto", "vllm", "hf"] = "auto"
+    """Inference engine: vLLM (AsyncLLM), the transformers ``generate`` fallback, or ``auto``
+    (vLLM when a CUDA GPU is visible, else transformers; see README for the CPU numbers)."""
+    n: int = 8
+    """Samples per prompt (the GRPO group size)."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts."""
+    top_p: float = 1.0
+    """Nucleus sampling for training rollouts."""
+    max_tokens: int = 8
+    """Maximum new tokens per response."""
+    host: str = "127.0.0.1"
+    """Interface the replica's gRPC server binds to."""
+    port: int = 0
+    """Replica gRPC port (0 = pick a free one)."""
+    advertise_host: str | None = None
+    """Host other services use to reach this replica (default: ``host``; set in containers)."""
+    replica_id: str | None = None
+    """Stable replica name (default: generated). A restarted replica with the same id resumes its queue."""
+    max_concurrency: int = 64
+    """Requests a replica works on at once."""
+    flush_cache_on_update: bool = True
+    """Flush the KV/prefix cache after each weight update (stale KV otherwise mixes weights)."""
+    kv_cache_space_gib: float = 1.0
+    """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE)."""
+    enforce_eager: bool = True
+    """vLLM: skip torch.compile/CUDA graphs. On CPU compiling costs ~30 s per start and its
+    cache does not reload; for small models eager is as fast. Set False on GPUs."""
+    gpu_memory_utilization: float = 0.3
+    """vLLM GPU memory fraction per replica (GPU only)."""
+    max_model_len: int = 64
+    """Longest prompt + response the engine supports."""
+    heartbeat_interval_s: float = 1.0
+    """How often a replica refreshes its registry entry."""
+    heartbeat_ttl_s: float = 5.0
+    """A replica whose heartbeat is older than this is considered dead."""
+    hf_batch_wait_ms: float = 5.0
+    """HF backend: how long to gather concurrent requests into one batch."""
+    torch_threads: int = 1
+    """Intra-op threads for the HF backend's torch (vLLM manages its own)."""
+    drain_timeout_s: float = 30.0
+    """On a weight update, how long in-flight requests may finish before being aborted back
+    onto the replica's stream (they are re-delivered, never lost)."""
+    debug_generate_delay_s: float = 0.0
+    """Chaos/testing aid: sleep this long inside every queued request before generating, so
+    tests can kill a replica mid-request. Keep 0 in real runs."""
+    metrics_port: int = 0
+    """Port of the replica's Prometheus ``/metrics`` (tokens, queue depth, weight version,
+    update time), served on ``host``; 0 = off."""
+
+
+class RouterConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the router binds to."""
+    port: int = 50051
+    """Router gRPC port."""
+    sticky_ttl_s: float = 300.0
+    """How long a session stays pinned to its replica after its last request."""
+    max_inflight_per_replica: int = 256
+    """Load cap: a sticky replica above this many in-flight requests is not reused."""
+    request_timeout_s: float = 120.0
+    """Default time a Generate call waits for its result."""
+    route_wait_s: float = 3.0
+    """How long a request waits for an eligible replica (registering, catching up on weights)
+    before the router answers UNAVAILABLE."""
+    janitor_interval_s: float = 1.0
+    """How often the router looks for dead replicas and migrates their queued work."""
+    http_port: int | None = None
+    """Port of the OpenAI-compatible HTTP front (``/v1/models``, ``/v1/completions``,
+    ``/v1/chat/completions``, and Prometheus ``/metrics``); None = off, 0 = any free port.
+    It tokenizes chat messages with ``model.path``'s tokenizer."""
+    metrics_port: int | None = None
+    """Port of a ``/metrics``-only HTTP server, for routers without ``http_port`` (which
+    serves ``/metrics`` itself); None = off."""
+
+
+class UserScorerConfig(Section):
+    path: str
+    """Python file defining the function."""
+    name: str = "compute_score"
+    """Function name, called by keyword as verl does: ``compute_score(data_source=...,
+    solution_str=..., ground_truth=..., extra_info=..., **reward_kwargs)`` (``prompt=`` too when
+    it names that parameter), sync or ``async def``; or verl's batch form, taking
+    ``data_sources, solution_strs, ground_truths, extra_infos`` lists and returning a list."""
+    reward_kwargs: dict[str, Any] = {}
+    """Extra keyword arguments passed on every call."""
+    data_sources: list[str] = []
+    """data_source values routed to this scorer (empty = it is the default for unknown ones)."""
+
+
+class SandboxLimits(Section):
+    """Limits of one sandboxed child (a user-function worker, or one run of the ``code``
+    scorer). What the kernel enforces and what only a Python audit hook does is in the README
+    ("Reward service")."""
+
+    timeout_s: float = 10.0
+    """Wall clock of one call (one item, or one batch-form call) or one program run; past it
+    the child's whole process group is killed (a pool worker is then replaced)."""
+    cpu_s: float = 10.0
+    """CPU seconds per call or run (RLIMIT_CPU; SIGXCPU ends the child)."""
+    memory_mb: int = 2048
+    """Address space of the child (RLIMIT_AS): allocation past it raises MemoryError."""
+    file_size_mb: int = 16
+    """Largest file the child may write (RLIMIT_FSIZE)."""
+    processes: int = 256
+    """RLIMIT_NPROC (binds only for a non-root user; as root, process creation is refused by
+    the audit hook and the process group is killed after every run)."""
+    workers: int = 2
+    """Sandboxed user-function processes per reward process, and concurrent ``code`` runs."""
+    output_kb: int = 1024
+    """Most stdout/stderr kept from one ``code`` run; more kills the run."""
+
+
+class RewardConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the reward gRPC server binds to."""
+    port: int = 50061
+    """Reward gRPC port."""
+    http_port: int | None = None
+    """Port of the HTTP (FastAPI) front door; None = off."""
+    workers: int = 1
+    """Reward worker tasks started inside the service process."""
+    custom: UserScorerConfig | None = None
+    """A user scoring function (verl ``compute_score`` signature)."""
+    request_timeout_s: float = 60.0
+    """How long a scoring request waits for a worker."""
+    local_first: bool = True
+    """Score a request inside the process that received it when one of its own workers is idle
+    (no Redis hop; durable because the caller retries a failed RPC); else queue it."""
+    default_scorer: str = "math"
+    """Scorer for HTTP callers that name no data_source (OpenRLHF ``/get_reward``, slime)."""
+    composite: dict[str, float] = {"math": 0.9, "format": 0.1}
+    """The ``composite`` scorer: a weighted sum of these built-in scorers' scores."""
+    sandbox: bool = True
+    """Run the user function (``custom``) in sandboxed child processes (``sandbox_limits``: a
+    timeout, CPU, memory, file size, no network, scrubbed environment, empty cwd); false runs
+    it in threads of the service (trusted code only). The ``code`` scorer is always sandboxed."""
+    sandbox_limits: SandboxLimits = SandboxLimits()
+    """Limits of each sandboxed process."""
+    default_score: float = 0.0
+    """Score of an item that could not be scored (its ``error`` says why): a raise, a timeout,
+    a crash, a sandbox violation, an unknown data source."""
+    code_scoring: Literal["fraction", "all"] = "fraction"
+    """``code`` scorer: the fraction of tests passed, or 1.0 only when all pass."""
+
+
+class RefCriticConfig(Section):
+    host: str = "127.0.0.1"
+    """Interface the refcritic binds to."""
+    port: int = 50071
+    """Refcritic gRPC port."""
+    critic_lr: float = 1e-4
+    """Critic learning rate."""
+    cliprange_value: float = 0.5
+    """Value clipping range for the critic loss."""
+    critic_epochs: int = 1
+    """Passes over each batch per UpdateCritic."""
+    micro_batch_size: int = 64
+    """Sequences per forward pass."""
+    critic_enabled: bool = True
+    """Load the critic (value head). Off saves memory when the estimator needs no values."""
+    torch_threads: int = 1
+    """Intra-op threads for the refcritic's torch."""
+    workers: int = 1
+    """Queue workers per kind of job (ref; values too where the critic is) when redis_url is set."""
+    request_timeout_s: float = 600.0
+    """A ComputeRefLogProbs/ComputeValues batch not answered by then fails."""
+    local_first: bool = True
+    """Queue path: compute a read in the process that received it when its own worker of that
+    kind is idle (no Redis hop; the caller retries a failed RPC); else queue it."""
+    reclaim_idle_s: float = 10.0
+    """Queue path: a job pending this long on a silent (dead) worker is taken over by another."""
+    worker_delay_s: float = 0.0
+    """Testing aid only: seconds a worker holds each job before computing (so it can be killed)."""

@@ -1,0 +1,164 @@
+"""Config sections of training: the algorithm (advantages, KL, DAPO) and the trainer."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from rlfleet.common.config.base import Section
+
+KLEstimator = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
+"""KL estimators (``rlfleet.rl.core_algos.kl_penalty``); ``kl``/``mse`` are verl's k1/k2."""
+
+
+class KLControlConfig(Section):
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """``fixed``: the in-reward KL coefficient stays ``kl_coef``; ``adaptive``: it is steered
+    toward ``target_kl`` (Ziegler et al. 2019)."""
+    kl_coef: float = 0.001
+    """Initial (fixed: constant) coefficient of the KL subtracted from the reward."""
+    target_kl: float = 0.1
+    """Adaptive: the KL per token the controller aims for."""
+    horizon: int = 10000
+    """Adaptive: samples over which the coefficient may change by at most 20%."""
+
+
+class OverlongBufferConfig(Section):
+    enable: bool = False
+    """DAPO overlong reward shaping: penalise responses that run into the last ``len`` tokens
+    before ``rollout.max_tokens``, linearly down to ``-penalty_factor`` at the limit."""
+    len: int = 0
+    """Length of the soft-penalty zone in tokens (0 < len <= rollout.max_tokens when enabled)."""
+    penalty_factor: float = 1.0
+    """Penalty at the limit (added to the score, before the advantage)."""
+
+
+class FilterGroupsConfig(Section):
+    enable: bool = False
+    """DAPO dynamic sampling: drop prompt groups whose samples all scored the same (zero
+    advantage) and generate more prompts until the batch is full."""
+    max_num_gen_batches: int = 10
+    """Give up and train on what is there after this many generation rounds (0 = no limit)."""
+
+
+class AlgorithmConfig(Section):
+    adv_estimator: Literal[
+        "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gae"
+    ] = "grpo"
+    """Advantage estimator; ``gae`` needs the critic, ``remax`` one greedy generation per prompt
+    as its baseline, ``reinforce_plus_plus_baseline`` subtracts the group mean then whitens."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide by the group's std (False = Dr. GRPO style)."""
+    gamma: float = 1.0
+    """Discount (GAE / REINFORCE++)."""
+    lam: float = 1.0
+    """GAE lambda."""
+    use_kl_in_reward: bool = False
+    """Subtract ``kl_ctrl`` * KL(actor || reference) from each token's reward (PPO/RLHF style);
+    needs the reference policy. Independent of ``trainer.use_kl_loss``."""
+    kl_penalty: KLEstimator = "kl"
+    """KL estimator for the in-reward penalty (``kl`` = k1, verl's default)."""
+    kl_ctrl: KLControlConfig = KLControlConfig()
+    """Coefficient of the in-reward KL: fixed or adaptive."""
+    overlong_buffer: OverlongBufferConfig = OverlongBufferConfig()
+    """DAPO's soft overlong punishment (verl: ``reward_model.overlong_buffer``)."""
+    filter_groups: FilterGroupsConfig = FilterGroupsConfig()
+    """DAPO's dynamic sampling (verl: ``algorithm.filter_groups``)."""
+
+
+class TrainerConfig(Section):
+    total_steps: int = 200
+    """Training steps (one batch of prompts each)."""
+    lr: float = 1e-4
+    """Actor learning rate (AdamW)."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up steps."""
+    lr_schedule: Literal["constant", "linear"] = "constant"
+    """Learning-rate schedule after warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    ppo_mini_batch_size: int = 0
+    """Sequences per optimizer step (0 = the whole batch in one step)."""
+    clip_ratio_low: float = 0.2
+    """PPO lower clip."""
+    clip_ratio_high: float = 0.2
+    """PPO upper clip."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip PPO: the loss of a negative-advantage token is capped at -A * clip_ratio_c
+    (> 1), so one token whose probability exploded cannot dominate. Vanilla mode only."""
+    policy_loss_mode: Literal["vanilla", "gspo"] = "vanilla"
+    """``vanilla``: token-level ratio (PPO, dual clip); ``gspo``: sequence-level ratio (GSPO,
+    which uses seq-mean-token-mean; the paper's clip ratios are ~3e-4 / 4e-4)."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """How per-token losses become one number (``seq-mean-token-sum-norm``: Dr. GRPO, the sum
+    over tokens divided by ``rollout.max_tokens``)."""
+    use_kl_loss: bool = True
+    """Add a KL(actor || reference) term to the loss (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: KLEstimator = "low_var_kl"
+    """KL estimator."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight."""
+    grad_clip: float = 1.0
+    """Max gradient norm."""
+    save_freq: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    val_before_train: bool = True
+    """Measure held-out accuracy before training."""
+    host: str = "127.0.0.1"
+    """Trainer control server interface."""
+    port: int = 50081
+    """Trainer control gRPC port."""
+    seed: int = 0
+    """Torch seed."""
+    torch_threads: int = 1
+    """Intra-op threads for the trainer's torch."""
+    resume_from: str | None = None
+    """Checkpoint directory written by this trainer (``run_dir/checkpoints/global_step_N`` or
+    ``final``) to continue from: actor weights, optimizer, schedule, step and data position.
+    The reference policy stays ``model.path``."""
+    resume_mode: str = "auto"
+    """``auto``: continue from the newest ``run_dir/checkpoints/global_step_N`` if there is one;
+    ``disable``: always start fresh; any other value: that checkpoint directory (verl's
+    ``trainer.resume_mode``). ``resume_from``, when set, wins."""
+    max_ckpt_to_keep: int = 0
+    """Keep only the newest N ``global_step_N`` checkpoints (0 = keep all)."""
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: generate with the weights being trained (strictly on-policy). ``async``:
+    replicas generate the next batches while the trainer updates; see ``max_staleness``."""
+    max_staleness: int = 1
+    """Async mode: the oldest weight version a trained response may come from is
+    ``current - max_staleness``; older ones are dropped (counted in ``async/dropped``)."""
+    old_logprob_source: Literal["engine", "actor"] = "engine"
+    """Where the PPO ratio's old log-probs come from when a batch takes several optimizer
+    steps: ``engine`` (the sampling engine's own, no extra forward; in async mode the ratio is
+    then against the behaviour policy) or ``actor`` (a forward of the actor before the update;
+    in async mode the proximal policy of AReaL's decoupled objective, with truncated
+    importance weights for stale responses)."""
+    is_cap: float = 2.0
+    """Async mode: cap of the per-token importance weight pi_prox / pi_behav."""
+    test_freq: int = 0
+    """Validate (greedy accuracy on the held-out set) every N steps; 0 = only before/after."""
+    target_accuracy: float = 0.85
+    """Held-out accuracy whose first crossing is reported as ``time_to_<target>_s`` (training
+    clock, validation excluded)."""
+    min_replicas: int = 1
+    """Rollout replicas that must be serving before training starts (``rlfleet up`` sets N)."""
+    replica_wait_s: float = 600.0
+    """How long to wait for ``min_replicas`` at start-up before failing."""
+    logger: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = [
+        "console",
+        "jsonl",
+    ]
+    """Where step metrics go: ``console`` (a line per step), ``jsonl`` (run_dir/metrics.jsonl),
+    ``tensorboard`` (run_dir/tensorboard), ``wandb`` (offline, run_dir/wandb; sync later with
+    ``wandb sync``), ``mlflow`` (file store run_dir/mlruns). The last three need the
+    ``loggers`` extra."""
+    project_name: str = "rlfleet"
+    """Project (W&B project, MLflow experiment) the run is filed under."""
+    experiment_name: str | None = None
+    """Name of this run in W&B/MLflow/TensorBoard; None = the name of ``run_dir``."""

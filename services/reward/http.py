@@ -12,13 +12,10 @@ scraper needs no key), and two for other frameworks' remote reward calls
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import secrets
-from collections.abc import Iterator
 from typing import Annotated, Any
 
-import uvicorn
 from fastapi import Body, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -118,17 +115,3 @@ async def _error_response(request: Request, exc: Exception) -> JSONResponse:
     status = next((code for kind, code in STATUS_BY_ERROR if isinstance(exc, kind)), 500)
     log.warning("HTTP %s %s -> %d: %s", request.method, request.url.path, status, exc)
     return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=status)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn inside our own loop: the role owns SIGTERM/SIGINT, not uvicorn."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def make_http_server(app: FastAPI, host: str, port: int) -> uvicorn.Server:
-    """A uvicorn server to ``await server.serve()``; set ``should_exit`` to stop it."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-    return _Server(config)

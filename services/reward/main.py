@@ -199,7 +199,8 @@ async def start_http(config: RlfleetConfig, service: RewardService) -> tuple[Any
     port = config.reward.http_port
     if port is None:
         return None, None
-    from rlfleet.reward.http import create_app, make_http_server
+    from rlfleet.common.http_server import make_http_server
+    from rlfleet.reward.http import create_app
 
     server = make_http_server(create_app(service, config.api_key), config.reward.host, port)
     task = asyncio.create_task(server.serve(), name="reward-http")

@@ -98,7 +98,7 @@ class AsyncRollouts:
         await self._gate.wait()
         timer = Timer()
         async with self._busy:
-            batch = await self.trainer.produce(
+            batch = await self.trainer.collector.produce(
                 prompts, step, needed, timer, refill=lambda: next(self._data)
             )
         waited = time.perf_counter()

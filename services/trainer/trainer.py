@@ -168,17 +168,6 @@ class Trainer:
             batch.prompts, batch.responses, rows, batch.values
         )
 
-    async def produce(
-        self,
-        prompts: list[PromptRecord],
-        step: int,
-        min_version: int,
-        timer: Timer,
-        refill: Callable[[], list[PromptRecord]] | None = None,
-    ) -> RolloutBatch:
-        """Generate, score, reference/values for a step (``Collector.produce``)."""
-        return await self.collector.produce(prompts, step, min_version, timer, refill)
-
     async def learn(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
         """Update the critic and the actor on ``batch``, then publish version + 1."""
         self.batches_consumed += batch.data_batches
@@ -230,7 +219,7 @@ class Trainer:
         """One synchronous step: produce with the current weights, then learn."""
         timer = Timer()
         with timer.phase("step"):
-            batch = await self.produce(prompts, self.step, self.version, timer, refill)
+            batch = await self.collector.produce(prompts, self.step, self.version, timer, refill)
             self.check_versions(batch)
             metrics = await self.learn(batch, timer)
         metrics.update(timer.metrics)

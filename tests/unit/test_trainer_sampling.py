@@ -76,7 +76,7 @@ def test_dynamic_sampling_in_a_step_draws_more_prompts():
         drawn.append(1)
         return prompts(4)
 
-    batch = asyncio.run(trainer.produce(prompts(4), 0, trainer.version, Timer(), refill))
+    batch = asyncio.run(trainer.collector.produce(prompts(4), 0, trainer.version, Timer(), refill))
     metrics = batch.sampling_metrics
     assert metrics["dapo/gen_rounds"] == pytest.approx(1 + len(drawn))
     assert len(set(batch.group_ids)) <= 4

@@ -14,14 +14,12 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completion
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import uvicorn
 from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -199,17 +197,3 @@ async def _http_error_response(request: Request, exc: HTTPException) -> JSONResp
     else:
         message = str(exc.detail)
     return openai_error(message, kind, None, exc.status_code)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn inside our own loop: the router owns SIGTERM/SIGINT, not uvicorn."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def make_http_server(app: FastAPI, host: str, port: int) -> uvicorn.Server:
-    """A uvicorn server to ``await server.serve()``; set ``should_exit`` to stop it."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-    return _Server(config)

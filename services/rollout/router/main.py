@@ -59,6 +59,7 @@ async def serve(config: RlfleetConfig, port: int) -> None:
 @contextlib.asynccontextmanager
 async def http_front(core: RouterCore, config: RlfleetConfig) -> AsyncIterator[None]:
     """The HTTP server (OpenAI API + /metrics, or /metrics alone) while the block runs."""
+    from rlfleet.common.http_server import make_http_server
     from rlfleet.rollout.router import http
 
     cfg = config.router
@@ -69,7 +70,7 @@ async def http_front(core: RouterCore, config: RlfleetConfig) -> AsyncIterator[N
         app, port = http.create_app(core, load_policy(config), config.api_key), cfg.http_port
     else:
         app, port = http.metrics_app(core), cfg.metrics_port
-    server = http.make_http_server(app, cfg.host, port or _free_port())
+    server = make_http_server(app, cfg.host, port or _free_port())
     task = asyncio.create_task(server.serve(), name="router-http")
     while not server.started and not task.done():
         await asyncio.sleep(0.05)

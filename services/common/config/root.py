@@ -70,7 +70,8 @@ class RlfleetConfig(Section):
             raise ValueError("data.train_batch_size must be >= 1 and trainer.total_steps >= 0")
         mini = self.trainer.ppo_mini_batch_size
         batch = self.data.train_batch_size * self.rollout.n
-        if mini and batch % mini:
+        # A mini-batch as large as the batch (or larger) is one update on the whole batch.
+        if mini and mini < batch and batch % mini:
             raise ValueError(f"trainer.ppo_mini_batch_size={mini} must divide {batch} sequences")
         if self.data.max_prompt_length + self.rollout.max_tokens > self.rollout.max_model_len:
             raise ValueError("data.max_prompt_length + rollout.max_tokens > rollout.max_model_len")

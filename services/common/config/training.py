@@ -79,7 +79,8 @@ class TrainerConfig(Section):
     ppo_epochs: int = 1
     """Passes over each batch."""
     ppo_mini_batch_size: int = 0
-    """Sequences per optimizer step (0 = the whole batch in one step)."""
+    """Sequences per optimizer step (0, or as many as the batch holds or more = the whole batch
+    in one step)."""
     clip_ratio_low: float = 0.2
     """PPO lower clip."""
     clip_ratio_high: float = 0.2

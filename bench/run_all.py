@@ -82,6 +82,8 @@ def write_summary(out_dir: Path) -> Path:
     ]  # fmt: skip
     for path in sorted(out_dir.glob("*.json")):
         data = json.loads(path.read_text())
+        if "title" not in data:  # not a benchmark result (e.g. gpu_check.json)
+            continue
         when = data.get("machine", {}).get("timestamp", "?")
         link = f"[{data['title']}]({path.stem}.md)"
         lines.append(f"| {link} | {when} | {data.get('seconds', 0):.0f} | {headline(data)} |")

@@ -57,7 +57,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
                 if record["step"] >= request.from_step:
                     metrics = {k: v for k, v in record.items() if k != "step"}
                     yield trainer_pb2.MetricsRecord(step=record["step"], metrics=metrics)
-            if self._trainer.state is TrainerState.DONE:
+            if self._trainer.state == TrainerState.DONE:
                 return
             await asyncio.sleep(0.5)
 

@@ -53,7 +53,8 @@ def read_metrics(run_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_three_grpo_steps_through_every_service(tmp_path, backend):
     run_dir = tmp_path / "run"
-    result = run_up(run_dir, backend)
+    # the synchronous loop with the KL loss, so the refcritic runs too
+    result = run_up(run_dir, backend, extra=["trainer.mode=sync", "trainer.use_kl_loss=true"])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]
@@ -68,6 +69,21 @@ def test_three_grpo_steps_through_every_service(tmp_path, backend):
     assert (Path(summary["checkpoint"]) / "model.safetensors").is_file()
     assert Path(summary["reward_curve"]).is_file()
     assert "held-out" in result.stdout
+
+
+def test_async_default_job_steps_with_bounded_staleness(tmp_path):
+    """The default config (async, staleness 1, no KL, no refcritic) through real processes."""
+    run_dir = tmp_path / "run"
+    result = run_up(run_dir, "hf", steps=4, extra=["trainer.test_freq=2"])
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    steps = [m for m in read_metrics(run_dir) if "timing_s/step" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    assert [m["training/weight_version"] for m in steps] == [2.0, 3.0, 4.0, 5.0]
+    assert all(m["async/staleness/max"] <= 1 and m["async/dropped"] == 0 for m in steps)
+    assert "actor/kl_loss" not in steps[0] and not (run_dir / "logs" / "refcritic.log").exists()
+    validations = [m for m in read_metrics(run_dir) if "val-core/arith/reward/mean@1" in m]
+    assert [m["step"] for m in validations] == [2, 4]
+    assert "time_to_0.85_s:" in result.stdout
 
 
 def test_up_stops_everything_and_names_the_failed_service(tmp_path):

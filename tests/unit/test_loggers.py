@@ -7,6 +7,7 @@ import json
 import logging
 import struct
 import sys
+import time
 
 import pytest
 
@@ -153,7 +154,13 @@ def test_wandb_offline_run_reads_back(tmp_path, monkeypatch) -> None:
     monkeypatch.delenv("WANDB_MODE", raising=False)
     track(tmp_path, "wandb")
     (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
-    records = list(_wandb_records(path))
+    records: list = []
+    deadline = time.monotonic() + 30  # wandb's writer process may still be flushing
+    while time.monotonic() < deadline:
+        records = list(_wandb_records(path))
+        if any(r.WhichOneof("record_type") == "run" for r in records):
+            break
+        time.sleep(0.5)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert (run.project, run.display_name) == ("proj", "exp")
     rows = [_history_row(r) for r in records if r.WhichOneof("record_type") == "history"]

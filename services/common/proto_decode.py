@@ -68,12 +68,12 @@ def bad_utf8_field(descriptor: Descriptor, raw: bytes, prefix: str = "") -> str 
     position = 0
     try:
         while position < len(raw):
-            key, position = _varint(raw, position)
+            key, position = read_varint(raw, position)
             number, wire = key >> 3, key & 7
             if wire != 2:
                 position = _skip(raw, position, wire)
                 continue
-            size, position = _varint(raw, position)
+            size, position = read_varint(raw, position)
             chunk, position = raw[position : position + size], position + size
             if found := _field_problem(descriptor.fields_by_number.get(number), chunk, prefix):
                 return found
@@ -98,13 +98,14 @@ def _field_problem(field: FieldDescriptor | None, chunk: bytes, prefix: str) -> 
 
 def _skip(raw: bytes, position: int, wire: int) -> int:
     if wire == 0:
-        return _varint(raw, position)[1]
+        return read_varint(raw, position)[1]
     if wire in _FIXED_WIDTH:
         return position + _FIXED_WIDTH[wire]
     raise ValueError(f"wire type {wire} not walked")
 
 
-def _varint(raw: bytes, position: int) -> tuple[int, int]:
+def read_varint(raw: bytes | memoryview, position: int) -> tuple[int, int]:
+    """(value, position after it) of the protobuf varint at ``position``; ValueError if cut."""
     value, shift = 0, 0
     while position < len(raw) and shift < 64:
         byte = raw[position]

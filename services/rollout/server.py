@@ -13,6 +13,7 @@ the checksum is verified by the replica before any weight changes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -20,6 +21,7 @@ import grpc
 from rlfleet.common import weights
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.grpc_server import Registration
+from rlfleet.common.proto_decode import read_varint
 from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
 from rlfleet.rollout.replica import Replica
@@ -98,22 +100,11 @@ def parse_update_message(raw: bytes) -> UpdateMessage:
     """
     view = memoryview(raw)
     if view[:1] == bytes((_DATA_TAG,)):
-        length, start = _read_varint(view, 1)
-        if start + length == len(view):
-            return view[start:]
+        with contextlib.suppress(ValueError):  # a cut varint takes the protobuf path
+            length, start = read_varint(view, 1)
+            if start + length == len(view):
+                return view[start:]
     return rollout_pb2.WeightChunk.FromString(raw)
-
-
-def _read_varint(view: memoryview, position: int) -> tuple[int, int]:
-    """(value, position after it); -1 for a malformed varint, which never matches a length."""
-    value, shift = 0, 0
-    while position < len(view) and shift < 64:
-        byte = view[position]
-        value |= (byte & 0x7F) << shift
-        position, shift = position + 1, shift + 7
-        if not byte & 0x80:
-            return value, position
-    return -1, position
 
 
 class _RawUpdateServer:

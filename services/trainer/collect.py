@@ -127,8 +127,10 @@ class Collector:
         """Score every response (and ReMax's greedy baselines) in one ``ScoreBatch``."""
         from rlfleet.reward.types import ScoreRequest
 
-        groups = sorted(set(batch.group_ids))
-        first = {g: batch.group_ids.index(g) for g in groups}
+        first: dict[int, int] = {}  # group id -> its first row
+        for row, group in enumerate(batch.group_ids):
+            first.setdefault(group, row)
+        groups = sorted(first)
         pairs = list(zip(batch.records, batch.texts, strict=True))
         pairs += [
             (batch.records[first[g]], text)

@@ -35,14 +35,26 @@ NAME = "e2e"
 TITLE = "End to end: rlfleet (sync, async) vs TRL GRPOTrainer"
 SYSTEMS = ("trl", "sync", "async")
 BATCHES = (32, 8)
-RLFLEET_STEPS = 600  # configs/default.yaml: the linear lr schedule runs over these
+
+
+def default_recipe() -> dict:
+    """configs/default.yaml (the job ``make run`` trains) in TRL's terms: prompts per batch,
+    lr and its schedule over the job's steps, sampling temperature, optimizer steps per
+    generated batch (``ppo_mini_batch_size``), no KL."""
+    from rlfleet.common.config import load_config
+
+    config = load_config(common.REPO / "configs" / "default.yaml", [])
+    batch, trainer = config.data.train_batch_size, config.trainer
+    sequences = batch * config.rollout.n
+    return {"batch": batch, "lr": trainer.lr, "schedule": trainer.lr_schedule,
+            "steps": trainer.total_steps, "beta": 0.0, "temperature": config.rollout.temperature,
+            "steps_per_generation": sequences // (trainer.ppo_mini_batch_size or sequences)}  # fmt: skip
+
+
 TRL_RECIPES = {
-    # rlfleet's default recipe in TRL's terms: 32 prompts x 8, two optimizer steps per
-    # generated batch, temperature 0.7, lr 1.5e-4 linear over 600 batches, no KL.
-    "ours": {"batch": 32, "lr": 1.5e-4, "schedule": "linear", "steps": 600, "beta": 0.0,
-             "temperature": 0.7, "steps_per_generation": 2},
+    "ours": default_recipe(),  # rlfleet's default job, the same recipe run by TRL
     "trl": {"batch": 8, "lr": 1e-4, "schedule": "linear", "steps": 1500, "beta": 0.0},
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -109,7 +121,9 @@ def speed_run(system: str, batch: int, plan: Plan, work: Path) -> dict:
                  "steps_per_generation": 1}  # fmt: skip
         record = e2e_trl.launch(flags, work / f"trl-{batch}x-speed.json", 60.0 * plan.steps + 300)
     else:
-        run = e2e_fleet.FleetRun(system, batch, plan.steps, warmup=plan.warmup)
+        per_generation = TRL_RECIPES["ours"]["steps_per_generation"]  # TRL's optimizer steps
+        mini = f"trainer.ppo_mini_batch_size={batch * 8 // per_generation}"
+        run = e2e_fleet.FleetRun(system, batch, plan.steps, warmup=plan.warmup, overrides=[mini])
         record = e2e_fleet.run_fleet(run, work, 60.0 * plan.steps + 300)
     return {**record, "part": "speed", "system": system, "batch": batch}
 
@@ -128,8 +142,10 @@ def ttt_run(system: str, seed: int, plan: Plan, work: Path, recipe: str | None =
         record = e2e_trl.launch(flags, work / f"trl-{recipe}-ttt-s{seed}.json", timeout)
         record.update(recipe=recipe, batch=flags["batch"])
     else:
-        run = e2e_fleet.FleetRun(system, 32, RLFLEET_STEPS, seed, plan.eval_every, plan.budget_s,
-                                 plan.target, warmup=plan.warmup)  # fmt: skip
+        ours = TRL_RECIPES["ours"]  # the default job: its batch and schedule length
+        eval_every = max(1, plan.eval_every * 32 // ours["batch"])
+        run = e2e_fleet.FleetRun(system, ours["batch"], ours["steps"], seed, eval_every,
+                                 plan.budget_s, plan.target, warmup=plan.warmup)  # fmt: skip
         record = e2e_fleet.run_fleet(run, work, timeout)
         record["recipe"] = f"rlfleet default ({system})"
     return {**record, "part": "ttt", "system": system, "seed": seed}
@@ -201,9 +217,10 @@ def notes(ttt: list[dict], plan: Plan) -> list[str]:
         "s/step median: median step time after the first "
         f"{plan.warmup} steps; s/step clock: training clock (evaluation excluded) / steps.",
         "gRPC KB/step: bytes on the server side of the fleet's TCP listening sockets (Redis "
-        "excluded), HTTP/2 framing included. gRPC *calls* per step are not measured: no "
-        "counter for them exists in the services.",
-        "TRL (a) runs use the 'ours' recipe (beta 0.001, so a reference model forward too).",
+        "excluded), HTTP/2 framing included. gRPC calls per step are in each run's "
+        "metrics.jsonl (`perf/grpc_calls/<Method>`, counted by the trainer's channels).",
+        "TRL (a) runs use the 'ours' recipe at the row's batch size (beta 0: no reference "
+        "model), two optimizer steps per generated batch like the fleet's rows.",
         "Both sides run with OMP_WAIT_POLICY=PASSIVE (rlfleet up sets it for every role; TRL's "
         "process gets it too): on a busy machine spinning OpenMP threads cost TRL ~3x per step.",
     ]

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -46,7 +44,7 @@ def run(options: Options) -> BenchResult:
             samples = asyncio.run(_measure(server.url, address, rounds))
         finally:
             for proc in procs:
-                _stop(proc)
+                common.stop_child(proc, group=True)
     return _result(samples, rounds)
 
 
@@ -67,7 +65,7 @@ def _start_fleet(redis_url: str, options: Options) -> tuple[list[subprocess.Pope
         _wait_serving(redis_url, cluster, procs)
     except BaseException:
         for proc in procs:
-            _stop(proc)
+            common.stop_child(proc, group=True)
         raise
     return procs, f"127.0.0.1:{port}"
 
@@ -96,20 +94,6 @@ def _wait_serving(redis_url: str, cluster: str, procs: list[subprocess.Popen]) -
     finally:
         client.close()
     raise TimeoutError("replicas not serving after 300 s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to our own child, SIGKILL to its group if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 async def _measure(redis_url: str, address: str, rounds: int) -> dict[str, list[tuple]]:

@@ -7,6 +7,11 @@ and flushes. The yardstick is memcpy of the same number of bytes measured in the
 (a torch copy into a warm buffer): a push can hardly beat a few of those, and 4 replicas should
 cost little more than 1 (target: 4 replicas <= 1.5x the time of 1).
 
+Two transports, both the trainer's ``GrpcWeightTransport``: ``push xN`` streams the bytes to
+each replica over gRPC (replicas on other machines); ``shm xN`` writes them once into a
+``/dev/shm`` file and sends each replica only the header naming it (replicas on the trainer's
+machine, the default there: ``trainer.weight_shared_memory``).
+
 Two models: the committed tiny policy (~2 MiB), and a random Qwen2 of ~64 MiB built in the
 work folder (same tokenizer), so fixed costs stop mattering. Pushes go through the trainer's
 own ``GrpcWeightTransport``. Replicas are real ``python -m rlfleet.rollout.main`` processes
@@ -19,14 +24,24 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from common import MODEL_DIR, REPO, BenchResult, Options, Stats, abba, progress, ratio, timed
+from common import (
+    MODEL_DIR,
+    REPO,
+    BenchResult,
+    Options,
+    Stats,
+    abba,
+    progress,
+    ratio,
+    stop_child,
+    timed,
+)
 
 NAME = "weights"
 TITLE = "Weight push to 1, 2 and 4 replicas vs memcpy"
@@ -53,7 +68,7 @@ def _measure_model(label: str, path: Path, redis_url: str, options: Options) -> 
         samples = asyncio.run(_measure(replicas, path, options))
     finally:
         for replica in replicas:
-            _stop(replica.proc)
+            stop_child(replica.proc, grace_s=15)
     return {f"{label}/{key}": _row(label, key, values) for key, values in samples.items()}
 
 
@@ -79,47 +94,42 @@ def _start_replica(redis_url: str, model: Path, replica_id: str, options: Option
     return Replica(proc, f"127.0.0.1:{port}", log_path)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM our replica, SIGKILL it if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 async def _measure(replicas: list[Replica], model: Path, options: Options) -> dict[str, list]:
     from rlfleet.rollout.client import PreparedUpdate, RolloutClient
     from rlfleet.trainer.weight_sync import GrpcWeightTransport
 
     state_dict = _state_dict(model, options.dtype)
-    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES)
+    transports = {
+        "push": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES),
+        "shm": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES, True),
+    }
     clients = [RolloutClient(r.address) for r in replicas]
     try:
         targets = [await _wait_serving(c, r) for c, r in zip(clients, replicas, strict=True)]
-        variants = ["memcpy", "encode", *(f"push x{n}" for n in FANOUTS)]
+        pushes = [f"{kind} x{n}" for kind in transports for n in FANOUTS]
+        variants = ["memcpy", "encode", *pushes]
         samples: dict[str, list] = {v: [] for v in variants}
         version = 0
         for index, variant in abba(variants, options.pick(full=10, quick=3) + 1):
             version += 1  # every replica sees versions only go up
-            sample = await _once(variant, state_dict, transport, targets, version)
+            sample = await _once(variant, state_dict, transports, targets, version)
             if index:  # round 0 is a warm-up
                 samples[variant].append(sample)
         return samples
     finally:
-        await transport.close()
+        for transport in transports.values():
+            await transport.close()
         for client in clients:
             await client.close()
 
 
-async def _once(variant, state_dict, transport, targets, version: int) -> dict[str, float]:
+async def _once(variant, state_dict, transports, targets, version: int) -> dict[str, float]:
     if variant == "memcpy":
         return await asyncio.to_thread(_memcpy_once, state_dict)
     if variant == "encode":
         return await asyncio.to_thread(_encode_once, state_dict)
-    fanout = int(variant.removeprefix("push x"))
+    kind, fanout = variant.split(" x")
+    transport, fanout = transports[kind], int(fanout)
     start = time.perf_counter()
     results = await transport.push(state_dict, version, True, targets[:fanout])
     seconds = time.perf_counter() - start
@@ -214,20 +224,25 @@ def _result(rows: dict[str, dict[str, Any]], options: Options) -> BenchResult:
         columns=["model", "variant", "n", "MiB", "p50_ms", "p90_ms", "x_memcpy", "MiB_per_s",
                  "slowest_replica_p50_ms"],
         params={"dtype": options.dtype, "backend": "hf", "chunk_MiB": CHUNK_BYTES // 2**20,
-                "transport": "gRPC (GrpcWeightTransport)", "quick": options.quick},
+                "transport": "GrpcWeightTransport: gRPC stream (push), /dev/shm (shm)",
+                "quick": options.quick},
     )  # fmt: skip
 
 
 def _ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
     ms = {key: row["p50_ms"] for key, row in rows.items()}
     return {
-        "64MiB: 4 replicas / 1 replica (target <= 1.5)": ratio(
-            ms["64MiB/push x4"], ms["64MiB/push x1"]
+        "64MiB shm: 4 replicas / 1 replica (target <= 1.5)": ratio(
+            ms["64MiB/shm x4"], ms["64MiB/shm x1"]
         ),
+        "64MiB stream: 4 replicas / 1 replica": ratio(ms["64MiB/push x4"], ms["64MiB/push x1"]),
+        "64MiB: shm / stream, 4 replicas": ratio(ms["64MiB/shm x4"], ms["64MiB/push x4"]),
+        "64MiB: shm to 4 replicas / memcpy": ratio(ms["64MiB/shm x4"], ms["64MiB/memcpy"]),
         "64MiB: push to 1 replica / memcpy": ratio(ms["64MiB/push x1"], ms["64MiB/memcpy"]),
         "64MiB: push to 4 replicas / memcpy": ratio(ms["64MiB/push x4"], ms["64MiB/memcpy"]),
         "64MiB: trainer encode+serialize / memcpy": ratio(ms["64MiB/encode"], ms["64MiB/memcpy"]),
         "tiny: 4 replicas / 1 replica": ratio(ms["tiny/push x4"], ms["tiny/push x1"]),
+        "tiny shm: 4 replicas / 1 replica": ratio(ms["tiny/shm x4"], ms["tiny/shm x1"]),
         "tiny: push to 1 replica (ms)": ms["tiny/push x1"],
     }
 
@@ -236,6 +251,8 @@ NOTES = [
     "push xN = GrpcWeightTransport.push to N replica processes in parallel: encode once "
     "(one copy, one xxh3/crc32 checksum), serialize once, stream; each replica writes chunks "
     "into one buffer, verifies, loads (HFEngine.load_weights from zero-copy views), flushes.",
+    "shm xN = the same, but encoded once into a /dev/shm file and each replica sent only the "
+    "header naming it; each maps the file copy-on-write, verifies, loads, flushes.",
     "encode = the trainer's once-per-push share of that (weights.encode + PreparedUpdate.of).",
     "memcpy = numpy copy of the same number of bytes into a warm buffer, same run.",
     "x_memcpy = p50 / memcpy p50 of the same model. Before this change a push of the tiny model "

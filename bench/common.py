@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,24 @@ class BenchResult:
     seconds: float = 0.0
     load_avg: dict[str, list[float]] = field(default_factory=dict)
     error: str | None = None
+
+
+def stop_child(proc: subprocess.Popen, grace_s: float = 20.0, group: bool = False) -> None:
+    """SIGTERM our own child, SIGKILL it if it lingers; with ``group`` (a child started in its
+    own session, like a vLLM replica with its engine process) SIGKILL what is left of its
+    process group too."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if group:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def progress(message: str) -> None:

@@ -9,6 +9,7 @@ or the training-time budget is spent; SIGKILL to its process group only if that 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -156,14 +157,44 @@ def _stop_reason(run: FleetRun, tail: MetricsTail, deadline: float) -> str | Non
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """SIGINT (``rlfleet up`` stops its fleet), then SIGKILL the group if it does not exit."""
+    """SIGINT (``rlfleet up`` stops every role it started) and wait for it; only if it hangs,
+    SIGTERM and then SIGKILL. Then no role it started may be left: a router, replica or
+    reward still running (each in its own session) would skew the next run's measurements."""
+    import psutil
+
+    try:
+        roles = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        roles = []
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        for sig, wait_s in ((None, STOP_WAIT_S), (signal.SIGTERM, 15.0), (signal.SIGKILL, None)):
+            if sig is not None:
+                common.progress(f"rlfleet up (pid {proc.pid}) did not stop: {sig.name} to it")
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    _stop_leftovers(roles)
+
+
+def _stop_leftovers(processes: list) -> None:
+    """SIGTERM whatever of ``processes`` still runs, SIGKILL it 15 s later."""
+    import psutil
+
+    alive = [p for p in processes if p.is_running()]
+    if not alive:
+        return
+    common.progress(f"left running after rlfleet up: {[p.pid for p in alive]}; SIGTERM")
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=15.0)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 def _record(run: FleetRun, run_dir: Path, code, cpu_total, snaps, reason, tail) -> dict:

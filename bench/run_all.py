@@ -23,7 +23,11 @@ from pathlib import Path
 
 import common
 
-BENCHES = {"engines": "bench_engines", "queue": "bench_queue", "weights": "bench_weights"}
+BENCHES = {
+    "engines": "bench_engines", "queue": "bench_queue", "weights": "bench_weights",
+    "reward_throughput": "bench_reward_throughput", "router": "bench_router",
+    "ddp": "bench_ddp",
+}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -36,6 +36,8 @@ export COMPOSE_PROJECT_NAME="${COMPOSE_TEST_PROJECT:-rlfleet-test}"
 export COMPOSE_FILE="${ROOT}/docker-compose.yml"
 export COMPOSE_HTTP_TIMEOUT=300
 export RLFLEET_TRAINER_ARGS="trainer.total_steps=${STEPS} trainer.min_replicas=${REPLICAS} ${COMPOSE_TEST_TRAINER_ARGS:-}"
+# docker-compose.yml requires a Redis password from the environment: a fresh one per run.
+export RLFLEET_REDIS_PASSWORD="${RLFLEET_REDIS_PASSWORD:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
 
 STARTED_DOCKERD_PID=""
 COMPOSE_UP=0

@@ -50,6 +50,6 @@ fi
 if [[ "$RLFLEET_VLLM" != vllm ]]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
-"${PIP[@]}" -e ".[dev,loggers]"
+"${PIP[@]}" -e ".[dev,loggers,ray]"
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"

@@ -9,7 +9,7 @@ import importlib
 import sys
 
 VERBS: dict[str, tuple[str, str]] = {
-    "up": ("rlfleet.launcher", "run the whole fleet as local processes (embedded Redis)"),
+    "up": ("rlfleet.launcher", "run the whole fleet as local processes, or Ray actors (--ray)"),
     "trainer": ("rlfleet.trainer.main", "the controller: GRPO/PPO training loop"),
     "rollout": ("rlfleet.rollout.main", "one rollout replica (vLLM or transformers engine)"),
     "router": (
@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "refcritic": ("rlfleet.refcritic.main", "reference-policy log-probs and the critic"),
     "score": ("rlfleet.reward.score_cli", "score a JSONL file through the reward service"),
     "status": ("rlfleet.status_cli", "show replicas, versions and trainer state"),
+    "scale": ("rlfleet.ray_launcher.scale", "scale rollout replicas of a running `up --ray`"),
 }
 
 

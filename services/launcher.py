@@ -33,7 +33,7 @@ class Child:
     proc: subprocess.Popen | None = None
     tail: list[str] = field(default_factory=list)
 
-    def start(self) -> None:
+    def start(self, preexec_fn=None) -> None:
         self.proc = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -41,6 +41,7 @@ class Child:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=preexec_fn,
         )
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -97,6 +98,19 @@ the rest of the machine busy: an actor update of 256 sequences took 2.5 s with s
 threads and 0.5 s with passive ones (0.3 s with one thread)."""
 
 
+def role_argv(verb: str, config_path: str | None, overrides: list[str]) -> list[str]:
+    """The command line that starts one role: ``rlfleet VERB [--config FILE] OVERRIDES``."""
+    config_args = ["--config", config_path] if config_path else []
+    return [sys.executable, "-m", "rlfleet.cli", verb, *config_args, *overrides]
+
+
+def role_env(redis_url: str) -> dict[str, str]:
+    """Every role's environment: ours, quiet OpenMP threads unless the user chose, Redis."""
+    env = {**os.environ, **QUIET_THREADS, "PYTHONUNBUFFERED": "1", "RLFLEET_REDIS_URL": redis_url}
+    env.update({k: v for k, v in os.environ.items() if k in QUIET_THREADS})  # the user's win
+    return env
+
+
 def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) -> list[Child]:
     """Every process to start, in start order, with ports and endpoints filled in."""
     ports = {role: free_port() for role in ("router", "reward", "refcritic", "trainer")}
@@ -108,13 +122,10 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
         f"endpoints.trainer=127.0.0.1:{ports['trainer']}",
         *args.overrides,
     ]
-    base = [sys.executable, "-m", "rlfleet.cli"]
-    config_args = ["--config", args.config] if args.config else []
-    env = {**os.environ, **QUIET_THREADS, "PYTHONUNBUFFERED": "1", "RLFLEET_REDIS_URL": redis_url}
-    env.update({k: v for k, v in os.environ.items() if k in QUIET_THREADS})  # the user's win
+    env = role_env(redis_url)
 
     def child(name, verb, *extra, env_extra=None):
-        argv = [*base, verb, *config_args, *common, *extra]
+        argv = role_argv(verb, args.config, [*common, *extra])
         return Child(name, argv, {**env, **(env_extra or {})}, log_dir / f"{name}.log")
 
     cores = os.cpu_count() or 1
@@ -181,9 +192,14 @@ def stop_all(children: list[Child]) -> None:
             child.proc.wait()
 
 
-def supervise(children: list[Child]) -> int:
-    """Wait for the trainer (or any failure); return the exit code for ``rlfleet up``."""
+def supervise(children: list[Child], replica_restarts: int = 0) -> int:
+    """Wait for the trainer (or any failure); return the exit code for ``rlfleet up``.
+
+    Rollout replicas are expendable: one that dies is started again (same replica id) up to
+    ``replica_restarts`` times each while the run goes on; any other service's exit stops
+    the fleet."""
     trainer = next((c for c in children if c.name == "trainer"), None)
+    restarts: dict[str, int] = {}
     while True:
         if trainer is not None and (code := trainer.exited()) is not None:
             if code:
@@ -191,10 +207,38 @@ def supervise(children: list[Child]) -> int:
             return code
         for child in children:
             code = child.exited()
-            if child is not trainer and code is not None:
-                report_failure(child, code)
-                return 1
+            if child is trainer or code is None:
+                continue
+            if is_replica(child) and code == 0:  # drained (DrainReplica): it is done
+                print(f"rlfleet up: replica '{child.name}' was drained and exited",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                children.remove(child)
+                break
+            if is_replica(child) and restarts.get(child.name, 0) < replica_restarts:
+                restarts[child.name] = restarts.get(child.name, 0) + 1
+                restart_replica(child, code, restarts[child.name], replica_restarts)
+                continue
+            report_failure(child, code)
+            return 1
         time.sleep(0.2)
+
+
+def is_replica(child: Child) -> bool:
+    return child.name.startswith("rollout-")
+
+
+def restart_replica(child: Child, code: int, attempt: int, limit: int) -> None:
+    print(
+        f"rlfleet up: replica '{child.name}' exited with code {code}; restarting it "
+        f"({attempt}/{limit}), the run goes on",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:  # what is left of its process group (vLLM's engine core) goes with it
+        os.killpg(child.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.start()
 
 
 def report_failure(child: Child, code: int) -> None:
@@ -213,8 +257,15 @@ def parse_args(argv):
     parser.add_argument("--config", help="YAML config shared by every role")
     parser.add_argument("--rollout-replicas", type=int, default=2, help="replicas (default 2)")
     parser.add_argument("--no-trainer", action="store_true", help="serve only, until Ctrl-C")
+    parser.add_argument(
+        "--ray", nargs="?", const="", metavar="ADDRESS",
+        help="run the roles as Ray actors, on the cluster at ADDRESS or a local one",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every role")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.ray and "=" in args.ray:  # `--ray a.b=c`: an override, not an address
+        args.overrides, args.ray = [args.ray, *args.overrides], ""
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rollout_replicas < 1:
         raise SystemExit("rlfleet up: --rollout-replicas must be >= 1")
     config = load_config(args.config, args.overrides)
+    if args.ray is not None or config.launcher == "ray":
+        from rlfleet.ray_launcher.up import run_on_ray
+
+        return run_on_ray(config, args)
     run_dir = Path(config.run_dir)
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -232,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         children = plan_children(config, args, redis.url if redis else config.redis_url, log_dir)
         for child in children:
             child.start()
-        code = supervise(children)
+        code = supervise(children, config.rollout.max_restarts)
         if code == 0 and not args.no_trainer:
             print_run_summary(run_dir / "summary.json")
         return code

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig, describe_fields, load_config
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def resolve(
     except (ValueError, OSError) as exc:
         parser.error(f"bad config: {exc}")
     setup_logging(config.log_level, role)
+    tls.use(config.tls)  # every server and client of this process
     where = record_config(config, role) if role in SERVICE_ROLES else None
     log.info("%s (resolved config: %s)", config_summary(config, role), where or "not written")
     return config, args

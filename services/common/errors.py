@@ -19,6 +19,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_ARGUMENT = 3
     DEADLINE_EXCEEDED = 4
     NOT_FOUND = 5
+    RESOURCE_EXHAUSTED = 8
     FAILED_PRECONDITION = 9
     INTERNAL = 13
     UNAVAILABLE = 14
@@ -48,6 +49,12 @@ class Unavailable(RlfleetError):
     """Transient: no replica, Redis down, deadline inside a queue. Safe to retry."""
 
 
+class ResourceExhausted(RlfleetError):
+    """A bounded resource is full (every replica's queue is at its admission limit): retry
+    later, with backoff. Not an ``Unavailable``: the channels' automatic retries must not hammer
+    a full fleet, and gRPC uses the same code for a message over the size limit."""
+
+
 class Unauthenticated(RlfleetError):
     """Missing or wrong API key."""
 
@@ -65,6 +72,7 @@ _EXCEPTION_BY_CODE: dict[ErrorCode, type[RlfleetError]] = {
     ErrorCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     ErrorCode.NOT_FOUND: NotFound,
     ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
+    ErrorCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     ErrorCode.INTERNAL: Internal,
     ErrorCode.UNAVAILABLE: Unavailable,
     ErrorCode.UNAUTHENTICATED: Unauthenticated,

@@ -8,13 +8,16 @@ side maps exceptions to codes in ``grpc_server``), so callers catch ``InvalidArg
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import socket
 from collections.abc import Awaitable
 from typing import TypeVar
 
 import grpc
 
-from rlfleet.common import errors
+from rlfleet.common import call_counts, errors, tls
+from rlfleet.common.config.security import TlsConfig
 from rlfleet.common.grpc_server import message_options
 
 T = TypeVar("T")
@@ -24,6 +27,7 @@ ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.RlfleetError]] = {
     grpc.StatusCode.NOT_FOUND: errors.NotFound,
     grpc.StatusCode.FAILED_PRECONDITION: errors.FailedPrecondition,
     grpc.StatusCode.UNAVAILABLE: errors.Unavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: errors.ResourceExhausted,
     grpc.StatusCode.DEADLINE_EXCEEDED: errors.DeadlineExceeded,
     grpc.StatusCode.UNAUTHENTICATED: errors.Unauthenticated,
 }
@@ -45,12 +49,93 @@ RETRY_SERVICE_CONFIG = {
 }
 
 
-def make_channel(address: str, max_message_mb: int = 64, retry: bool = True) -> grpc.aio.Channel:
-    """An insecure aio channel (loopback / private network) that retries UNAVAILABLE."""
-    options = [*message_options(max_message_mb), ("grpc.enable_retries", int(retry))]
+def _counted(continuation, details, request):
+    method = details.method
+    call_counts.record(method.decode() if isinstance(method, bytes) else method)
+    return continuation(details, request)
+
+
+# grpc.aio files each interceptor under ONE call shape (the first base class it matches), so
+# each shape takes its own object. Client-streaming calls are not intercepted: an intercepted
+# stream whose server rejects it mid-way reports INTERNAL instead of the server's status, so
+# their callers count them (``call_counts.record``; the weight push does).
+class _CountUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation, details, request):
+        return await _counted(continuation, details, request)
+
+
+class _CountUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation, details, request):
+        return await _counted(continuation, details, request)
+
+
+def _call_counters() -> list[grpc.aio.ClientInterceptor]:
+    """Interceptors that count every outgoing call by method (``call_counts``)."""
+    return [_CountUnaryUnary(), _CountUnaryStream()]
+
+
+def make_channel(
+    address: str, max_message_mb: int = 64, retry: bool = True, tls_config: TlsConfig | None = None
+) -> grpc.aio.Channel:
+    """An aio channel that retries UNAVAILABLE and counts its calls (``call_counts``); TLS
+    when this process's ``tls`` config (or ``tls_config``) says so, plaintext otherwise.
+
+    ``address`` may list several servers, comma-separated (``h1:50051,h2:50051``, e.g.
+    routers sharing one Redis): gRPC then keeps a connection to each and spreads calls over
+    those that are up (``round_robin``); a call that fails because its server died is retried
+    on another (the retry policy), so callers go on while any of them is up. With TLS every
+    server's certificate must then hold the first address's host (or ``tls.server_name``)."""
+    options = [*message_options(max_message_mb), ("grpc.enable_retries", int(retry)),
+               *tls.channel_options(tls_config)]  # fmt: skip
+    target, several = channel_target(address)
+    config: dict = {"loadBalancingConfig": [{"round_robin": {}}]} if several else {}
+    if several:  # the name TLS checks in every server's certificate (unless tls.server_name)
+        options.append(("grpc.default_authority", address.split(",")[0].strip()))
     if retry:
-        options.append(("grpc.service_config", json.dumps(RETRY_SERVICE_CONFIG)))
-    return grpc.aio.insecure_channel(address, options=options)
+        config |= RETRY_SERVICE_CONFIG
+    if config:
+        options.append(("grpc.service_config", json.dumps(config)))
+    credentials = tls.channel_credentials(tls_config)
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=options, interceptors=_call_counters())
+    return grpc.aio.secure_channel(target, credentials, options=options,
+                                   interceptors=_call_counters())  # fmt: skip
+
+
+def channel_target(address: str) -> tuple[str, bool]:
+    """The gRPC target for ``address``, and whether it names several servers. One
+    ``host:port`` is kept as it is; several become one ``ipv4:``/``ipv6:`` target (gRPC's own
+    multi-address form), their host names resolved now."""
+    parts = [p.strip() for p in address.split(",") if p.strip()]
+    if len(parts) == 1:
+        return parts[0], False
+    if not parts:
+        raise ValueError(f"no server address in {address!r}")
+    resolved = [_resolve(host, port) for host, port in [_host_port(part) for part in parts]]
+    families = {family for family, _ in resolved}
+    if len(families) > 1:
+        raise ValueError(f"{address!r} mixes IPv4 and IPv6 servers; gRPC needs one family")
+    return f"{families.pop()}:" + ",".join(where for _, where in resolved), True
+
+
+def _host_port(address: str) -> tuple[str, str]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"server address {address!r} is not host:port")
+    return host.strip("[]"), port
+
+
+def _resolve(host: str, port: str) -> tuple[str, str]:
+    """``("ipv4", "10.0.0.1:50051")`` or ``("ipv6", "[::1]:50051")``; a name is resolved."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            info = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise ValueError(f"cannot resolve server host {host!r}: {exc}") from exc
+        ip = ipaddress.ip_address(info[0][4][0])
+    return (f"ipv{ip.version}", f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}")
 
 
 def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:

@@ -5,7 +5,8 @@ look at an exit status. The image already ships grpcio and grpcio-health-checkin
 lines of Python replace a separate ``grpc_health_probe`` binary. It imports nothing heavy
 (no torch), so a probe costs a fraction of a second.
 
-Usage: ``python -m rlfleet.common.grpc_healthcheck HOST:PORT [--service NAME] [--timeout S]``
+Usage: ``python -m rlfleet.common.grpc_healthcheck HOST:PORT [--service NAME] [--timeout S]
+[--ca-file PEM]`` (``--ca-file``: the server speaks TLS with a certificate from that CA).
 """
 
 from __future__ import annotations
@@ -16,13 +17,20 @@ import sys
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rlfleet.common import tls
+from rlfleet.common.config.security import TlsConfig
+
 
 def check(address: str, service: str = "", timeout_s: float = 3.0) -> tuple[bool, str]:
     """Ask ``address`` for the health of ``service`` ("" = the whole server).
 
-    Returns (serving, what was seen) so the caller can say why a probe failed.
+    Returns (serving, what was seen) so the caller can say why a probe failed. TLS when this
+    process's ``tls`` config dials TLS.
     """
-    with grpc.insecure_channel(address) as channel:
+    credentials, options = tls.channel_credentials(), tls.channel_options()
+    channel = (grpc.secure_channel(address, credentials, options) if credentials
+               else grpc.insecure_channel(address))  # fmt: skip
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service=service)
         try:
@@ -40,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("address", help="host:port of the gRPC server")
     parser.add_argument("--service", default="", help='service name ("" = the whole server)')
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a reply")
+    parser.add_argument("--ca-file", help="PEM CA bundle: connect with TLS, trusting it")
     args = parser.parse_args(argv)
+    if args.ca_file:
+        tls.use(TlsConfig(ca_file=args.ca_file))
     serving, seen = check(args.address, args.service, args.timeout)
     print(f"{args.address}: {seen}", file=sys.stdout if serving else sys.stderr)
     return 0 if serving else 1

@@ -4,12 +4,15 @@ Each server gets: the health service (``grpc.health.v1.Health``) and reflection,
 message-size limits, an interceptor that turns exceptions into proper status codes (never
 a bare UNKNOWN; a request that does not even parse, e.g. a string field that is not UTF-8,
 is INVALID_ARGUMENT naming the field: ``proto_decode``) and checks the API key when one is
-configured, and graceful shutdown.
+configured (compared in constant time), TLS when a certificate is configured (``tls``), and
+graceful shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import inspect
 import logging
 import signal
 from collections.abc import Callable, Iterable
@@ -20,7 +23,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from rlfleet.common import errors
+from rlfleet.common import errors, tls
+from rlfleet.common.config.security import TlsConfig
 from rlfleet.common.proto_decode import check, checked_stream, tolerant
 
 log = logging.getLogger(__name__)
@@ -30,6 +34,7 @@ STATUS_BY_EXCEPTION: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (errors.NotFound, grpc.StatusCode.NOT_FOUND),
     (errors.FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION),
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (NotImplementedError, grpc.StatusCode.UNIMPLEMENTED),
     (TimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
@@ -66,7 +71,8 @@ def _check_auth(context: grpc.aio.ServicerContext, api_key: str | None, method: 
     if not api_key or method.startswith(OPEN_METHOD_PREFIXES):
         return
     metadata = dict(context.invocation_metadata() or ())
-    if metadata.get("authorization") != f"Bearer {api_key}":
+    given = str(metadata.get("authorization", "")).encode()
+    if not hmac.compare_digest(given, f"Bearer {api_key}".encode()):  # constant time
         raise errors.Unauthenticated("missing or wrong API key (authorization: Bearer <key>)")
 
 
@@ -95,6 +101,11 @@ def _wrap_unary(
 def _wrap_stream(
     behavior: Callable, method: str, api_key: str | None, streaming: bool = False
 ) -> Callable:
+    if not inspect.isasyncgenfunction(behavior):
+        # A handler that streams with ``context.write`` (grpc's health Watch) is a coroutine;
+        # grpc forbids mixing that style with yielding, so it is wrapped as one.
+        return _wrap_unary(behavior, method, api_key, streaming)
+
     async def wrapper(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             _check_auth(context, api_key, method)
@@ -163,8 +174,10 @@ class GrpcServer:
         port: int,
         max_message_mb: int = 64,
         api_key: str | None = None,
+        tls_config: TlsConfig | None = None,
     ) -> None:
         self._registrations = list(registrations)
+        self._credentials = tls.server_credentials(tls_config)  # None: plaintext
         self._address = f"{host}:{port}"
         self._server = grpc.aio.server(
             interceptors=[ErrorMappingInterceptor(api_key)],
@@ -179,12 +192,16 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         names = [reg.service_name for reg in self._registrations]
         reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], self._server)
-        self.port = self._server.add_insecure_port(self._address)
+        if self._credentials is None:
+            self.port = self._server.add_insecure_port(self._address)
+        else:
+            self.port = self._server.add_secure_port(self._address, self._credentials)
         if self.port == 0:
             raise OSError(f"could not bind gRPC server to {self._address}")
         await self._server.start()
         await self.set_serving(True)
-        log.info("gRPC %s listening on port %d", ", ".join(names), self.port)
+        log.info("gRPC %s listening on port %d%s", ", ".join(names), self.port,
+                 " (TLS)" if self._credentials else "")  # fmt: skip
         return self.port
 
     async def set_serving(self, serving: bool) -> None:
@@ -209,4 +226,13 @@ def install_stop_signals(stop_event: asyncio.Event) -> None:
     """SIGTERM/SIGINT set ``stop_event`` so the role can shut down gracefully."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_event.set)
+        loop.add_signal_handler(sig, _stop_requested, stop_event)
+
+
+def _stop_requested(stop_event: asyncio.Event) -> None:
+    """Shutting down: Redis calls stop riding out outages (``redis_client``), so a role whose
+    Redis is gone still exits promptly."""
+    from rlfleet.common.redis_client import stop_retrying
+
+    stop_retrying()
+    stop_event.set()

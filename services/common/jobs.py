@@ -101,6 +101,7 @@ class JobWorker:
         self.slots = slots or WorkerSlots(1)
         self.answered = 0
         self._next_reclaim = 0.0
+        self._stop = asyncio.Event()
 
     async def handle(self, job: Job) -> bytes:
         """The answer's payload; raise (ideally an rlfleet error) to answer with a failure."""
@@ -110,10 +111,13 @@ class JobWorker:
         """Release what the worker holds (threads, say) once ``run`` ends."""
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serve jobs until ``stop``; Redis errors are logged and retried, never fatal."""
-        await self.queue.ensure_group()
+        """Serve jobs until ``stop``; Redis errors (an outage longer than the client's own
+        retries, see ``redis_client``) are logged and retried, never fatal."""
         log.info("worker %s started on %s", self.consumer, self.queue.stream)
+        self._stop = stop
         try:
+            while not stop.is_set() and not await self._survive(self.queue.ensure_group()):
+                pass
             while not stop.is_set():
                 await self._step_or_pause()
         finally:
@@ -121,11 +125,18 @@ class JobWorker:
             log.info("worker %s stopped after %d jobs", self.consumer, self.answered)
 
     async def _step_or_pause(self) -> None:
+        await self._survive(self.step())
+
+    async def _survive(self, call: Awaitable[object]) -> bool:
+        """Await ``call``; on a Redis error log it, pause (less if asked to stop), return False."""
         try:
-            await self.step()
+            await call
         except (RedisError, OSError) as exc:
             log.warning("worker %s: Redis error (%s), retrying", self.consumer, exc)
-            await asyncio.sleep(RETRY_AFTER_ERROR_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), RETRY_AFTER_ERROR_S)
+            return False
+        return True
 
     async def step(self) -> int:
         """Take some jobs (reclaimed ones first), handle and answer them; returns how many.
@@ -204,7 +215,10 @@ class ScatterGather:
 
     Request ids are generated here, never taken from callers: callers reuse ids from batch to
     batch, and the queue treats an id it has answered before as done. At most ``concurrency``
-    Redis calls (submits and blocking waits) are in flight per producer, across batches.
+    submits are in flight per producer, across batches. Waiting holds no such slot (a batch
+    whose jobs are slow must not keep the next batch from being queued: head-of-line
+    blocking): each batch waits on one connection, one MGET per wake-up and one BLPOP on the
+    wake-up lists of the jobs still unanswered.
     """
 
     def __init__(
@@ -222,19 +236,30 @@ class ScatterGather:
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         batch = uuid.uuid4().hex
         ids = [f"{self.queue.group}-{batch}-{i}" for i in range(len(payloads))]
-        pairs = zip(ids, payloads, strict=True)
         try:
-            await self._bounded([partial(self.queue.submit, i, p) for i, p in pairs])
-            answers = await self._bounded([partial(self._wait, i, deadline) for i in ids])
+            await self._submit_all(ids, payloads)
+            answers = await self._gather(ids, deadline)
         finally:
             await self.queue.forget(ids)
         return self._all_answered(answers)
 
-    async def _wait(self, request_id: str, deadline: float) -> Result | None:
-        remaining = deadline - asyncio.get_running_loop().time()
-        if remaining <= 0:
-            return await self.queue.get_result(request_id)
-        return await self.queue.wait_result(request_id, remaining)
+    async def _submit_all(self, ids: list[str], payloads: list[bytes]) -> None:
+        """Queue every job; these submits take the producer's slots."""
+        pairs = zip(ids, payloads, strict=True)
+        await self._bounded([partial(self.queue.submit, i, p) for i, p in pairs])
+
+    async def _gather(self, ids: list[str], deadline: float) -> list[Result | None]:
+        """Each job's answer (None: none by ``deadline``), holding no slot. The ids are this
+        batch's own, so no other waiter takes their wake-ups; the re-read every ``poll_s``
+        only guards against a wake-up that expired."""
+        loop, answers = asyncio.get_running_loop(), {}
+        while pending := [i for i in ids if i not in answers]:
+            answers |= await self.queue.get_results(pending)
+            pending = [i for i in pending if i not in answers]
+            if not pending or (remaining := deadline - loop.time()) <= 0:
+                break
+            await self.queue.wait_any(pending, min(self.queue.poll_s, remaining))
+        return [answers.get(i) for i in ids]
 
     def _all_answered(self, answers: list[Result | None]) -> list[Result]:
         missing = sum(answer is None for answer in answers)

@@ -16,6 +16,9 @@ Layout (``P`` = ``rlfleet:<cluster>``)::
     P:stream:refcritic             stream  reference log-prob / value jobs
     P:result:<request id>          str   the one answer to a request (with TTL)
     P:notify:<request id>          list  wake-up tokens for waiters on that result
+    P:request:<request id>         str   fingerprint the request id is bound to (with TTL)
+    P:cancel:<request id>          str   submission whose callers all gave up (with TTL)
+    P:waiters:<request id>         str   callers waiting on a request now (with TTL)
     <stream>:dead                  stream  entries given up on after too many deliveries
     P:lock:janitor                 str   lock held by whoever migrates dead replicas' work
     P:draining                     set   replica ids that routers no longer send new work to
@@ -76,6 +79,11 @@ class Keys:
             raise ValueError("empty session id")
         return f"{self.prefix}:sticky:{session_id}"
 
+    def pinned(self, replica_id: str) -> str:
+        """Sorted set of the sessions pinned to one replica (member: the session's ``sticky``
+        key; score: when the pin expires, in ms), so new sessions spread by session count."""
+        return f"{self.prefix}:pinned:{_check_part('replica id', replica_id)}"
+
     @property
     def inflight(self) -> str:
         """Hash replica id -> number of requests in flight, for least-loaded routing."""
@@ -103,6 +111,19 @@ class Keys:
     def result(self, request_id: str) -> str:
         """The stored answer to a request; request ids must be unique within the cluster."""
         return f"{self.prefix}:result:{_request(request_id)}"
+
+    def request(self, request_id: str) -> str:
+        """A request id's binding to its content (a fingerprint), so a reused id with other
+        content is refused and a repeated one is queued once (TTL: the result's)."""
+        return f"{self.prefix}:request:{_request(request_id)}"
+
+    def cancel(self, request_id: str) -> str:
+        """Marks one submission of a request as given up by its callers (its consumer aborts it)."""
+        return f"{self.prefix}:cancel:{_request(request_id)}"
+
+    def waiters(self, request_id: str) -> str:
+        """How many callers wait on a request right now (the last to give up cancels it)."""
+        return f"{self.prefix}:waiters:{_request(request_id)}"
 
     def notify(self, request_id: str) -> str:
         """List a completer pushes to so that waiters blocked in BLPOP wake up at once."""

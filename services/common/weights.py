@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,8 @@ class WeightHeader:
     flush_cache: bool = True
     force: bool = False
     """Accept even if the receiver holds this version or a newer one (a resumed run)."""
+    shared_memory: str = ""
+    """The payload is in this ``/dev/shm`` file (``weights_shm``), not in data chunks."""
     extra: dict = field(default_factory=dict)
 
 
@@ -107,16 +109,18 @@ def _dtype_name(tensor: torch.Tensor) -> str:
 
 def encode(
     state_dict: Mapping[str, torch.Tensor], version: int, flush_cache: bool = True,
-    force: bool = False,
+    force: bool = False, allocate: Callable[[int], torch.Tensor] | None = None,
 ) -> tuple[WeightHeader, memoryview]:  # fmt: skip
-    """Copy every tensor once into one payload and describe it in a header (one checksum)."""
+    """Copy every tensor once into one payload and describe it in a header (one checksum).
+    ``allocate(nbytes)`` gives the payload's uint8 buffer (default: ``empty_bytes``; a
+    shared-memory file's pages for replicas on this machine)."""
 
     entries, offset = [], 0
     for name, tensor in state_dict.items():
         nbytes = tensor.numel() * tensor.element_size()
         entries.append(TensorEntry(name, _dtype_name(tensor), tuple(tensor.shape), offset, nbytes))
         offset += nbytes
-    payload = empty_bytes(offset)
+    payload = (allocate or empty_bytes)(offset)
     for entry, tensor in zip(entries, state_dict.values(), strict=True):
         _copy_bytes(tensor, payload[entry.offset : entry.offset + entry.nbytes])
     view = memoryview(payload.numpy())

@@ -172,6 +172,7 @@ class WeightUpdateHeader(_message.Message):
     FLUSH_CACHE_FIELD_NUMBER: _builtins.int
     FORCE_FIELD_NUMBER: _builtins.int
     CHECKSUM_FIELD_NUMBER: _builtins.int
+    SHARED_MEMORY_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the version the replica will report after loading"""
     total_bytes: _builtins.int
@@ -183,6 +184,8 @@ class WeightUpdateHeader(_message.Message):
     """accept a version <= the replica's own (a resumed run rolling back)"""
     checksum: _builtins.str
     """"<algorithm>:<hex digest>" of the payload (xxh3_128, crc32, sha256)"""
+    shared_memory: _builtins.str
+    """the payload is this /dev/shm file on the replica's host; no data chunks follow"""
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TensorSpec]: ...
     def __init__(
@@ -195,10 +198,11 @@ class WeightUpdateHeader(_message.Message):
         flush_cache: _builtins.bool = ...,
         force: _builtins.bool = ...,
         checksum: _builtins.str = ...,
+        shared_memory: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "flush_cache", b"flush_cache", "force", b"force", "sha256", b"sha256", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "flush_cache", b"flush_cache", "force", b"force", "sha256", b"sha256", "shared_memory", b"shared_memory", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -55,6 +55,9 @@ class RefPolicy:
         self.limits = BatchLimits.of(self.model)
         self.pad_id = pad_id_of(self.model)
         self.micro_batch_size = config.refcritic.micro_batch_size
+        # The actor scores tokens at the sampling temperature (the distribution they were drawn
+        # from); the reference must too, or the KL of an unchanged policy is not 0 (verl alike).
+        self.temperature = config.rollout.temperature or 1.0
         log.info("reference policy ready on %s (%s)", self.device, config.model.path)
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
@@ -65,4 +68,5 @@ class RefPolicy:
     @torch.no_grad()
     def _micro_batch(self, prompts: list[list[int]], responses: list[list[int]]):
         packed = pack_sequences(prompts, responses, self.pad_id, self.device)
-        return unpack_rows(response_logprobs(self.model, packed), packed.response_lengths)
+        logprobs = response_logprobs(self.model, packed, self.temperature)
+        return unpack_rows(logprobs, packed.response_lengths)

@@ -4,8 +4,8 @@ Same core and same validation as gRPC; only the transport differs. When the flee
 key, every route except ``/healthz`` needs ``Authorization: Bearer <key>``: reward servers
 reachable from a network must not score for anyone who asks.
 
-Routes: ``POST /score`` and ``/score_batch`` (rlfleet's ScoreRequest JSON; ``id`` optional),
-``GET /scorers``, ``GET /healthz``, ``GET /metrics`` (Prometheus; open, like ``/healthz``, so a
+Routes: ``POST /score`` and ``/score_batch`` (rlfleet's ScoreRequest JSON; ``id`` optional;
+also under ``/v1/score``, ``/v1/score/batch``), ``GET /scorers`` (``/v1/scorers``), ``GET /healthz``, ``GET /metrics`` (Prometheus; open, like ``/healthz``, so a
 scraper needs no key), and two for other frameworks' remote reward calls
 (``compat``): ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime).
 """
@@ -19,6 +19,7 @@ from typing import Annotated, Any
 from fastapi import Body, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from rlfleet.common import errors
@@ -29,6 +30,34 @@ from rlfleet.reward.types import ScoreRequest
 log = logging.getLogger(__name__)
 
 JsonObject = Annotated[dict[str, Any], Body()]
+
+
+class ScoreBody(BaseModel):
+    """One response to score (the OpenAPI schema of ``/score``; ``ScoreRequest.from_dict`` is
+    what validates, so gRPC, HTTP and JSONL callers get the same errors)."""
+
+    id: str | None = Field(None, description="Request id; left out, the item's position.")
+    data_source: str = Field("", description="Dataset name (verl's); picks the scorer.")
+    solution_str: str = Field(description="The response text to score.")
+    ground_truth: Any = Field("", description="Any JSON value, handed to the scorer as is.")
+    extra_info: dict[str, Any] = Field(default_factory=dict, description="Passed to scorers.")
+    scorer: str | None = Field(None, description="A scorer name; overrides data_source.")
+    prompt: str = Field("", description="The prompt, for scorers that read it.")
+
+
+def documented(schema: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` showing ``schema`` as the JSON body of a route that takes a raw dict."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+SCORE_SCHEMA = ScoreBody.model_json_schema()
+BATCH_SCHEMA = {
+    "title": "ScoreBatch",
+    "type": "object",
+    "properties": {"requests": {"type": "array", "items": SCORE_SCHEMA}},
+    "required": ["requests"],
+}
+
 
 STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (errors.Unauthenticated, 401),
@@ -46,15 +75,18 @@ def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="rlfleet reward", version="1")
     auth = [Depends(_auth_checker(api_key))]
 
-    @app.post("/score", dependencies=auth)
+    @app.post("/v1/score", dependencies=auth, openapi_extra=documented(SCORE_SCHEMA))
+    @app.post("/score", dependencies=auth, openapi_extra=documented(SCORE_SCHEMA))
     async def score(body: JsonObject) -> dict[str, Any]:
         return (await service.score(ScoreRequest.from_dict(body))).to_dict()
 
-    @app.post("/score_batch", dependencies=auth)
+    @app.post("/v1/score/batch", dependencies=auth, openapi_extra=documented(BATCH_SCHEMA))
+    @app.post("/score_batch", dependencies=auth, openapi_extra=documented(BATCH_SCHEMA))
     async def score_batch(body: JsonObject) -> dict[str, Any]:
         results = await service.score_batch(_batch_items(body))
         return {"results": [result.to_dict() for result in results]}
 
+    @app.get("/v1/scorers", dependencies=auth)
     @app.get("/scorers", dependencies=auth)
     async def scorers() -> dict[str, Any]:
         return {"scorers": [info.to_dict() for info in service.list_scorers()]}

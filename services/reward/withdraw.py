@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from functools import partial
 
 from redis.asyncio import Redis
 
@@ -46,9 +45,8 @@ class WithdrawingJobs(ScatterGather):
         batch = uuid.uuid4().hex
         ids = [f"{self.queue.group}-{batch}-{i}" for i in range(len(payloads))]
         try:
-            pairs = zip(ids, payloads, strict=True)
-            await self._bounded([partial(self.queue.submit, i, p) for i, p in pairs])
-            answers = await self._bounded([partial(self._wait, i, deadline) for i in ids])
+            await self._submit_all(ids, payloads)
+            answers = await self._gather(ids, deadline)
             results = self._all_answered(answers)
         except BaseException:
             await asyncio.shield(self._withdraw(ids))

@@ -98,7 +98,9 @@ def pack_sequences(
 
 
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    """Whether ``model``'s forward (a DDP wrapper's: the wrapped module's) takes the keyword."""
+    inner = getattr(model, "module", model)
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def response_logits(model: torch.nn.Module, packed: Packed) -> torch.Tensor:

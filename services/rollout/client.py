@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from rlfleet.common import weights
+from rlfleet.common import call_counts, weights
 from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
 from rlfleet.proto import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
@@ -89,6 +89,7 @@ class RolloutClient:
         self, update: PreparedUpdate, timeout_s: float | None = None
     ) -> UpdateOutcome:
         """Send messages serialized once for every replica (``PreparedUpdate``)."""
+        call_counts.record(UPDATE_WEIGHTS_METHOD)  # client streams are not intercepted
         call = self._update_raw(iter(update.messages), timeout=timeout_s, metadata=self._metadata)
         return convert.outcome_from_proto(await checked(call))
 
@@ -96,6 +97,7 @@ class RolloutClient:
         self, messages: AsyncIterator[rollout_pb2.WeightChunk], timeout_s: float | None = None
     ) -> UpdateOutcome:
         """Send a hand-made message stream (tests use it to check malformed updates)."""
+        call_counts.record(UPDATE_WEIGHTS_METHOD)
         call = self._stub.UpdateWeights(messages, timeout=timeout_s, metadata=self._metadata)
         return convert.outcome_from_proto(await checked(call))
 

@@ -113,7 +113,7 @@ def header_from_proto(msg: rollout_pb2.WeightUpdateHeader) -> WeightHeader:
                for t in msg.tensors]  # fmt: skip
     checksum = msg.checksum or (f"sha256:{msg.sha256}" if msg.sha256 else "")
     return WeightHeader(msg.version, tensors, msg.total_bytes, checksum, msg.flush_cache,
-                        msg.force)  # fmt: skip
+                        msg.force, msg.shared_memory)  # fmt: skip
 
 
 def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
@@ -123,6 +123,7 @@ def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
     return rollout_pb2.WeightUpdateHeader(
         version=header.version, tensors=tensors, total_bytes=header.total_bytes,
         checksum=header.checksum, flush_cache=header.flush_cache, force=header.force,
+        shared_memory=header.shared_memory,
     )  # fmt: skip
 
 

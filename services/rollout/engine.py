@@ -22,7 +22,6 @@ import abc
 import json
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlfleet.common.errors import InvalidArgument
@@ -74,6 +73,12 @@ class Engine(abc.ABC):
         """Elements in every tensor an update may carry (tied ones too); 0 = not known, and
         then a replica cannot bound an update's size before it arrives."""
         return 0
+
+    def prefix_cache_tokens(self) -> tuple[int, int] | None:
+        """(prompt tokens looked up, prompt tokens served from the prefix cache) over the
+        requests finished so far, for the replica's ``/metrics``; None where the engine keeps
+        no prefix cache (hf), so no hit rate is reported rather than a false 0 %."""
+        return None
 
     @abc.abstractmethod
     async def flush_cache(self) -> bool:
@@ -146,8 +151,14 @@ def check_state_dict(
 
 
 def model_vocab_size(model_path: str) -> int:
-    """``vocab_size`` from the model's config.json (0 when it does not say)."""
-    config = Path(model_path) / "config.json"
+    """``vocab_size`` from the model's config.json (0 when it does not say, or when the model
+    is not found: the backend's ``start`` reports that). A Hub id reads its cached snapshot."""
+    from rlfleet.common.model_io import local_model_dir
+
+    try:
+        config = local_model_dir(model_path) / "config.json"
+    except FileNotFoundError:
+        return 0
     if not config.is_file():
         return 0
     raw = json.loads(config.read_text())

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from rlfleet.common import lora
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.rollout.engine import Engine, check_state_dict, tokens_until_stop
 from rlfleet.rollout.types import Completion, SamplingParams
@@ -102,6 +103,7 @@ class HFEngine(Engine):
         self._eos_ids: set[int] = set()
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._tied: frozenset[str] = frozenset()
+        self._adapter = lora.MergedAdapter()
         self._pending: list[_Request] = []
         self._requests: dict[str, _Request] = {}
         self._wake = asyncio.Event()
@@ -207,9 +209,17 @@ class HFEngine(Engine):
         return Completion(tokens, logprobs, text, "stop" if hit_stop else reason)
 
     async def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Full weights, or a LoRA adapter (``rlfleet.common.lora``) merged over the base."""
+        if lora.is_adapter_update(state_dict):
+            pairs = lora.adapter_pairs(state_dict)
+            lora.check_pairs(pairs, self._shapes)
+            async with self._model_lock:
+                await asyncio.to_thread(self._adapter.apply, self._model.state_dict(), pairs)
+            return
         check_state_dict(state_dict, self._shapes, self._tied)
         async with self._model_lock:
             await asyncio.to_thread(self._copy_weights, state_dict)
+            self._adapter.forget()
 
     def weight_numel(self) -> int:
         return sum(t.numel() for t in self._model.state_dict().values()) if self._model else 0

@@ -23,6 +23,12 @@ Choices, each checked against the installed vLLM 0.32 (see docs/architecture.md,
   work; ``reload_weights`` in the worker does. The state dict travels as safetensors bytes
   (raw tensors cannot cross the process boundary); a tied ``lm_head.weight`` is not sent (vLLM
   ties it to the embedding itself). A flush is ``reset_prefix_cache``.
+- Prefix-cache counters: each final ``RequestOutput`` carries ``num_cached_tokens``, the prompt
+  tokens whose KV came from the prefix cache when the request was first scheduled. vLLM caches
+  full blocks only (128 tokens on CPU, 16 by default on GPUs) and always recomputes a prompt's
+  last token, so a fully cached prompt of L tokens counts ``(L - 1) // block * block``. Summed
+  per finished request (two integer adds); with ``n > 1`` vLLM reports one sample's count and
+  the prompt is counted once.
 """
 
 from __future__ import annotations
@@ -33,10 +39,13 @@ import json
 import logging
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rlfleet.common import lora
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.rollout.engine import Engine, check_state_dict, kv_cache_gib
@@ -83,16 +92,23 @@ class VllmEngine(Engine):
         self._llm: Any = None
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._optional: frozenset[str] = frozenset()
+        self._lora: Any = None
+        """The ``LoRARequest`` every generation uses (the newest adapter), or None."""
+        self._lora_versions = 0
+        self._lora_root = Path(tempfile.mkdtemp(prefix="rlfleet-lora-"))
+        self._prompt_tokens = self._cached_tokens = 0
+        """Prompt tokens of finished requests, and how many of them the prefix cache served."""
 
     async def start(self) -> None:
         _set_environment(self.config)
-        from rlfleet.common.model_io import load_tokenizer
+        from rlfleet.common.model_io import load_tokenizer, local_model_dir
 
-        self.tokenizer = load_tokenizer(self.config.model.path)
-        self._shapes, self._optional = checkpoint_shapes(self.config.model.path)
-        self._llm = self._make_llm()
+        model_dir = str(local_model_dir(self.config.model.path))  # a Hub id -> its snapshot
+        self.tokenizer = load_tokenizer(model_dir)
+        self._shapes, self._optional = checkpoint_shapes(model_dir)
+        self._llm = self._make_llm(model_dir)
 
-    def _make_llm(self) -> Any:
+    def _make_llm(self, model_dir: str) -> Any:
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -100,11 +116,11 @@ class VllmEngine(Engine):
         rollout = self.config.rollout
         extra = {"gpu_memory_utilization": rollout.gpu_memory_utilization}
         args = AsyncEngineArgs(
-            model=self.config.model.path, dtype=self.config.model.dtype,
+            model=model_dir, dtype=self.config.model.dtype,
             max_model_len=rollout.max_model_len, enable_prefix_caching=True,
             logprobs_mode="processed_logprobs", disable_log_stats=True,
             enforce_eager=rollout.enforce_eager,
-            **(extra if torch.cuda.is_available() else {}),
+            **(extra if torch.cuda.is_available() else {}), **lora_engine_args(self.config),
         )  # fmt: skip
         return AsyncLLM.from_engine_args(args)
 
@@ -117,12 +133,17 @@ class VllmEngine(Engine):
         final = None
         prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
         try:
-            async for output in self._llm.generate(prompt, params, request_id=request_id):
+            stream = self._llm.generate(
+                prompt, params, request_id=request_id, lora_request=self._lora
+            )
+            async for output in stream:
                 final = output
         except ValueError as exc:  # vLLM's validation errors subclass ValueError
             raise InvalidArgument(str(exc)) from exc
         if final is None:
             return [Completion([], [], "", "abort")] * sampling.n
+        self._prompt_tokens += len(prompt_token_ids)
+        self._cached_tokens += final.num_cached_tokens or 0
         return [self._completion(c, sampling) for c in sorted(final.outputs, key=_index)]
 
     def _sampling_params(self, sampling: SamplingParams) -> Any:
@@ -150,9 +171,41 @@ class VllmEngine(Engine):
         return Completion(token_ids, logprobs, text, output.finish_reason or "abort")
 
     async def load_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Full weights (reloaded in the worker), or a LoRA adapter update (served as a new
+        ``LoRARequest``; the previous adapter is dropped)."""
+        if lora.is_adapter_update(state_dict):
+            await self._load_adapter(lora.adapter_pairs(state_dict))
+            return
         check_state_dict(state_dict, self._shapes, self._optional)
         blob = await asyncio.to_thread(self._to_safetensors, state_dict)
         await self._llm.collective_rpc(reload_from_safetensors, args=(blob,))
+        await self._drop_adapter(None)  # the new weights are the base
+
+    async def _load_adapter(self, pairs: Mapping[str, tuple[Any, Any]]) -> None:
+        """Write the adapter as a peft directory, load it into vLLM eagerly (a bad adapter
+        fails here, not in the next generation), then switch generation over to it."""
+        import torch
+        from vllm.lora.request import LoRARequest
+
+        if not self.config.model.lora_rank:
+            raise InvalidArgument("a LoRA update needs model.lora_rank > 0 on the replica")
+        lora.check_pairs(pairs, self._shapes)
+        self._lora_versions += 1
+        version = self._lora_versions
+        path = self._lora_root / f"v{version}"
+        dtype = getattr(torch, self.config.model.dtype)
+        await asyncio.to_thread(lora.save_peft_adapter, path, pairs, dtype)
+        request = LoRARequest(f"rlfleet-v{version}", version, str(path))
+        if not await self._llm.add_lora(request):
+            raise InvalidArgument(f"vLLM refused the LoRA adapter at {path}")
+        await self._drop_adapter(request)
+
+    async def _drop_adapter(self, successor: Any) -> None:
+        old, self._lora = self._lora, successor
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await self._llm.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
 
     def weight_numel(self) -> int:
         """Checkpoint tensors, plus room for an optional (tied) one as big as the largest."""
@@ -168,6 +221,9 @@ class VllmEngine(Engine):
                    if name not in self._optional}  # fmt: skip
         return safetensors.torch.save(tensors)
 
+    def prefix_cache_tokens(self) -> tuple[int, int]:
+        return self._prompt_tokens, self._cached_tokens
+
     async def flush_cache(self) -> bool:
         return bool(await self._llm.reset_prefix_cache())
 
@@ -182,6 +238,23 @@ class VllmEngine(Engine):
             with contextlib.suppress(Exception):
                 self._llm.shutdown()
             self._llm = None
+        shutil.rmtree(self._lora_root, ignore_errors=True)
+
+
+LORA_RANK_SLOTS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts."""
+
+
+def lora_engine_args(config: RlfleetConfig) -> dict[str, Any]:
+    """vLLM's LoRA switches for ``model.lora_rank`` (none when LoRA is off): one adapter in a
+    batch (every request uses the newest), room for two while one replaces the other."""
+    rank = config.model.lora_rank
+    if not rank:
+        return {}
+    slot = next((s for s in LORA_RANK_SLOTS if s >= rank), None)
+    if slot is None:
+        raise InvalidArgument(f"model.lora_rank={rank} is above vLLM's largest, 512")
+    return {"enable_lora": True, "max_lora_rank": slot, "max_loras": 1, "max_cpu_loras": 2}
 
 
 def _index(output: Any) -> int:

@@ -1,5 +1,5 @@
 """A replica's Prometheus ``/metrics``: tokens and tokens/s, queue depth, in-flight, state,
-weight version, and how long weight updates take.
+weight version, how long weight updates take, and prefix-cache hits (engines that have one).
 
 Why a collector that reads the replica at scrape time (rather than gauges set on every
 change): the replica core stays free of metric calls except one token counter, and a scrape
@@ -82,6 +82,7 @@ class ReplicaCollector(Collector):
             state.add_metric([*rid, s.value], float(status.state is s))
         yield state
         yield from _update_metrics(r, rid)
+        yield from _prefix_cache_metrics(r, rid)
 
     def sample(self, depth: int) -> None:
         """Record the queue depth and the token count now; update the token rate."""
@@ -106,6 +107,19 @@ def _update_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
                  rid, r.last_load_s)  # fmt: skip
     yield _counter("rlfleet_rollout_update_seconds", "Time spent in weight updates", rid,
                    r.total_update_s)  # fmt: skip
+
+
+def _prefix_cache_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
+    """Prompt tokens looked up and hit in the engine's prefix cache; absent (not 0) for an
+    engine without one, so a dashboard's hit rate shows no data instead of 0 %."""
+    counts = r.engine.prefix_cache_tokens()
+    if counts is None:
+        return
+    queried, hit = counts
+    yield _counter("rlfleet_rollout_prefix_cache_queried_tokens", "Prompt tokens of finished "
+                   "requests, looked up in the engine's prefix cache", rid, queried)  # fmt: skip
+    yield _counter("rlfleet_rollout_prefix_cache_hit_tokens", "Prompt tokens served from the "
+                   "prefix cache (KV not recomputed)", rid, hit)  # fmt: skip
 
 
 def _gauge(name: str, doc: str, labels: list[str], value: float) -> GaugeMetricFamily:

@@ -5,9 +5,11 @@ TTL; membership lives in a set. A replica whose heartbeat key has expired is dea
 its hash says. Routers add what they share with each other: in-flight counts, the sticky map
 and the draining set.
 
-This class is the only code that touches those keys, and it is private to the rollout role:
-replicas and routers use it; everyone else (trainer, ``rlfleet status``) asks a router over
-``Router.ListReplicas``, so the key layout can change without them noticing.
+This class is the only code that touches those keys (besides the router's one-step enqueue,
+``router/enqueue.py``, which reads and counts in the same step that queues), and it is
+private to the rollout role: replicas and routers use it; everyone else (trainer, ``rlfleet
+status``) asks a router over ``Router.ListReplicas``, so the key layout can change without
+them noticing.
 """
 
 from __future__ import annotations
@@ -36,10 +38,20 @@ for i = 4, #KEYS do sticky[i - 3] = redis.call('GET', KEYS[i]) or '' end
 return {ids, hashes, alive, redis.call('HGETALL', KEYS[2]), redis.call('SMEMBERS', KEYS[3]), sticky}
 """
 
-# Decrement, never below zero (a replica deregistered meanwhile has no field).
-_RELEASE_LUA = """
-local n = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-if n > 0 then return redis.call('HINCRBY', KEYS[1], ARGV[1], -1) end
+# Undo a decrement that went below zero (a replica deregistered meanwhile has no field, a
+# recount may have set it lower): the field goes, as an unregistered or idle replica's does.
+_UNDERFLOW_LUA = """
+if tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') < 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+# Drop the counts (KEYS[1]) of ids that are not members (KEYS[2]) now.
+_PRUNE_LUA = """
+for _, id in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if redis.call('SISMEMBER', KEYS[2], id) == 0 then redis.call('HDEL', KEYS[1], id) end
+end
 return 0
 """
 
@@ -56,6 +68,16 @@ return 1
 _UNLOCK_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
+"""
+
+# Renew a lease only while it is ours: KEYS heartbeat, replica hash, member set; ARGV token,
+# ttl ms, id, then hash field/value pairs. 0 when the lease lapsed (or another took it).
+_RENEW_LUA = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('HSET', KEYS[2], unpack(ARGV, 4))
+redis.call('SADD', KEYS[3], ARGV[3])
+return 1
 """
 
 # Forget a replica unless its heartbeat came back meanwhile (same id, restarted).
@@ -136,9 +158,11 @@ class ReplicaRegistry:
         self._keys = keys
         self._ttl_ms = int(heartbeat_ttl_s * 1000)
         self._snapshot = redis.register_script(_SNAPSHOT_LUA)
-        self._release = redis.register_script(_RELEASE_LUA)
+        self._underflow = redis.register_script(_UNDERFLOW_LUA)
+        self._prune = redis.register_script(_PRUNE_LUA)
         self._release_many = redis.register_script(_RELEASE_MANY_LUA)
         self._remove = redis.register_script(_REMOVE_LUA)
+        self._renew = redis.register_script(_RENEW_LUA)
         self._unlock = redis.register_script(_UNLOCK_LUA)
         sample = keys.replica("_")
         self._replica_prefix = sample[:-1]
@@ -146,14 +170,28 @@ class ReplicaRegistry:
 
     # ---- a replica's own entry -----------------------------------------------------------
 
-    async def register(self, info: ReplicaInfo) -> None:
-        """Write the whole entry, (re-)join the set and refresh the heartbeat."""
+    async def register(self, info: ReplicaInfo, lease: str = "1") -> None:
+        """Write the whole entry, (re-)join the set and take a heartbeat lease: the heartbeat
+        key holds ``lease`` (a token new to each registration) until its TTL lapses."""
         info.heartbeat_at = time.time()
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.replica(info.replica_id), mapping=info.to_hash())
             pipe.sadd(self._keys.replicas, info.replica_id)
-            pipe.set(self._keys.heartbeat(info.replica_id), "1", px=self._ttl_ms)
+            pipe.set(self._keys.heartbeat(info.replica_id), lease, px=self._ttl_ms)
             await pipe.execute()
+
+    async def renew(self, info: ReplicaInfo, lease: str) -> bool:
+        """Refresh the entry and the lease, only while the heartbeat key still holds
+        ``lease``; False when it lapsed (the replica must register again, with a new one)."""
+        info.heartbeat_at = time.time()
+        k, rid = self._keys, info.replica_id
+        pairs = [x for pair in info.to_hash().items() for x in pair]
+        keys = [k.heartbeat(rid), k.replica(rid), k.replicas]
+        return bool(await self._renew(keys=keys, args=[lease, self._ttl_ms, rid, *pairs]))
+
+    def lease_key(self, replica_id: str) -> str:
+        """The key a replica's lease token lives in (what its answers are fenced by)."""
+        return self._keys.heartbeat(replica_id)
 
     async def heartbeat(self, replica_id: str, **fields: object) -> None:
         """Refresh liveness and optionally update fields (state, weight_version, served)."""
@@ -165,9 +203,11 @@ class ReplicaRegistry:
             await pipe.execute()
 
     async def deregister(self, replica_id: str) -> None:
-        """A graceful exit; the replica's stream stays for the janitor to empty."""
+        """A graceful exit; the replica's stream stays for the janitor to empty. A drain mark
+        goes too: a replica started later under the same id serves again."""
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.srem(self._keys.replicas, replica_id)
+            pipe.srem(self._keys.draining, replica_id)
             pipe.delete(self._keys.replica(replica_id), self._keys.heartbeat(replica_id))
             pipe.hdel(self._keys.inflight, replica_id)
             await pipe.execute()
@@ -224,23 +264,16 @@ class ReplicaRegistry:
 
     # ---- the routers' shared state ---------------------------------------------------------
 
-    async def claim(self, replica_id: str, session_id: str = "", sticky_ttl_s: float = 0) -> None:
-        """Count one more request in flight on a replica; pin the session to it."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hincrby(self._keys.inflight, replica_id, 1)
-            if session_id:
-                ttl_ms = int(sticky_ttl_s * 1000)
-                pipe.set(self._keys.sticky(session_id), replica_id, px=ttl_ms)
-            await pipe.execute()
-
     async def release(self, replica_id: str) -> None:
-        """One request fewer in flight (never below zero)."""
-        await self._release(keys=[self._keys.inflight], args=[replica_id])
+        """One request fewer in flight (never below zero): one command, and a second step
+        only in the rare case it went below zero."""
+        if await self._redis.hincrby(self._keys.inflight, replica_id, -1) < 0:
+            await self._underflow(keys=[self._keys.inflight], args=[replica_id])
 
     async def claim_many(
         self, counts: Mapping[str, int], pins: Mapping[str, str], sticky_ttl_s: float
     ) -> None:
-        """``claim`` for a whole batch in one round trip: ``counts`` more requests in flight
+        """Count a whole batch in flight in one round trip: ``counts`` more requests
         per replica, each session of ``pins`` pinned to its replica."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for replica_id, count in counts.items():
@@ -255,8 +288,22 @@ class ReplicaRegistry:
         if args:
             await self._release_many(keys=[self._keys.inflight], args=args)
 
+    async def prune_counts(self) -> None:
+        """Drop in-flight counts of replicas that are not registered any more, judged by the
+        membership at this instant (one step): a replica that registered and got its first
+        request since the caller's snapshot keeps its count."""
+        await self._prune(keys=[self._keys.inflight, self._keys.replicas])
+
+    @property
+    def inflight_key(self) -> str:
+        """The hash of in-flight counts (``WorkQueue.recount`` writes the truth into it)."""
+        return self._keys.inflight
+
     async def mark_draining(self, replica_id: str) -> None:
         await self._redis.sadd(self._keys.draining, replica_id)
+
+    async def is_draining(self, replica_id: str) -> bool:
+        return bool(await self._redis.sismember(self._keys.draining, replica_id))
 
     async def remove(self, replica_id: str) -> bool:
         """Delete everything left of a replica (entry, marks, counts, stream) unless it is

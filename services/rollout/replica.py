@@ -16,6 +16,20 @@ No gRPC here: ``server.py`` converts protos to the plain objects this class take
   its stream for the router's janitor to move (they are not answered with errors).
 - ``rollout.debug_generate_delay_s`` (testing aid, 0 in real runs) sleeps inside every queued
   request before generating, so tests can kill a replica while it holds work.
+- An entry that needs newer weights than ours (a replica restarted under its id comes back at
+  version 0 and re-reads entries queued for the weights it had) is parked, unacknowledged,
+  until an update brings that version: it is not answered FAILED_PRECONDITION, so a caller
+  retrying under the same id still gets it generated. Callers that give up are honoured for
+  parked entries too.
+- Leases fence answers: the heartbeat key holds a token new to each registration, and an
+  answer is stored only while the key still holds ours and the entry is still in our stream
+  (one Lua step, ``WorkQueue.fence``). A replica stalled past ``heartbeat_ttl_s`` (SIGSTOP, a
+  long GC) has lost its lease, and the janitor may have moved its work: its late answers are
+  discarded, and at its next beat it drops the jobs it held, registers again with a new token
+  and re-reads whatever of its stream is still there.
+- Callers that give up (a router's timeout or cancellation, with nobody else waiting) mark the
+  submission cancelled; a watcher cancels such jobs here, which aborts them in the engine, and
+  drops their entries unanswered (a retry under the same id is queued afresh).
 - A packed entry (a router's ``GenerateBatch`` share for this replica) runs all its requests at
   once, so the engine batches them together; each member's answer is stored under its own
   request id, then the entry is completed. A weight update cancels and re-runs it as a whole.
@@ -28,8 +42,10 @@ import contextlib
 import itertools
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from redis.asyncio import Redis
 
@@ -38,7 +54,7 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import ErrorCode, FailedPrecondition, InvalidArgument, Unavailable
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
 from rlfleet.common.results import encode_result
-from rlfleet.common.workqueue import Failure, Job, WorkQueue
+from rlfleet.common.workqueue import Failure, Finish, Job, WorkQueue
 from rlfleet.rollout.engine import Engine
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.types import (
@@ -47,6 +63,7 @@ from rlfleet.rollout.types import (
     ReplicaState,
     ReplicaStatus,
     UpdateOutcome,
+    entry_demand,
     unpack_requests,
 )
 
@@ -56,7 +73,9 @@ GROUP = ROLLOUT_GROUP
 _Answer = tuple[bytes, Failure | None]  # a member's packed result, or why it failed
 
 READ_BLOCK_MS = 500  # how long one read waits; bounds how fast pause/stop take effect
+CANCEL_POLL_S = 0.25  # how often running jobs are checked for callers that gave up
 S = ReplicaState
+T = TypeVar("T")
 
 
 class Replica:
@@ -70,19 +89,24 @@ class Replica:
         self.replica_id, self.address = replica_id, address
         self.registry = ReplicaRegistry(redis, keys, config.rollout.heartbeat_ttl_s)
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), GROUP)
-        self._redis = redis  # stores the member answers of packed entries
         self.version, self.state, self.served, self._paused = 0, S.STARTING, 0, False
         self.generated_tokens = 0  # completion tokens so far (metrics: tokens/s)
         self._serving = asyncio.Event()  # set exactly when state is SERVING
         self._changed = asyncio.Event()  # pulsed on every state change
         self._running: dict[str, asyncio.Task] = {}  # engine request id -> task
         self._retry: deque[Job] = deque()  # jobs cancelled by an update, still unacked
+        self._parked: list[tuple[int, Job]] = []  # (version needed, job) waiting for weights
         self._update_lock = asyncio.Lock()
         self._weights_intact = True  # False after a load that failed midway
         self._tasks: list[asyncio.Task] = []
         self._ids = itertools.count()
         self._last_beat = 0.0
+        self._lease = ""  # our token in the heartbeat key; "" until the first registration
+        self._jobs: dict[str, Job] = {}  # engine request id -> the queue job it runs
+        self._aborted: set[str] = set()  # engine request ids cancelled because callers left
+        self.discarded = 0  # answers dropped by the fence (lease lapsed, or job moved away)
         self.failed = asyncio.Event()  # the engine died: stop, let the heartbeat TTL lapse
+        self.drained = asyncio.Event()  # a router drained us and our work is done: exit
 
     async def start(self) -> None:
         """Register as starting, start the engine, then serve and consume."""
@@ -94,15 +118,20 @@ class Replica:
         self._set_state(S.PAUSED if self._paused else S.SERVING)
         await self._beat()
         self._tasks = [asyncio.create_task(self._heartbeat_loop(), name="heartbeat"),
-                       asyncio.create_task(self._consume_loop(), name="consume")]  # fmt: skip
+                       asyncio.create_task(self._consume_loop(), name="consume"),
+                       asyncio.create_task(self._cancel_loop(), name="cancel")]  # fmt: skip
         log.info("replica %s serving at %s", self.replica_id, self.address)
 
     async def shutdown(self, grace_s: float = 10.0) -> None:
-        """Stop consuming, give in-flight work ``grace_s`` to finish, deregister."""
+        """Stop consuming, give in-flight work ``grace_s`` to finish, deregister. Routers see
+        the replica draining at once (no new work), and the janitor moves whatever is still
+        queued for it once it has deregistered."""
         self._set_state(S.DRAINING)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._lease:
+            await self._beat()
         grace_s = min(grace_s, self.config.rollout.drain_timeout_s) if self.engine.is_alive() else 0
         await self._finish_or_cancel(grace_s)
         with contextlib.suppress(Exception):
@@ -138,13 +167,48 @@ class Replica:
             raise FailedPrecondition(f"needs weight version >= {request.min_weight_version}, "
                                      f"replica has {self.version}")  # fmt: skip
 
-    def _track(self, make: Callable[[str], Awaitable[object]]) -> asyncio.Task:
+    def _track(
+        self, make: Callable[[str], Awaitable[object]], job: Job | None = None
+    ) -> asyncio.Task:
         """Run ``make(engine_request_id)`` as a task that updates and shutdown can find."""
         key = f"{self.replica_id}-{next(self._ids)}"
         task = asyncio.create_task(make(key))
         self._running[key] = task
-        task.add_done_callback(lambda _: self._running.pop(key, None))
+        if job is not None:
+            self._jobs[key] = job
+        task.add_done_callback(lambda _: self._untrack(key))
         return task
+
+    def _untrack(self, key: str) -> None:
+        self._running.pop(key, None)
+        self._jobs.pop(key, None)
+        self._aborted.discard(key)
+
+    async def _cancel_loop(self) -> None:
+        """Cancel the jobs whose callers all gave up (the engine aborts them); parked ones
+        are dropped unanswered. One round trip per poll for both."""
+        while True:
+            await asyncio.sleep(CANCEL_POLL_S)
+            held, parked = dict(self._jobs), [job for _, job in self._parked]
+            if not held and not parked:
+                continue
+            try:
+                gone = {id(job) for job in await self.queue.cancelled([*held.values(), *parked])}
+            except Exception as exc:  # noqa: BLE001 - Redis hiccups must not kill the loop
+                log.warning("checking for cancelled requests failed: %s", exc)
+                continue
+            for key, job in held.items():
+                if id(job) in gone and (task := self._running.get(key)) is not None:
+                    self._aborted.add(key)
+                    task.cancel()
+            await self._drop_parked([job for job in parked if id(job) in gone])
+
+    async def _drop_parked(self, abandoned: list[Job]) -> None:
+        for job in abandoned:
+            log.info("parked request %s dropped: its callers gave up", job.request_id)
+            await self._with_retries(job.request_id, lambda job=job: self.queue.discard(job))
+        dropped = {id(job) for job in abandoned}
+        self._parked = [(n, job) for n, job in self._parked if id(job) not in dropped]
 
     async def _consume_loop(self) -> None:
         while True:
@@ -156,10 +220,23 @@ class Replica:
             retries = [self._retry.popleft() for _ in range(min(free, len(self._retry)))]
             jobs = retries or await self._read(free)
             for job in jobs:
-                if self._serving.is_set():
-                    self._track(lambda key, job=job: self._run_job(job, key))
+                if (needed := _needed_version(job)) > self.version:
+                    self._park(job, needed)
+                elif self._serving.is_set():
+                    self._track(lambda key, job=job: self._run_job(job, key), job)
                 else:
                     self._retry.append(job)  # read just as an update began: run it after
+
+    def _park(self, job: Job, needed: int) -> None:
+        log.info("request %s needs weights v%d (serving v%d): parked until they arrive",
+                 job.request_id, needed, self.version)  # fmt: skip
+        self._parked.append((needed, job))
+
+    def _unpark(self) -> None:
+        """Queue for running the parked jobs the current weights can serve."""
+        ready = [job for needed, job in self._parked if needed <= self.version]
+        self._parked = [(n, job) for n, job in self._parked if n > self.version]
+        self._retry.extend(ready)
 
     async def _read(self, count: int) -> list[Job]:
         try:
@@ -186,7 +263,11 @@ class Replica:
                 await asyncio.sleep(self.config.rollout.debug_generate_delay_s)
             result = await self._generate(request, key)
         except asyncio.CancelledError:
-            self._retry.append(job)  # cancelled by an update (or shutdown): entry stays unacked
+            if key in self._aborted:  # its callers gave up: aborted, dropped unanswered
+                log.info("request %s aborted: its callers gave up", job.request_id)
+                await self._with_retries(job.request_id, lambda: self.queue.discard(job))
+            elif self._lease:
+                self._retry.append(job)  # an update (or shutdown) cancelled it: still unacked
             return
         except Exception as exc:  # noqa: BLE001 - the waiter gets the reason
             if not self.engine.is_alive():
@@ -194,8 +275,8 @@ class Replica:
             log.warning("request %s failed: %s", job.request_id, exc)
             await self._complete(job, b"", Failure.of(exc))
             return
-        await self._complete(job, result.to_json(), None)  # JSON: read by older routers too
-        self.served += 1
+        if await self._complete(job, result.to_json(), None) is Finish.STORED:  # JSON: any router
+            self.served += 1
 
     async def _run_packed(self, job: Job, members: list[GenerateRequest], key: str) -> None:
         """All members at once (the engine sees them in one tick); answers stored per member."""
@@ -206,12 +287,13 @@ class Replica:
                 *(self._member_answer(r, f"{key}.{i}") for i, r in enumerate(members))
             )
         except asyncio.CancelledError:
-            self._retry.append(job)  # as a single job: the entry stays unacked, re-run whole
+            if self._lease:
+                self._retry.append(job)  # as a single job: the entry stays unacked, re-run whole
             return
         if not self.engine.is_alive():
             return  # not the requests' fault: leave the entry for whoever takes over
-        await self._with_retries(job.request_id, lambda: self._answer_packed(job, members, answers))
-        self.served += sum(failure is None for _, failure in answers)
+        if await self._answer_packed(job, members, answers) is Finish.STORED:
+            self.served += sum(failure is None for _, failure in answers)
 
     async def _member_answer(self, request: GenerateRequest, key: str) -> _Answer:
         """A member's packed result, or why it failed (its own fault, not its neighbours')."""
@@ -225,29 +307,37 @@ class Replica:
 
     async def _answer_packed(
         self, job: Job, members: list[GenerateRequest], answers: list[_Answer]
-    ) -> None:
-        """Members' answers first (one round trip; the first answer per id wins), then the
-        entry, whose completion wakes the router: it then reads the members' answers."""
-        ttl = self.queue.result_ttl_s
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for request, (payload, failure) in zip(members, answers, strict=True):
-                answer = encode_result(payload, failure)
-                pipe.set(self.keys.result(request.request_id), answer, nx=True, ex=ttl)
-            await pipe.execute()
-        await self.queue.complete(job, b"")
+    ) -> Finish | None:
+        """Members' answers and the entry's in one fenced step (the first answer per id wins);
+        the entry's completion wakes the router, which then reads the members' answers."""
+        mine = {request.request_id: encode_result(payload, failure)
+                for request, (payload, failure) in zip(members, answers, strict=True)}  # fmt: skip
+        return await self._finish(job, encode_result(b""), mine)
 
-    async def _complete(self, job: Job, payload: bytes, error: Failure | None) -> None:
-        await self._with_retries(job.request_id, lambda: self.queue.complete(job, payload, error))
+    async def _complete(self, job: Job, payload: bytes, error: Failure | None) -> Finish | None:
+        return await self._finish(job, encode_result(payload, error))
 
-    async def _with_retries(self, request_id: str, answer: Callable[[], Awaitable[object]]) -> None:
+    async def _finish(
+        self, job: Job, answer: bytes, members: dict[str, bytes] | None = None
+    ) -> Finish | None:
+        """Store an answer through the fence; a discarded one is counted and logged."""
+        outcome = await self._with_retries(job.request_id,
+                                           lambda: self.queue.finish(job, answer, members))  # fmt: skip
+        if outcome in (Finish.FENCED, Finish.GONE):
+            self.discarded += 1
+            why = "our lease lapsed" if outcome is Finish.FENCED else "it was moved away"
+            log.warning("discarded the answer to %s: %s", job.request_id, why)
+        return outcome
+
+    async def _with_retries(self, request_id: str, answer: Callable[[], Awaitable[T]]) -> T | None:
         for attempt in range(3):
             try:
-                await answer()
-                return
+                return await answer()
             except Exception as exc:  # noqa: BLE001
                 log.warning("completing %s failed (%s), attempt %d", request_id, exc, attempt)
                 await asyncio.sleep(0.5 * (attempt + 1))
         log.error("could not answer %s; its entry stays pending for recovery", request_id)
+        return None
 
     def check_update(self, header: weights.WeightHeader) -> None:
         """Refuse an update before its bytes arrive: a malformed header (InvalidArgument), a
@@ -297,6 +387,7 @@ class Replica:
             self._weights_intact = intact  # engines refuse a mismatch before changing anything
             raise
         old, self.version, self._weights_intact = self.version, header.version, True
+        self._unpark()
         flushed = False
         if header.flush_cache and self.config.rollout.flush_cache_on_update:
             flushed = await self.engine.flush_cache()
@@ -362,18 +453,65 @@ class Replica:
         while self.engine.is_alive():
             await asyncio.sleep(self.config.rollout.heartbeat_interval_s)
             await self._beat()
+            await self._check_drained()
         log.error("%s engine died; %s stops heartbeating", self.engine.name, self.replica_id)
         self.failed.set()
 
+    async def _check_drained(self) -> None:
+        """Drained by a router (``DrainReplica``): keep answering what is queued here, and
+        once nothing is left (running, to retry, or in our stream) set ``drained`` so the
+        process deregisters and exits 0."""
+        if self.drained.is_set() or self._running or self._retry or self._parked:
+            return
+        try:
+            if not await self.registry.is_draining(self.replica_id) or await self.queue.length():
+                return
+        except Exception as exc:  # noqa: BLE001 - checked again at the next beat
+            log.warning("checking whether %s is drained failed: %s", self.replica_id, exc)
+            return
+        log.info("replica %s is drained and has no work left: exiting", self.replica_id)
+        self.drained.set()
+
     async def _beat(self) -> None:
-        """Write the whole entry (re-adding it if a janitor removed it) and refresh the TTL."""
+        """Renew our lease with the whole entry; if it lapsed, drop the jobs we held and
+        register again under a new lease (re-adding the entry if a janitor removed it)."""
         info = ReplicaInfo(self.replica_id, self.address, self.version, self.state,
                            self.engine.name, self.served)  # fmt: skip
         try:
-            await self.registry.register(info)
+            if not self._lease or not await self.registry.renew(info, self._lease):
+                await self._relet(info)
             self._last_beat = time.time()
         except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
             log.warning("heartbeat for %s failed: %s", self.replica_id, exc)
+
+    async def _relet(self, info: ReplicaInfo) -> None:
+        """Take a new lease. After a lapse (not at start): our work may have moved, so the jobs
+        we hold are cancelled (their answers would be fenced anyway) and forgotten, and the
+        next read starts again with whatever of our stream is still pending for us."""
+        if self._lease:
+            log.warning("replica %s lost its lease (no heartbeat for %.1f s): dropping %d jobs "
+                        "and registering again", self.replica_id, time.time() - self._last_beat,
+                        len(self._jobs))  # fmt: skip
+            self._lease = ""  # cancelled jobs are not queued for a retry
+            held = [self._running[key] for key in list(self._jobs) if key in self._running]
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            self._retry.clear()
+            self._parked.clear()
+            self.queue.replay(self.replica_id)
+        lease = uuid.uuid4().hex
+        self.queue.fence = (self.registry.lease_key(self.replica_id), lease)
+        await self.registry.register(info, lease)
+        self._lease = lease
+
+
+def _needed_version(job: Job) -> int:
+    """The weight version a queue entry needs; 0 when unreadable (``_run_job`` answers it)."""
+    try:
+        return entry_demand(job.payload)[0]
+    except (ValueError, TypeError, AttributeError):
+        return 0
 
 
 def _verified(header: weights.WeightHeader, payload: weights.BytesLike) -> dict:

@@ -7,7 +7,9 @@ codes (a bad update is INVALID_ARGUMENT, a paused or starting replica UNAVAILABL
 UpdateWeights is a client stream: a header first, then raw byte chunks. The replica checks the
 header (version, and size against its model) before one buffer of ``total_bytes`` is allocated;
 chunks are written into it in place and never past it, so a lying sender cannot exhaust memory;
-the checksum is verified by the replica before any weight changes.
+the checksum is verified by the replica before any weight changes. A header naming a
+shared-memory file (``weights_shm``: the trainer is on this machine) comes alone, and the
+payload is read from that file.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from rlfleet.common import weights
-from rlfleet.common.errors import InvalidArgument
+from rlfleet.common import weights, weights_shm
+from rlfleet.common.errors import InvalidArgument, RlfleetError
 from rlfleet.common.grpc_server import Registration
 from rlfleet.common.proto_decode import read_varint
 from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
@@ -45,10 +47,17 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return convert.batch_results_to_proto(results)
 
     async def UpdateWeights(self, request_iterator, context):  # noqa: N802
-        header = await _receive_header(request_iterator)
-        self._replica.check_update(header)  # before allocating anything for the payload
-        buffer = weights.PayloadBuffer(header.total_bytes)
-        payload = await _receive_payload(request_iterator, buffer)
+        try:
+            header = await _receive_header(request_iterator)
+            self._replica.check_update(header)  # before allocating anything for the payload
+            if header.shared_memory:
+                payload = await _shared_payload(request_iterator, header)
+            else:
+                buffer = weights.PayloadBuffer(header.total_bytes)
+                payload = await _receive_payload(request_iterator, buffer)
+        except RlfleetError:
+            await _discard_rest(request_iterator, REFUSED_STREAM_DRAIN_S)
+            raise
         return convert.outcome_to_proto(await self._replica.update_weights(header, payload))
 
     async def FlushCache(self, request, context):  # noqa: N802
@@ -67,6 +76,21 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 UpdateMessage = rollout_pb2.WeightChunk | memoryview  # a data chunk arrives as a memoryview
 UPDATE_WEIGHTS = "UpdateWeights"
 _DATA_TAG = 0x12  # WeightChunk.data: field 2, length-delimited
+REFUSED_STREAM_DRAIN_S = 2.0
+
+
+async def _discard_rest(messages: AsyncIterator[UpdateMessage], limit_s: float) -> None:
+    """Read and drop what the sender is still streaming after a refusal, for up to ``limit_s``.
+
+    Why: a gRPC Python client still writing when the server answers early sees
+    ``INTERNAL: Internal error from Core`` instead of the refusal (grpc/grpc#36066). Letting
+    it finish sending costs bandwidth but no memory (nothing is kept), and it then reads the
+    real status. A sender that is still going after ``limit_s`` is answered anyway.
+    """
+    with contextlib.suppress(Exception):  # the stream breaking or running long: answer now
+        async with asyncio.timeout(limit_s):
+            async for _ in messages:
+                pass
 
 
 async def _receive_header(messages: AsyncIterator[UpdateMessage]) -> weights.WeightHeader:
@@ -89,6 +113,17 @@ async def _receive_payload(
         else:
             raise InvalidArgument("UpdateWeights: only one header, then data chunks")
     return buffer.payload()
+
+
+async def _shared_payload(
+    messages: AsyncIterator[UpdateMessage], header: weights.WeightHeader
+) -> memoryview:
+    """The payload file the header names (NotFound off the trainer's host); no chunks may
+    follow such a header."""
+    async for _ in messages:
+        raise InvalidArgument("UpdateWeights: a shared-memory header takes no data chunks")
+    return await asyncio.to_thread(weights_shm.open_shared, header.shared_memory,
+                                   header.total_bytes)  # fmt: skip
 
 
 def parse_update_message(raw: bytes) -> UpdateMessage:

@@ -24,6 +24,7 @@ out-of-range value (``top_p: 0`` included) is refused.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import math
 import struct
@@ -149,6 +150,12 @@ class GenerateRequest:
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
+
+    def fingerprint(self) -> str:
+        """What the request id is bound to: the prompt and the sampling (sha256, hex). The
+        same id with another fingerprint is another request, refused while the id is known."""
+        content = [self.prompt_token_ids, self.prompt_text, asdict(self.sampling)]
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
     @classmethod
     def from_json(cls, data: bytes) -> GenerateRequest:

@@ -9,6 +9,7 @@ entropy bonus. The actor does not know which advantage estimator produced its in
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -26,15 +27,40 @@ from rlfleet.rl.sequences import (
 
 log = logging.getLogger(__name__)
 
+TRAINER_STATE = "trainer_state.pt"
+"""File of a checkpoint directory holding the optimizer, schedule and step counters."""
+
+
+def epoch_orders(epochs: int, rows: int) -> list[list[int]]:
+    """The row order of each PPO epoch: ``epochs`` random permutations of ``range(rows)``."""
+    return [torch.randperm(rows).tolist() for _ in range(epochs)]
+
+
+def loss_denominator(mode: str, mask: torch.Tensor) -> torch.Tensor:
+    """What ``agg_loss(mode)`` divides a batch's summed loss by, for the rows of ``mask``
+    ``[B, T]``: its tokens (``token-mean``), its sequences with a token (``seq-mean-*``), or 1
+    (``seq-mean-token-sum-norm``, whose divisor is a constant). A subset of rows trained on its
+    own and scaled by ``denominator(subset) / denominator(all)`` adds the same gradient as
+    it does inside the whole batch (the zero-advantage skip, data-parallel shards)."""
+    if mode == "seq-mean-token-sum-norm":
+        return torch.tensor(1.0)
+    if mode == "token-mean":
+        return mask.sum()
+    return (mask.sum(-1) > 0).sum()
+
 
 class Actor:
     def __init__(self, config: RlfleetConfig, model, pad_id: int) -> None:
         self.config = config
         self.cfg = config.trainer
         self.model = model
+        self.train_module = model
+        """The module the update's forward runs through (a DDP wrapper on data-parallel ranks)."""
         self.pad_id = pad_id
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        """What the optimizer updates (all parameters, or only a LoRA adapter's)."""
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
+            self.trainable, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.updates = 0
@@ -61,6 +87,11 @@ class Actor:
             return max(0.0, 1.0 - (step - warmup) / remaining)
         return 1.0
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters live (the batch is packed there)."""
+        return next(self.model.parameters()).device
+
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         """Parameters the engines load; tied embeddings are sent once, under their own name."""
         return {name: p.detach() for name, p in self.model.named_parameters()}
@@ -69,20 +100,26 @@ class Actor:
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
         """Per-token log-probs of the responses under the current weights (no grad)."""
         self.model.eval()
-        packed = pack_sequences(prompts, responses, self.pad_id)
+        packed = pack_sequences(prompts, responses, self.pad_id, self.device)
         temperature = self.config.rollout.temperature or 1.0
         out = response_logprobs(self.model, packed, temperature)
         return unpack_rows(out, packed.response_lengths)
 
-    def update(self, batch, advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        """PPO epochs over mini-batches; returns verl-named metrics (means over mini-batches)."""
+    def update(
+        self, batch, advantages: torch.Tensor, mask: torch.Tensor, orders=None
+    ) -> dict[str, float]:
+        """PPO epochs over mini-batches; returns verl-named metrics (means over mini-batches).
+
+        ``orders``: the row order of each epoch (default: ``epoch_orders``, drawn here);
+        data-parallel ranks all get the controller's, so they walk the same mini-batches."""
         self.model.train()
         extras = self._padded_extras(batch, mask.shape[1])
         size = self.cfg.ppo_mini_batch_size or len(batch)
         sums: dict[str, float] = {}
         count = 0
-        for _ in range(self.cfg.ppo_epochs):
-            order = torch.randperm(len(batch)).tolist()
+        if orders is None:
+            orders = epoch_orders(self.cfg.ppo_epochs, len(batch))
+        for order in orders:
             for start in range(0, len(order), size):
                 idx, scale = self._rows_with_gradient(order[start : start + size], advantages, mask)
                 rows = {name: value[idx] for name, value in extras.items()}
@@ -114,12 +151,7 @@ class Actor:
         if bool(live.all()):
             return idx, 1.0
         mode = params.effective_agg_mode
-        if mode == "seq-mean-token-sum-norm":  # a constant divisor: dropped rows change nothing
-            total, kept = torch.tensor(1.0), torch.tensor(1.0)
-        elif mode == "token-mean":
-            total, kept = rows_mask.sum(), rows_mask[live].sum()
-        else:
-            total, kept = (rows_mask.sum(-1) > 0).sum(), live.sum()
+        total, kept = loss_denominator(mode, rows_mask), loss_denominator(mode, rows_mask[live])
         kept_idx = [i for i, keep in zip(idx, live.tolist(), strict=True) if keep]
         return kept_idx, float(kept / total.clamp_min(1))
 
@@ -136,39 +168,56 @@ class Actor:
     def _mini_batch_step(self, batch, idx, adv, mask, rows, scale=1.0) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
         if not idx:  # no row carries a gradient; the optimizer still steps (momentum, decay)
-            for param in self.model.parameters():
+            for param in self.trainable:
                 param.grad = torch.zeros_like(param)
             return self._step_optimizer({"actor/trained_fraction": 0.0})
+        metrics = self._backward(batch, idx, adv, mask, rows, scale)
+        metrics["actor/trained_fraction"] = scale
+        return self._step_optimizer(metrics)
+
+    def _backward(self, batch, idx, adv, mask, rows, scale: float) -> dict[str, float]:
+        """Gradient of ``scale`` times the loss of rows ``idx`` (data-parallel ranks override
+        this to train their shard of the rows)."""
+        loss, metrics = self.mini_batch_loss(batch, idx, adv, mask, rows)
+        (loss * scale).backward()
+        return metrics
+
+    def mini_batch_loss(self, batch, idx, adv, mask, rows) -> tuple[torch.Tensor, dict]:
+        """Forward of rows ``idx`` of ``batch`` through ``train_module`` and the actor loss.
+
+        ``adv``/``mask`` and each of ``rows`` (old/ref/behaviour log-probs) are ``[len(idx),
+        T]``, already picked for ``idx``. Returns the scalar loss and verl-named metrics."""
+        device = self.device
         packed = pack_sequences(
-            [batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], self.pad_id
+            [batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], self.pad_id, device
         )
-        logits = response_logits(self.model, packed)
+        logits = response_logits(self.train_module, packed)
         temperature = self.config.rollout.temperature or 1.0
         logits = logits / temperature if temperature != 1.0 else logits
         width = packed.response_width
         logprob = core_algos.logprobs_from_logits(logits, packed.responses)
-        rows = {name: value[:, :width] for name, value in rows.items()}
+        rows = {name: value[:, :width].to(device) for name, value in rows.items()}
         # No old log-probs means an on-policy single step: the ratio is 1 by construction.
         rows.setdefault("old_logprob", logprob.detach())
         inputs = LossInputs(
             logits=logits,
             logprob=logprob,
-            advantages=adv[:, :width],
-            response_mask=mask[:, :width],
+            advantages=adv[:, :width].to(device),
+            response_mask=mask[:, :width].to(device),
             **rows,
         )
-        loss, metrics = actor_loss(self.loss_params, inputs)
-        (loss * scale).backward()
-        metrics["actor/trained_fraction"] = scale
-        return self._step_optimizer(metrics)
+        return actor_loss(self.loss_params, inputs)
 
     def _step_optimizer(self, metrics: dict[str, float]) -> dict[str, float]:
         """Clip, step, and record the gradient norm."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
         self.optimizer.step()
         self.updates += 1
         metrics["actor/grad_norm"] = float(grad_norm)
         return metrics
+
+    def close(self) -> None:
+        """Nothing to release in one process (a data-parallel actor stops its workers)."""
 
     def save_hf(self, path: Path, tokenizer) -> Path:
         """Hugging Face directory (config, safetensors, tokenizer) loadable by vLLM and HF."""
@@ -179,25 +228,41 @@ class Actor:
 
     def load_training_state(self, path: Path) -> dict:
         """Restore optimizer/scheduler state saved by ``save_training_state``; returns extras."""
-        from rlfleet.common.errors import InvalidArgument
-
-        file = path / "trainer_state.pt"
-        if not file.is_file():
-            raise InvalidArgument(f"{path} is not a trainer checkpoint (no trainer_state.pt)")
-        state = torch.load(file, weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.updates = state["updates"]
+        state = read_training_state(path)
+        self.apply_training_state(state)
         return state
 
     def save_training_state(self, path: Path, extra: dict) -> None:
         """Optimizer/scheduler state for resuming (next to the HF weights)."""
-        torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "updates": self.updates,
-                **extra,
-            },
-            path / "trainer_state.pt",
-        )
+        write_training_state(path, {**self.training_state(), **extra})
+
+    def training_state(self) -> dict:
+        """What a checkpoint needs besides the weights: optimizer, schedule, update count."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "updates": self.updates,
+        }
+
+    def apply_training_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.updates = state["updates"]
+
+
+def write_training_state(path: Path, state: dict) -> None:
+    """``trainer_state.pt`` written whole or not at all (a temporary file, then a rename): it is
+    what marks a checkpoint complete, and a trainer killed while saving must not leave half."""
+    partial = path / f"{TRAINER_STATE}.partial"
+    torch.save(state, partial)
+    os.replace(partial, path / TRAINER_STATE)
+
+
+def read_training_state(path: Path) -> dict:
+    """The ``trainer_state.pt`` of checkpoint directory ``path``."""
+    from rlfleet.common.errors import InvalidArgument
+
+    file = path / TRAINER_STATE
+    if not file.is_file():
+        raise InvalidArgument(f"{path} is not a trainer checkpoint (no {TRAINER_STATE})")
+    return torch.load(file, weights_only=True)

@@ -3,8 +3,11 @@ that makes a resumed run continue exactly as an uninterrupted one would.
 
 Layout (verl's names): ``<run_dir>/checkpoints/global_step_<N>/`` holds the Hugging Face
 weights and tokenizer plus ``trainer_state.pt`` (optimizer, schedule, step, weight version,
-data position, RNG states); ``checkpoints/final`` is written at the end of a run and is not a
-resume point. ``trainer.resume_mode``: ``auto`` resumes from the newest ``global_step_N``
+data position, RNG states, the in-reward KL coefficient) and, in GAE runs, ``critic/`` (the
+critic's weights, optimizer and step, written by the refcritic); with LoRA
+(``model.lora_rank``) the HF weights are the merged export and ``adapter/`` holds the peft
+adapter, which is what a resume loads (over the base in ``model.path``); ``checkpoints/final`` is
+written at the end of a run and is not a resume point. ``trainer.resume_mode``: ``auto`` resumes from the newest ``global_step_N``
 in ``run_dir`` when there is one (else starts fresh), ``disable`` always starts fresh, and any
 other value is the checkpoint directory to resume from.
 """
@@ -26,6 +29,10 @@ log = logging.getLogger(__name__)
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 STATE_FILE = "trainer_state.pt"
+CRITIC_DIR = "critic"
+"""Sub-directory of a checkpoint the refcritic writes the critic into (GAE runs). The path
+is handed to the refcritic as an absolute path: it must reach the same directory (a local
+fleet, or a volume shared between the trainer and the refcritic)."""
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:

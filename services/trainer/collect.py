@@ -22,6 +22,7 @@ from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.dynamic_sampling import fill_batch
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer
+from rlfleet.trainer.retry import retry_transient
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,26 @@ class Collector:
     ) -> RolloutBatch:
         """Everything a step needs that does not touch the actor: generate and score (with
         DAPO's dynamic sampling when on, drawing more prompts from ``refill``), then reference
-        log-probs and values. Async mode runs this ahead of ``learn``."""
+        log-probs and values. Async mode runs this ahead of ``learn``.
+
+        A transient failure (a Redis outage, a restarting service) retries the whole rollout
+        with the same request ids for up to ``trainer.step_retry_s``: what was answered before
+        the failure is returned again, not run again."""
+
+        async def attempt(_: int) -> RolloutBatch:
+            return await self._produce_once(prompts, step, min_version, timer, refill)
+
+        budget = self.config.trainer.step_retry_s
+        return await retry_transient(attempt, budget, f"rollout of step {step}")
+
+    async def _produce_once(
+        self,
+        prompts: list[PromptRecord],
+        step: int,
+        min_version: int,
+        timer: Timer,
+        refill: Callable[[], list[PromptRecord]] | None = None,
+    ) -> RolloutBatch:
         dapo = self.config.algorithm.filter_groups
         if not (dapo.enable and refill is not None):
             with timer.phase("gen"):
@@ -125,7 +145,6 @@ class Collector:
 
     async def score(self, batch: RolloutBatch) -> None:
         """Score every response (and ReMax's greedy baselines) in one ``ScoreBatch``."""
-        from rlfleet.reward.types import ScoreRequest
 
         first: dict[int, int] = {}  # group id -> its first row
         for row, group in enumerate(batch.group_ids):
@@ -136,14 +155,9 @@ class Collector:
             (batch.records[first[g]], text)
             for g, text in zip(groups, batch.baseline_texts, strict=False)
         ]
+        call = next(self._calls)
         requests = [
-            ScoreRequest(
-                id=f"{self.run_tag}-c{next(self._calls)}-r{i}",
-                data_source=record.data_source,
-                solution_str=text,
-                ground_truth=record.ground_truth,
-                extra_info=record.extra_info,
-            )
+            record.score_request(f"{self.run_tag}-c{call}-r{i}", text)
             for i, (record, text) in enumerate(pairs)
         ]
         results = await self.fleet.reward.score_batch(requests)
@@ -157,7 +171,7 @@ class Collector:
             log.warning("%d responses could not be scored", batch.score_errors)
 
     async def reference_and_values(self, batch: RolloutBatch) -> None:
-        if self.config.needs_reference:
+        if self.config.needs_reference and not self.config.reference_from_actor:
             batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(
                 batch.prompts, batch.responses
             )

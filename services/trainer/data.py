@@ -27,17 +27,44 @@ class PromptRecord:
     extra_info: dict = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)
 
+    def score_request(self, request_id: str, text: str):
+        """The reward service's request to score ``text`` as an answer to this prompt."""
+        from rlfleet.reward.types import ScoreRequest
+
+        return ScoreRequest(
+            id=request_id,
+            data_source=self.data_source,
+            solution_str=text,
+            ground_truth=self.ground_truth,
+            extra_info=self.extra_info,
+        )
+
 
 def read_rows(path: str | Path) -> list[dict]:
-    """Rows of one JSONL or Parquet file."""
-    path = Path(path)
-    if path.suffix == ".parquet":
-        import pandas as pd
+    """Rows of one JSONL or Parquet (``.parquet``) file, as plain dicts and lists.
 
-        # Through JSON so nested values come back as plain lists/dicts, not numpy arrays.
-        return json.loads(pd.read_parquet(path).to_json(orient="records"))
+    Parquet is read with pyarrow straight to Python values (verl's ``prompt`` list of
+    ``{role, content}`` structs becomes a list of dicts, ``reward_model`` a dict), so numbers
+    keep their exact values and nothing comes back as a numpy array.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise InvalidArgument(f"data file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
     with path.open(encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        return [_json_line(line, f"{path}:{n}") for n, line in enumerate(handle, 1) if line.strip()]
+
+
+def _json_line(line: str, where: str) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(
+            f"{where}: not JSON ({exc}); data files are JSONL or .parquet"
+        ) from exc
 
 
 def to_record(row: dict, where: str) -> PromptRecord:
@@ -51,15 +78,18 @@ def to_record(row: dict, where: str) -> PromptRecord:
     return PromptRecord(prompt, str(row.get("data_source", "")), truth, dict(extra))
 
 
-def load_records(files: list[str], tokenizer, max_prompt_length: int) -> list[PromptRecord]:
-    """Read, validate and tokenize every row of ``files``."""
+def load_records(
+    files: list[str], tokenizer, max_prompt_length: int, chat_template: Any = "auto"
+) -> list[PromptRecord]:
+    """Read, validate and tokenize every row of ``files``; ``chat_template`` is
+    ``data.apply_chat_template`` (``auto``, True or False; see ``model_io.ChatTemplate``)."""
     from rlfleet.common.model_io import encode_prompt
 
     records = []
     for file in files:
         for index, row in enumerate(read_rows(file)):
             record = to_record(row, f"{file}:{index + 1}")
-            record.token_ids = list(encode_prompt(tokenizer, record.prompt))
+            record.token_ids = list(encode_prompt(tokenizer, record.prompt, chat_template))
             if len(record.token_ids) > max_prompt_length:
                 raise InvalidArgument(
                     f"{file}:{index + 1}: prompt has {len(record.token_ids)} tokens "

@@ -1,22 +1,44 @@
-"""Held-out accuracy through the fleet: greedy generation via the router, scored by the
-reward service. Measuring through the same path the training uses means the number
-reflects what the rollout replicas actually serve, not a private copy of the model."""
+"""Held-out accuracy through the fleet: generation via the router, scored by the reward
+service. Measuring through the same path the training uses means the number reflects what the
+rollout replicas actually serve, not a private copy of the model.
+
+Every validation has a greedy pass (``val-core/<data_source>/reward/mean@1``, the number the
+training clock's target is checked against). With ``trainer.val_n > 1`` a sampled pass adds
+``mean@n``, ``best@n`` and ``maj@n`` (``rlfleet.trainer.val_metrics``). A few greedy samples
+(prompt, response, ground truth, score) come back as a table for the loggers.
+"""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
+from dataclasses import dataclass, field
 
+from rlfleet.common.config import RlfleetConfig
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.val_metrics import answer_of, sampled_metrics
+
+SAMPLE_COLUMNS = ("prompt", "response", "ground_truth", "score")
+"""Columns of the validation generations table (one row per logged sample)."""
 
 
-async def greedy_responses(
-    rollout, records: list[PromptRecord], max_tokens: int, min_version: int, chunk: int = 256
-) -> list[list[int]]:
-    """Token ids of the greedy completion of every record, ``chunk`` prompts per batch call."""
+@dataclass
+class Validation:
+    """What one validation measured: metrics by verl's names, and sample rows to log."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples: list[dict] = field(default_factory=list)
+    """Rows with the keys of ``SAMPLE_COLUMNS``."""
+
+
+async def generate_all(
+    rollout, records: list[PromptRecord], sampling: SamplingParams, min_version: int,
+    chunk: int = 256,
+) -> list[list[list[int]]]:  # fmt: skip
+    """Token ids of every completion (``sampling.n`` per record), ``chunk`` prompts per call."""
     tag = uuid.uuid4().hex[:8]
-    sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
     requests = [
         GenerateRequest(
             request_id=f"val-{tag}-{index}",
@@ -27,11 +49,35 @@ async def greedy_responses(
         )
         for index, record in enumerate(records)
     ]
-    responses: list[list[int]] = []
+    completions: list[list[list[int]]] = []
     for start in range(0, len(requests), chunk):
         results = await rollout.generate_batch(requests[start : start + chunk])
-        responses.extend(result.completions[0].token_ids for result in results)
-    return responses
+        completions.extend([c.token_ids for c in result.completions] for result in results)
+    return completions
+
+
+async def greedy_responses(
+    rollout, records: list[PromptRecord], max_tokens: int, min_version: int, chunk: int = 256
+) -> list[list[int]]:
+    """Token ids of the greedy completion of every record."""
+    sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
+    completions = await generate_all(rollout, records, sampling, min_version, chunk)
+    return [rows[0] for rows in completions]
+
+
+async def score_texts(reward, records: list[PromptRecord], texts: list[str]):
+    """``ScoreResult`` of each text against its record, in one ``ScoreBatch``."""
+    tag = uuid.uuid4().hex[:8]
+    requests = [
+        record.score_request(f"val-{tag}-{i}", text)
+        for i, (record, text) in enumerate(zip(records, texts, strict=True))
+    ]
+    return await reward.score_batch(requests)
+
+
+def score_of(result) -> float:
+    """A result's score; an unscorable response counts 0 (as in training)."""
+    return 0.0 if result.error else float(result.score)
 
 
 def accuracy_by_source(records: list[PromptRecord], scores: list[float]) -> dict[str, float]:
@@ -40,3 +86,64 @@ def accuracy_by_source(records: list[PromptRecord], scores: list[float]) -> dict
     for record, score in zip(records, scores, strict=True):
         grouped[record.data_source].append(score)
     return {f"val-core/{src}/reward/mean@1": sum(v) / len(v) for src, v in grouped.items()}
+
+
+def sample_rows(tokenizer, records, texts, scores, count: int) -> list[dict]:
+    """The first ``count`` samples as table rows; the prompt as the model saw it."""
+    rows = []
+    for record, text, score in list(zip(records, texts, scores, strict=True))[:count]:
+        prompt = tokenizer.decode(record.token_ids, skip_special_tokens=True)
+        truth = record.ground_truth
+        truth = truth if isinstance(truth, str) else json.dumps(truth)
+        rows.append(dict(zip(SAMPLE_COLUMNS, (prompt, text, truth, score), strict=True)))
+    return rows
+
+
+class Evaluator:
+    """Runs validations for one trainer: the fleet's rollout and reward, its tokenizer."""
+
+    def __init__(self, config: RlfleetConfig, fleet, tokenizer) -> None:
+        self.config = config
+        self.fleet = fleet
+        self.tokenizer = tokenizer
+
+    def decode(self, responses: list[list[int]]) -> list[str]:
+        return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
+
+    async def greedy(self, records: list[PromptRecord], version: int) -> Validation:
+        """mean@1 per data source, and the first rows as samples."""
+        max_tokens = self.config.rollout.max_tokens
+        texts = self.decode(
+            await greedy_responses(self.fleet.rollout, records, max_tokens, version)
+        )
+        scores = [score_of(r) for r in await score_texts(self.fleet.reward, records, texts)]
+        count = self.config.trainer.log_val_generations
+        return Validation(
+            accuracy_by_source(records, scores),
+            sample_rows(self.tokenizer, records, texts, scores, count),
+        )
+
+    async def sampled(self, records: list[PromptRecord], version: int) -> dict[str, float]:
+        """mean@n, best@n, maj@n per data source from ``trainer.val_n`` samples per prompt."""
+        cfg = self.config.trainer
+        sampling = SamplingParams(
+            n=cfg.val_n, temperature=cfg.val_temperature, max_tokens=self.config.rollout.max_tokens
+        )
+        groups = await generate_all(self.fleet.rollout, records, sampling, version)
+        flat_records = [record for record, rows in zip(records, groups, strict=True) for _ in rows]
+        texts = self.decode([tokens for rows in groups for tokens in rows])
+        results = await score_texts(self.fleet.reward, flat_records, texts)
+        scores, answers, start = [], [], 0
+        for rows in groups:
+            chunk = range(start, start + len(rows))
+            scores.append([score_of(results[i]) for i in chunk])
+            answers.append([answer_of(texts[i], results[i].metrics) for i in chunk])
+            start += len(rows)
+        return sampled_metrics([r.data_source for r in records], scores, answers)
+
+    async def validate(self, records: list[PromptRecord], version: int) -> Validation:
+        """The greedy pass, plus the sampled one when ``trainer.val_n > 1``."""
+        result = await self.greedy(records, version)
+        if self.config.trainer.val_n > 1:
+            result.metrics.update(await self.sampled(records, version))
+        return result

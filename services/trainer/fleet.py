@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from rlfleet.common.config import RlfleetConfig
 
 if TYPE_CHECKING:
+    from rlfleet.refcritic.client import CheckpointInfo
     from rlfleet.reward.types import ScoreRequest, ScoreResult
     from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaStatus
 
@@ -52,6 +53,12 @@ class RefCritic(Closable, Protocol):
         returns: list[list[float]],
         old_values: list[list[float]],
     ) -> dict[str, float]: ...
+
+    async def save_checkpoint(self, path: str) -> CheckpointInfo:
+        """The critic's weights, optimizer and step into ``path`` (on the refcritic's host)."""
+        ...
+
+    async def load_checkpoint(self, path: str) -> CheckpointInfo: ...
 
 
 class WeightPublisher(Closable, Protocol):
@@ -95,5 +102,7 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
         rollout=RolloutClient(config.endpoints.router, api_key=key, max_message_mb=mb),
         reward=RewardClient(config.endpoints.reward, api_key=key),
         refcritic=refcritic,
-        weight_sync=grpc_weight_sync(config.endpoints.router, key, mb),
+        weight_sync=grpc_weight_sync(
+            config.endpoints.router, key, mb, config.trainer.weight_shared_memory
+        ),  # fmt: skip
     )

@@ -10,10 +10,16 @@ extra); asking for one that is not installed fails at start-up, not after an hou
 
 ``Tracker`` keeps the history in memory (the reward plot and the control server read it) and
 has ``MetricsWriter``'s ``write``/``history``/``path``, so it drops in where that was used.
+
+Validation generations (a few rows of prompt, response, ground truth, score) go through
+``Tracker.log_samples`` to every backend with a ``log_table``: ``run_dir/val_samples.jsonl``
+(with ``jsonl``, one line per row), a TensorBoard text table, a W&B ``Table`` and an MLflow JSON
+artifact (``val_generations/step_N.json``); the console logs them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -45,6 +51,12 @@ class Backend(Protocol):
     def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
 
     def close(self) -> None: ...
+
+
+class TableBackend(Backend, Protocol):
+    """A backend that also shows tables (validation generations)."""
+
+    def log_table(self, step: int, columns: list[str], rows: list[list]) -> None: ...
 
 
 class LoggerUnavailable(RuntimeError):
@@ -80,8 +92,35 @@ class ConsoleBackend:
         if numbers and step % self.every == 0:
             log.info("step %d | %s", step, numbers)
 
+    def log_table(self, step: int, columns: list[str], rows: list[list]) -> None:
+        for row in rows:
+            log.info("step %d validation sample | %s", step, " | ".join(map(repr, row)))
+
     def close(self) -> None:
         pass
+
+
+class SamplesFile:
+    """``val_samples.jsonl``: one JSON object per logged row, with its step."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def log_table(self, step: int, columns: list[str], rows: list[list]) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            for row in rows:
+                record = {"step": step, **dict(zip(columns, row, strict=True))}
+                handle.write(json.dumps(record) + "\n")
+
+
+def markdown_table(columns: list[str], rows: list[list]) -> str:
+    """A Markdown table (TensorBoard renders text summaries as Markdown)."""
+
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in rows])
 
 
 class TensorBoardBackend:
@@ -97,6 +136,10 @@ class TensorBoardBackend:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def log_table(self, step: int, columns: list[str], rows: list[list]) -> None:
+        self.writer.add_text("val/generations", markdown_table(columns, rows), global_step=step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -120,6 +163,11 @@ class WandbBackend:
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
+
+    def log_table(self, step: int, columns: list[str], rows: list[list]) -> None:
+        import wandb
+
+        self.run.log({"val/generations": wandb.Table(columns=columns, data=rows)}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -153,6 +201,10 @@ class MlflowBackend:
         for start in range(0, len(rows), 1000):  # MLflow's per-call limit
             self.client.log_batch(self.run_id, metrics=rows[start : start + 1000])
 
+    def log_table(self, step: int, columns: list[str], rows: list[list]) -> None:
+        table = {"step": step, "columns": columns, "data": rows}
+        self.client.log_dict(self.run_id, table, f"val_generations/step_{step}.json")
+
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
 
@@ -165,6 +217,9 @@ class Tracker:
         self.history: list[dict] = []
         jsonl = backends.get("jsonl")
         self.path: Path | None = jsonl.path if isinstance(jsonl, MetricsWriter) else None
+        self.samples_file = (
+            SamplesFile(self.path.parent / "val_samples.jsonl") if self.path else None
+        )
 
     @classmethod
     def from_config(cls, config: RlfleetConfig, run_dir: Path | None = None) -> Tracker:
@@ -190,6 +245,21 @@ class Tracker:
 
     write = log
     """``MetricsWriter``'s name for ``log``."""
+
+    def log_samples(self, step: int, samples: list[Mapping]) -> None:
+        """Validation generations (dicts with the same keys) to every backend with tables."""
+        if not samples:
+            return
+        columns = list(samples[0])
+        rows = [[sample[c] for c in columns] for sample in samples]
+        tables = {name: b for name, b in self.backends.items() if hasattr(b, "log_table")}
+        if self.samples_file is not None:
+            tables["val_samples.jsonl"] = self.samples_file
+        for name, backend in tables.items():
+            try:
+                backend.log_table(step, columns, rows)
+            except Exception:  # a tracker's hiccup must not stop training
+                log.warning("logger %s failed to log samples at step %d", name, step, exc_info=True)
 
     def close(self) -> None:
         for name, backend in self.backends.items():

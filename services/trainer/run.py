@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.trainer.data import batches, load_records
-from rlfleet.trainer.evaluate import accuracy_by_source, greedy_responses
+from rlfleet.trainer.evaluate import Evaluator
 from rlfleet.trainer.loggers import Tracker, progress_postfix
 from rlfleet.trainer.metrics import plot_reward_curve
 from rlfleet.trainer.state import TrainerState
@@ -32,41 +32,77 @@ def build_actor(config: RlfleetConfig):
     resumed = resume_path(config)
     source = str(resumed) if resumed else config.model.path
     tokenizer = load_tokenizer(source)
-    model = load_causal_lm(source, config.model.dtype)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return tokenizer, Actor(config, model, pad_id)
+    if config.model.lora_rank:  # the base from model.path, the adapter from the checkpoint
+        from rlfleet.trainer.lora import build_lora_actor
+
+        return tokenizer, build_lora_actor(config, pad_id, resumed)
+    model = load_causal_lm(source, config.model.dtype)
+    if config.trainer.strategy == "single":
+        return tokenizer, Actor(config, model, pad_id)
+    from rlfleet.trainer.ddp import parallel_actor
+
+    return tokenizer, parallel_actor(config, model, pad_id)
 
 
-def restore(trainer: Trainer) -> None:
+def restore(trainer: Trainer) -> Path | None:
     """Continue from the checkpoint ``trainer.resume_mode`` names (the actor weights are
-    already loaded): optimizer, schedule, step, weight version, data position, RNG states."""
+    already loaded): optimizer, schedule, step, weight version, data position, RNG states, the
+    in-reward KL coefficient. Returns the checkpoint (None = a fresh run); the critic, which
+    lives in the refcritic, is restored by ``restore_critic``."""
     from rlfleet.trainer.checkpoints import resume_path, set_rng_state
 
     path = resume_path(trainer.config)
     if path is None:
-        return
+        return None
     state = trainer.actor.load_training_state(path)
     trainer.step = int(state["step"])
     trainer.resumed_version = int(state["version"])
     trainer.batches_consumed = int(state.get("batches_consumed", trainer.step))
     if "rng" in state:
         set_rng_state(state["rng"])
+    if "kl_coef" in state and trainer.kl_ctrl is not None:
+        trainer.kl_ctrl.value = float(state["kl_coef"])
     log.info(
         "resumed from %s at step %d (weights v%d)", path, trainer.step, trainer.resumed_version
     )
+    return path
 
 
-async def validate(trainer: Trainer, records) -> dict[str, float]:
-    """Greedy accuracy of what the replicas serve now, per data source."""
-    responses = await greedy_responses(
-        trainer.fleet.rollout, records, trainer.config.rollout.max_tokens, trainer.version
-    )
-    from rlfleet.trainer.batch import RolloutBatch
+async def restore_critic(trainer: Trainer, path: Path | None) -> None:
+    """Load the critic saved with checkpoint ``path`` into the refcritic (GAE runs)."""
+    from rlfleet.trainer.checkpoints import CRITIC_DIR
 
-    batch = RolloutBatch(records=list(records), responses=responses)
-    batch.texts = [trainer.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
-    await trainer.collector.score(batch)
-    return accuracy_by_source(records, batch.scores)
+    if path is None or not trainer.config.needs_critic:
+        return
+    if not (path / CRITIC_DIR).is_dir():
+        log.warning("%s holds no critic; the refcritic keeps the critic it has", path)
+        return
+    info = await trainer.fleet.refcritic.load_checkpoint(str((path / CRITIC_DIR).resolve()))
+    log.info("critic restored from %s (critic step %d)", info.path, info.step)
+
+
+async def validate(trainer: Trainer, records, writer=None) -> dict[str, float]:
+    """Held-out metrics of what the replicas serve now, per data source (greedy mean@1 first;
+    mean/best/maj@n with ``trainer.val_n > 1``); sample generations go to ``writer``'s tables.
+
+    A transient failure (a replica that restarted under its old id and took a request it
+    cannot serve yet, a Redis outage) brings stale replicas to the current weights and
+    validates again, with fresh request ids, for up to ``trainer.step_retry_s``."""
+    from rlfleet.trainer.retry import retry_transient
+
+    evaluator = Evaluator(trainer.config, trainer.fleet, trainer.tokenizer)
+
+    async def attempt(n: int):
+        if n:
+            await trainer.push_weights(only_stale=True)
+        return await trainer.catching_up_while(evaluator.validate(list(records), trainer.version))
+
+    budget = trainer.config.trainer.step_retry_s
+    result = await retry_transient(attempt, budget, f"validation at step {trainer.step}")
+    if writer is not None and hasattr(writer, "log_samples"):
+        writer.log_samples(trainer.step, result.samples)
+    return result.metrics
 
 
 def progress(total: int):
@@ -107,7 +143,8 @@ async def validate_during_training(trainer: Trainer, val, writer, clock, rollout
     if rollouts is not None:
         await rollouts.pause()
     await trainer.finish_push()
-    accuracy = await validate(trainer, val)
+    await trainer.push_weights(only_stale=True)  # replicas restarted since the last push
+    accuracy = await validate(trainer, val, writer)
     writer.write(trainer.step, {**accuracy, "training/time_s": clock.training_s})
     clock.observe(_first(accuracy))
     log.info("step %d held-out: %s (training %.1f s)", trainer.step, accuracy, clock.training_s)
@@ -135,7 +172,7 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
         while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
             await trainer.wait_if_paused()
             metrics = await one_step(trainer, data, rollouts)
-            after_step(trainer, writer, bar, metrics)
+            await after_step(trainer, writer, bar, metrics)
             if cfg.trainer.test_freq and trainer.step % cfg.trainer.test_freq == 0 and val:
                 await validate_during_training(trainer, val, writer, clock, rollouts)
         clock.pause()
@@ -147,14 +184,20 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
 
 
 async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:
+    """One training step, plus the gRPC calls the trainer made since the previous one
+    (in async mode these include the background producer's and pushes')."""
+    from rlfleet.common import call_counts
+
+    calls_before = call_counts.snapshot()
     if rollouts is None:
         await trainer.push_weights(only_stale=True)  # replicas that joined mid-run
-        return await trainer.train_step(next(data), refill=lambda: next(data))
-    # Async: every background push goes to all live replicas, joiners included.
-    return await trainer.train_step_async(rollouts)
+        metrics = await trainer.train_step(next(data), refill=lambda: next(data))
+    else:  # every background push goes to all live replicas, joiners included
+        metrics = await trainer.train_step_async(rollouts)
+    return {**metrics, **call_counts.per_step_metrics(calls_before, call_counts.snapshot())}
 
 
-def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float]) -> None:
+async def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float]) -> None:
     cfg = trainer.config
     trainer.step += 1
     metrics["training/global_step"] = float(trainer.step)
@@ -162,7 +205,7 @@ def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float]) -> None
     bar.update(1)
     bar.set_postfix(progress_postfix(metrics))
     if cfg.trainer.save_freq and trainer.step % cfg.trainer.save_freq == 0:
-        save_step_checkpoint(trainer)
+        await save_step_checkpoint(trainer)
 
 
 def save_checkpoint(trainer: Trainer, path: Path) -> Path:
@@ -175,16 +218,29 @@ def save_checkpoint(trainer: Trainer, path: Path) -> Path:
         "batches_consumed": trainer.batches_consumed,
         "rng": rng_state(),
     }
+    if trainer.kl_ctrl is not None:
+        extra["kl_coef"] = float(trainer.kl_ctrl.value)
     trainer.actor.save_training_state(path, extra)
     log.info("checkpoint saved to %s", path)
     return path
 
 
-def save_step_checkpoint(trainer: Trainer) -> None:
+async def save_full_checkpoint(trainer: Trainer, path: Path) -> Path:
+    """The critic (through the refcritic, GAE runs) first, then the actor and its state file:
+    a directory with ``trainer_state.pt`` is complete."""
+    from rlfleet.trainer.checkpoints import CRITIC_DIR
+
+    if trainer.config.needs_critic:
+        path.mkdir(parents=True, exist_ok=True)
+        await trainer.fleet.refcritic.save_checkpoint(str((path / CRITIC_DIR).resolve()))
+    return save_checkpoint(trainer, path)
+
+
+async def save_step_checkpoint(trainer: Trainer) -> None:
     from rlfleet.trainer.checkpoints import prune, step_dir
 
     cfg = trainer.config
-    save_checkpoint(trainer, step_dir(cfg.run_dir, trainer.step))
+    await save_full_checkpoint(trainer, step_dir(cfg.run_dir, trainer.step))
     prune(cfg.run_dir, cfg.trainer.max_ckpt_to_keep)
 
 
@@ -195,14 +251,13 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer, actor = await asyncio.to_thread(build_actor, config)
-    train = load_records(config.data.train_files, tokenizer, config.data.max_prompt_length)
-    val = load_records(config.data.val_files, tokenizer, config.data.max_prompt_length)[
-        : config.data.val_size
-    ]
+    data, chat = config.data, config.data.apply_chat_template
+    train = load_records(data.train_files, tokenizer, data.max_prompt_length, chat)
+    val = load_records(data.val_files, tokenizer, data.max_prompt_length, chat)[: data.val_size]
     fleet = await connect_fleet(config)
     writer = Tracker.from_config(config, run_dir)
     trainer = Trainer(config, fleet, actor, tokenizer)
-    restore(trainer)
+    await restore_critic(trainer, restore(trainer))
     server = control_server_factory(trainer, writer) if control_server_factory else None
     if server is not None:
         await server.start()
@@ -213,6 +268,7 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
             await server.stop(1.0)
         writer.close()
         await fleet.close()
+        await asyncio.to_thread(actor.close)
 
 
 async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
@@ -220,17 +276,17 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
     started = time.perf_counter()
     log.info("waiting for rollout replicas")
     await trainer.start(config.trainer.min_replicas, config.trainer.replica_wait_s)
-    before = await validate(trainer, val) if config.trainer.val_before_train else {}
+    before = await validate(trainer, val, writer) if config.trainer.val_before_train else {}
     log.info("held-out before training: %s", before)
     clock = TrainingClock(config.trainer.target_accuracy)
     clock.observe(_first(before))
     if clock.time_to_target_s is not None:
         clock.time_to_target_s = 0.0
     await train_loop(trainer, train, writer, val, clock)
-    after = await validate(trainer, val)
+    after = await validate(trainer, val, writer)
     clock.observe(_first(after))
     log.info("held-out after training: %s", after)
-    checkpoint = save_checkpoint(trainer, run_dir / "checkpoints" / "final")
+    checkpoint = await save_full_checkpoint(trainer, run_dir / "checkpoints" / "final")
     accuracy = {"before": _first(before), "after": _first(after)}
     plot = plot_reward_curve(
         writer.history,

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import torch
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.errors import FailedPrecondition
+from rlfleet.common.errors import FailedPrecondition, RlfleetError
 from rlfleet.rl.advantages import AdvantageInputs, AdvantageParams, compute_advantage
 from rlfleet.rl.sequences import pad_rows
 from rlfleet.trainer.batch import RolloutBatch, response_mask, token_level_rewards
@@ -25,10 +26,15 @@ from rlfleet.trainer.collect import Collector
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
+from rlfleet.trainer.retry import retry_transient
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
 from rlfleet.trainer.state import TrainerState
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+CATCH_UP_POLL_S = 3.0
+"""How long a rollout may run before the trainer checks for replicas behind its weights."""
 
 
 class Trainer:
@@ -86,10 +92,23 @@ class Trainer:
         state = self.actor.state_dict_for_rollout()
         flush = self.config.rollout.flush_cache_on_update
         version = self.version
-        metrics = await self.fleet.weight_sync.push(state, version, flush, only_stale)
+        metrics = await self._push_retrying(state, version, flush, only_stale)
         if not only_stale:
             await self._mark_landed(version)
         return metrics
+
+    async def _push_retrying(
+        self, state: dict, version: int, flush: bool, only_stale: bool
+    ) -> dict[str, float]:
+        """A push that a transient failure (router or Redis down) retries, for up to
+        ``trainer.step_retry_s``. A retry goes only to replicas still behind ``version``: those
+        that took it already would refuse it again as not newer."""
+
+        async def attempt(n: int) -> dict[str, float]:
+            return await self.fleet.weight_sync.push(state, version, flush, only_stale or n > 0)
+
+        budget = self.config.trainer.step_retry_s
+        return await retry_transient(attempt, budget, f"push of weight version {version}")
 
     async def _mark_landed(self, version: int) -> None:
         async with self._landed:
@@ -102,10 +121,13 @@ class Trainer:
             await self._landed.wait_for(lambda: self.landed_version >= version)
 
     async def start(self, n_replicas: int, timeout_s: float) -> None:
-        """Wait for replicas, then push the actor's weights as the first version of this run
-        (1, or one past the resumed checkpoint's, so no replica keeps serving older ones)."""
-        await self.fleet.weight_sync.wait_for_replicas(n_replicas, timeout_s)
-        self.version = self.resumed_version + 1
+        """Wait for replicas, then push the actor's weights as the first version of this run:
+        one past both the resumed checkpoint's and any version a replica serves (a trainer
+        killed after its checkpoint may have pushed later ones), so every replica takes them as
+        newer and no response of the old weights passes for one of these."""
+        replicas = await self.fleet.weight_sync.wait_for_replicas(n_replicas, timeout_s)
+        served = max((r.weight_version for r in replicas or []), default=0)
+        self.version = max(self.resumed_version, served) + 1
         await self.push_weights()
         self.state = TrainerState.RUNNING
 
@@ -171,6 +193,11 @@ class Trainer:
     async def learn(self, batch: RolloutBatch, timer: Timer) -> dict[str, float]:
         """Update the critic and the actor on ``batch``, then publish version + 1."""
         self.batches_consumed += batch.data_batches
+        if self.config.reference_from_actor:  # LoRA: the base is the actor with its adapter off
+            with timer.phase("ref"):
+                batch.ref_logprobs = await asyncio.to_thread(
+                    self.actor.ref_logprobs, batch.prompts, batch.responses
+                )
         with timer.phase("old_log_prob"):
             await self.old_logprobs(batch)
         with timer.phase("adv"):
@@ -204,9 +231,37 @@ class Trainer:
         return previous
 
     async def _push_snapshot(self, state: dict, version: int, flush: bool) -> dict[str, float]:
-        metrics = await self.fleet.weight_sync.push(state, version, flush, False)
+        metrics = await self._push_retrying(state, version, flush, False)
         await self._mark_landed(version)
         return metrics
+
+    async def catching_up_while(self, waiting: Awaitable[T]) -> T:
+        """Await ``waiting`` (a rollout; the actor stands still meanwhile); every
+        ``CATCH_UP_POLL_S`` until it is done, replicas behind the current weights get them.
+
+        Why: a replica restarted under its old id parks the work it held, which needs the
+        weights it lost, until a push brings them; the trainer's next regular push comes only
+        after this rollout, so without this the two would wait for each other until the
+        rollout timed out."""
+        task = asyncio.ensure_future(waiting)
+        try:
+            while not (await asyncio.wait({task}, timeout=CATCH_UP_POLL_S))[0]:
+                await self._catch_up_stale_replicas()
+            return task.result()
+        finally:
+            task.cancel()
+
+    async def _catch_up_stale_replicas(self) -> None:
+        if self._push_task is not None:  # its version first; its outcome is finish_push's
+            await asyncio.wait({self._push_task})
+        try:
+            pushed = await self.push_weights(only_stale=True)
+        except RlfleetError as exc:
+            log.warning("could not bring stale replicas to version %d: %s", self.version, exc)
+            return
+        if pushed.get("weight_sync/replicas"):
+            log.info("rollout running late: brought %d stale replica(s) to version %d",
+                     int(pushed["weight_sync/replicas"]), self.version)  # fmt: skip
 
     async def finish_push(self) -> dict[str, float]:
         """Wait for the push in flight (async mode); its metrics, or {} if none."""
@@ -219,7 +274,8 @@ class Trainer:
         """One synchronous step: produce with the current weights, then learn."""
         timer = Timer()
         with timer.phase("step"):
-            batch = await self.collector.produce(prompts, self.step, self.version, timer, refill)
+            produce = self.collector.produce(prompts, self.step, self.version, timer, refill)
+            batch = await self.catching_up_while(produce)
             self.check_versions(batch)
             metrics = await self.learn(batch, timer)
         metrics.update(timer.metrics)
@@ -242,7 +298,7 @@ class Trainer:
         timer = Timer()
         with timer.phase("step"):
             with timer.phase("idle_trainer"):
-                batch, produced = await rollouts.next()
+                batch, produced = await self.catching_up_while(rollouts.next())
             oldest = self.version - self.config.trainer.max_staleness
             batch, dropped = drop_stale(batch, oldest)
             if not len(batch):

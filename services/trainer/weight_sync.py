@@ -9,7 +9,8 @@ only_stale=True)`` sends the current weights to them before they are routed to.
 
 Which replicas exist comes from the router (``Router.ListReplicas``), never from Redis: the
 registry is the rollout role's own business. ``GrpcWeightTransport`` streams the encoded weights
-over ``Rollout.UpdateWeights``; other transports (shared memory, NCCL) fit the same Protocol.
+over ``Rollout.UpdateWeights``, or for replicas on the trainer's machine sends only the header
+and lets them read one shared-memory payload; other transports (NCCL) fit the same Protocol.
 
 Replicas refuse a version that is not newer than theirs unless the push is forced. The first
 push of a ``WeightSync`` is forced: a trainer that starts (or resumes from a checkpoint older
@@ -23,11 +24,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from rlfleet.common import weights
-from rlfleet.common.errors import Unavailable
+from rlfleet.common import weights, weights_shm
+from rlfleet.common.errors import NotFound, Unavailable
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
 
 if TYPE_CHECKING:
@@ -89,38 +90,79 @@ Prepare = Callable[[weights.WeightHeader, weights.BytesLike, int], "PreparedUpda
 
 class GrpcWeightTransport:
     """Encode and serialize once, stream to every target in parallel over
-    ``Rollout.UpdateWeights``: one copy of the weights, one checksum, however many replicas."""
+    ``Rollout.UpdateWeights``: one copy of the weights, one checksum, however many replicas.
+
+    With ``shared_memory`` the payload is encoded into one ``/dev/shm`` file instead and each
+    replica gets only a header naming it (``weights_shm``); a replica that answers NOT_FOUND
+    (not on this machine) gets the bytes streamed, then and in every later push."""
 
     def __init__(
-        self, connect: Callable[[str], WeightReceiver], prepare: Prepare, chunk_bytes: int
-    ) -> None:
+        self, connect: Callable[[str], WeightReceiver], prepare: Prepare, chunk_bytes: int,
+        shared_memory: bool = False,
+    ) -> None:  # fmt: skip
         self._connect, self._prepare = connect, prepare
         self._clients: dict[str, WeightReceiver] = {}
         self._chunk_bytes = chunk_bytes
+        self._shared_memory = shared_memory and weights_shm.available()
+        if self._shared_memory:  # files of trainers that died mid-push, once per trainer
+            weights_shm.remove_orphans()
+        self._streamed: set[str] = set()
+        """Addresses that cannot read our shared memory: they get the bytes."""
 
     async def push(
         self, state_dict: StateDict, version: int, flush_cache: bool,
         targets: Sequence[ReplicaStatus], force: bool = False,
     ) -> list[PushResult]:  # fmt: skip
-        update = await asyncio.to_thread(self._encode, state_dict, version, flush_cache, force)
-        return list(await asyncio.gather(*(self._push_one(t, update) for t in targets)))
+        shared = self._shared_memory and any(t.address not in self._streamed for t in targets)
+        encoded = await asyncio.to_thread(self._encode, state_dict, version, flush_cache, force,
+                                          shared)  # fmt: skip
+        try:
+            return list(await asyncio.gather(*(self._push_one(t, encoded) for t in targets)))
+        finally:
+            encoded.close()
 
     def _encode(
-        self, state_dict: StateDict, version: int, flush_cache: bool, force: bool
-    ) -> PreparedUpdate:
-        header, payload = weights.encode(state_dict, version, flush_cache, force)
-        return self._prepare(header, payload, self._chunk_bytes)
+        self, state_dict: StateDict, version: int, flush_cache: bool, force: bool, shared: bool
+    ) -> _Encoded:
+        holder: list[weights_shm.SharedPayload] = []
 
-    async def _push_one(self, target: ReplicaStatus, update: PreparedUpdate) -> PushResult:
+        def allocate(nbytes: int) -> torch.Tensor:
+            try:
+                holder.append(weights_shm.SharedPayload(nbytes))
+            except OSError as exc:  # no room in /dev/shm: stream this push
+                log.warning("no shared memory for %d bytes of weights (%s): streaming them",
+                            nbytes, exc)  # fmt: skip
+                return weights.empty_bytes(nbytes)
+            return holder[0].tensor()
+
+        header, payload = weights.encode(state_dict, version, flush_cache, force,
+                                         allocate if shared else None)  # fmt: skip
+        file = holder[0] if holder else None
+        return _Encoded(header, payload, self._prepare, self._chunk_bytes, file)
+
+    async def _push_one(self, target: ReplicaStatus, encoded: _Encoded) -> PushResult:
         started = time.perf_counter()
         try:
-            outcome = await self._client(target.address).push_prepared(update)
+            outcome = await self._deliver(target, encoded)
         except Exception as exc:  # noqa: BLE001 - one bad replica must not stop training
             error = f"{type(exc).__name__}: {exc}"
             seconds = time.perf_counter() - started
             return PushResult(target.replica_id, False, target.weight_version, seconds, 0, error)
         seconds = time.perf_counter() - started
-        return PushResult(target.replica_id, True, outcome.version, seconds, update.total_bytes)
+        return PushResult(target.replica_id, True, outcome.version, seconds,
+                          encoded.header.total_bytes)  # fmt: skip
+
+    async def _deliver(self, target: ReplicaStatus, encoded: _Encoded) -> UpdateOutcome:
+        """By reference where the replica may see the file, else (or on NOT_FOUND) streamed."""
+        client = self._client(target.address)
+        if encoded.shared is not None and target.address not in self._streamed:
+            try:
+                return await client.push_prepared(encoded.by_reference())
+            except NotFound as exc:
+                log.info("replica %s cannot read shared memory (%s): streaming to it",
+                         target.replica_id, exc)  # fmt: skip
+                self._streamed.add(target.address)
+        return await client.push_prepared(await encoded.streamed())
 
     def _client(self, address: str) -> WeightReceiver:
         if address not in self._clients:
@@ -131,6 +173,39 @@ class GrpcWeightTransport:
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
+
+
+class _Encoded:
+    """One push's encoded weights: the header-only message for shared memory, and the
+    streamed messages, serialized once (off the event loop) when a replica first needs them."""
+
+    def __init__(
+        self, header: weights.WeightHeader, payload: memoryview, prepare: Prepare,
+        chunk_bytes: int, shared: weights_shm.SharedPayload | None = None,
+    ) -> None:  # fmt: skip
+        self.header, self.shared = header, shared
+        self._payload, self._prepare, self._chunk_bytes = payload, prepare, chunk_bytes
+        self._streamed: asyncio.Future | None = None
+        self._by_reference: PreparedUpdate | None = None
+
+    def by_reference(self) -> PreparedUpdate:
+        """The header alone, naming the shared payload file."""
+        if self._by_reference is None:
+            assert self.shared is not None
+            named = replace(self.header, shared_memory=self.shared.name)
+            self._by_reference = self._prepare(named, memoryview(b""), self._chunk_bytes)
+        return self._by_reference
+
+    async def streamed(self) -> PreparedUpdate:
+        """Header and data chunks (serialized at most once per push, whoever asks first)."""
+        if self._streamed is None:
+            self._streamed = asyncio.ensure_future(asyncio.to_thread(
+                self._prepare, self.header, self._payload, self._chunk_bytes))  # fmt: skip
+        return await self._streamed
+
+    def close(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
 
 
 class WeightSync:
@@ -199,15 +274,18 @@ class WeightSync:
         await self._directory.close()
 
 
-def grpc_weight_sync(router_address: str, api_key: str | None, max_message_mb: int) -> WeightSync:
-    """Weight sync over gRPC: the router lists replicas, each gets its own stream."""
+def grpc_weight_sync(
+    router_address: str, api_key: str | None, max_message_mb: int, shared_memory: bool = True
+) -> WeightSync:
+    """Weight sync over gRPC: the router lists replicas, each gets its own stream (or, on this
+    machine and with ``shared_memory``, a header naming one shared payload file)."""
     from rlfleet.rollout.client import PreparedUpdate, RolloutClient
 
     def connect(address: str) -> RolloutClient:
         return RolloutClient(address, api_key=api_key, max_message_mb=max_message_mb)
 
     chunk_bytes = min(4, max_message_mb // 2) * 2**20
-    transport = GrpcWeightTransport(connect, PreparedUpdate.of, chunk_bytes)
+    transport = GrpcWeightTransport(connect, PreparedUpdate.of, chunk_bytes, shared_memory)
     return WeightSync(connect(router_address), transport)
 
 

@@ -6,6 +6,7 @@ its own, so a completed run means every trained response carried the current ver
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +24,13 @@ pytestmark = pytest.mark.slow
 def run_up(
     run_dir: Path, backend: str, steps: int = 3, extra: list[str] | None = None
 ) -> subprocess.CompletedProcess:
-    argv = [
+    argv = up_argv(run_dir, backend, steps, extra)
+    env = {k: v for k, v in os.environ.items() if k != "RLFLEET_REDIS_URL"}
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def up_argv(run_dir: Path, backend: str, steps: int, extra: list[str] | None) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "rlfleet.cli",
@@ -41,8 +48,6 @@ def run_up(
         "trainer.replica_wait_s=240",
         *(extra or []),
     ]
-    env = {k: v for k, v in __import__("os").environ.items() if k != "RLFLEET_REDIS_URL"}
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -64,6 +69,9 @@ def test_three_grpo_steps_through_every_service(tmp_path, backend):
         assert 0.0 <= m["critic/score/mean"] <= 1.0
         assert m["weight_sync/replicas"] == 2.0
         assert "actor/pg_loss" in m and "actor/kl_loss" in m and "timing_s/gen" in m
+        # fat hops: the whole step's generation is one call, each replica gets one push
+        assert m["perf/grpc_calls/GenerateBatch"] == 1.0
+        assert m["perf/grpc_calls/UpdateWeights"] == 2.0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3
     assert (Path(summary["checkpoint"]) / "model.safetensors").is_file()
@@ -71,19 +79,48 @@ def test_three_grpo_steps_through_every_service(tmp_path, backend):
     assert "held-out" in result.stdout
 
 
-def test_async_default_job_steps_with_bounded_staleness(tmp_path):
-    """The default config (async, staleness 1, no KL, no refcritic) through real processes."""
+def test_async_default_job_loses_no_step_when_a_replica_is_killed(tmp_path):
+    """The default config (async, staleness 1, no KL, no refcritic) through real processes;
+    one replica is SIGKILLed after step 2: its queued work moves to the other replica,
+    `rlfleet up` restarts it under the same id, and every step is still trained, in order,
+    on weights at most one version old."""
     run_dir = tmp_path / "run"
-    result = run_up(run_dir, "hf", steps=4, extra=["trainer.test_freq=2"])
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    steps = [m for m in read_metrics(run_dir) if "timing_s/step" in m]
-    assert [m["step"] for m in steps] == [1, 2, 3, 4]
-    assert [m["training/weight_version"] for m in steps] == [2.0, 3.0, 4.0, 5.0]
-    assert all(m["async/staleness/max"] <= 1 and m["async/dropped"] == 0 for m in steps)
+    steps_total = 6
+    argv = up_argv(run_dir, "hf", steps_total, ["trainer.test_freq=2"])
+    up = ServiceProcess.start(argv, tmp_path / "up.log", name="rlfleet up")
+    try:
+        up.wait_until(lambda: len(trained_steps(run_dir)) >= 2, 300, "two trained steps")
+        victim = replica_pid(run_dir, "rollout-1")
+        os.kill(victim, signal.SIGKILL)
+        assert up.wait(timeout=400) == 0, up.log()[-4000:]
+    finally:
+        up.stop(signal.SIGKILL)
+    steps = trained_steps(run_dir)
+    assert [m["step"] for m in steps] == list(range(1, steps_total + 1))
+    assert [m["training/weight_version"] for m in steps] == [float(v) for v in range(2, 8)]
+    assert all(m["async/staleness/max"] <= 1 for m in steps)
+    assert "replica 'rollout-1' exited with code -9; restarting it" in up.log()
     assert "actor/kl_loss" not in steps[0] and not (run_dir / "logs" / "refcritic.log").exists()
     validations = [m for m in read_metrics(run_dir) if "val-core/arith/reward/mean@1" in m]
-    assert [m["step"] for m in validations] == [2, 4]
-    assert "time_to_0.85_s:" in result.stdout
+    assert [m["step"] for m in validations] == [2, 4, 6]
+    assert "time_to_0.85_s:" in up.log()
+
+
+def trained_steps(run_dir: Path) -> list[dict]:
+    if not (run_dir / "metrics.jsonl").is_file():
+        return []
+    return [m for m in read_metrics(run_dir) if "timing_s/step" in m]
+
+
+def replica_pid(run_dir: Path, replica_id: str) -> int:
+    """The PID of this run's replica process (its argv names the run dir and the id)."""
+    found = subprocess.run(
+        ["pgrep", "-f", f"run_dir={run_dir} .*rollout.replica_id={replica_id}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert len(found) == 1, f"expected one {replica_id} process, found {found}"
+    return int(found[0])
 
 
 def test_up_stops_everything_and_names_the_failed_service(tmp_path):

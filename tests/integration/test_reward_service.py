@@ -221,6 +221,15 @@ def test_http_front_door(service):
     status, body = http(service, "POST", "/score_batch", two)
     assert status == 200 and [r["score"] for r in body["results"]] == [1.0, 0.0]
     status, body = http(service, "GET", "/scorers")
+    assert http(service, "GET", "/v1/scorers") == (status, body)  # the versioned names too
+    assert http(service, "POST", "/v1/score/batch", two)[0] == 200
+    assert http(service, "POST", "/v1/score", one)[0] == 200
+    status, spec = http(service, "GET", "/openapi.json")  # typed bodies: every field shown
+    body_schema = spec["paths"]["/v1/score/batch"]["post"]["requestBody"]["content"]
+    item = body_schema["application/json"]["schema"]["properties"]["requests"]["items"]
+    assert {"id", "data_source", "solution_str", "ground_truth", "extra_info"} <= set(
+        item["properties"]
+    )
     assert status == 200 and {"arith", "compute_score", "math"} <= {
         s["name"] for s in body["scorers"]
     }

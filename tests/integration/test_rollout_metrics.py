@@ -127,6 +127,8 @@ async def test_replica_reports_tokens_queue_version_and_update_time(fleet: Fleet
         assert value(before, "rlfleet_rollout_generated_tokens_total", replica="mx") >= 6
         assert value(before, "rlfleet_rollout_state", replica="mx", state="serving") == 1
         assert ("rlfleet_rollout_queue_depth", frozenset({("replica", "mx")})) in before
+        # hf keeps no prefix cache: no hit-rate counters (tests/integration/test_vllm_prefix_cache.py)
+        assert not [name for name, _ in before if name.startswith("rlfleet_rollout_prefix_cache")]
         poll(lambda: scrape(fleet.metrics_url),
              lambda s: value(s, "rlfleet_rollout_tokens_per_second", replica="mx") > 0)  # fmt: skip
         header, payload = weights.encode(load_file(str(MODEL / "model.safetensors")), 1)

@@ -64,11 +64,12 @@ def queue_for(replica: ReplicaProc, client: aioredis.Redis) -> WorkQueue:
     )
 
 
-async def submit(queue: WorkQueue, count: int) -> list[str]:
+async def submit(queue: WorkQueue, count: int, min_weight_version: int = 0) -> list[str]:
     ids = []
     for _ in range(count):
         request = GenerateRequest(f"q-{uuid.uuid4().hex}", SamplingParams(n=2, max_tokens=4),
-                                  prompt_text="12+34=")  # fmt: skip
+                                  prompt_text="12+34=",
+                                  min_weight_version=min_weight_version)  # fmt: skip
         assert await queue.submit(request.request_id, request.to_json())
         ids.append(request.request_id)
     return ids
@@ -79,6 +80,19 @@ async def wait_in_flight(client: RolloutClient, count: int, timeout_s: float = 1
     while (await client.status()).in_flight < count:
         assert time.monotonic() < deadline, "requests never went in flight"
         await asyncio.sleep(0.05)
+
+
+async def new_address(client: aioredis.Redis, replica: ReplicaProc, old: str) -> str:
+    """The address a restarted replica serves at, once serving (the registry may still show
+    its old entry, then the new one as ``starting``)."""
+    deadline = time.monotonic() + 60
+    while True:
+        address, state = await client.hmget(replica.keys.replica(replica.replica_id),
+                                            ["address", "state"])  # fmt: skip
+        if address.decode() != old and state == b"serving":
+            return address.decode()
+        assert time.monotonic() < deadline, "the restarted replica never served"
+        await asyncio.sleep(0.1)
 
 
 async def answers(queue: WorkQueue, ids: list[str], timeout_s: float = 30) -> list[GenerateResult]:
@@ -117,6 +131,31 @@ async def test_restarted_replica_with_the_same_id_finishes_its_pending_work(
     second = launch("phoenix")
     results = await answers(queue, ids)
     assert {r.replica_id for r in results} == {second.replica_id}
+    assert await queue.pending_count() == 0
+
+
+async def test_restarted_replica_parks_work_that_needs_weights_it_lost_until_a_push(
+    launch, redis_db0
+) -> None:
+    """Restarted under its id, the replica is back at v0; entries queued for the v3 it had
+    wait for a push of v3 (no FAILED_PRECONDITION answer a retry would find stored)."""
+    tensors = load_file(str(MODEL / "model.safetensors"))
+    first = launch("phoenix-v3")
+    queue = queue_for(first, redis_db0)
+    async with RolloutClient(first.address) as client:
+        assert (await client.push_weights(*weights.encode(tensors, 3))).version == 3
+        ids = await submit(queue, 2, min_weight_version=3)
+        await wait_in_flight(client, 2)
+    stop_replica(first, signal.SIGKILL)
+    second = launch("phoenix-v3")
+    second.address = await new_address(redis_db0, second, first.address)
+    async with RolloutClient(second.address) as client:
+        assert (await client.status()).weight_version == 0
+        assert await queue.wait_result(ids[0], timeout_s=DELAY_S + 1.0) is None  # parked
+        assert await queue.pending_count() == 2
+        assert (await client.push_weights(*weights.encode(tensors, 3))).version == 3
+        results = await answers(queue, ids)
+    assert {(r.replica_id, r.weight_version) for r in results} == {(second.replica_id, 3)}
     assert await queue.pending_count() == 0
 
 

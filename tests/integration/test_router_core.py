@@ -8,7 +8,9 @@ and replicas as subprocesses over gRPC, is in ``test_router.py``.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
+from collections import Counter
 
 import pytest
 import redis.asyncio as aioredis
@@ -19,6 +21,7 @@ from rlfleet.common.keys import Keys
 from rlfleet.common.workqueue import Failure, WorkQueue
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router.core import ROUTE_POLL_S, RouterCore
+from rlfleet.rollout.router.enqueue import ACTIVE_SESSION_WINDOW_MS
 from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 
 TTL_S = 0.6
@@ -123,8 +126,16 @@ async def sweeps(router: RouterCore, count: int, timeout_s: float = 30) -> None:
         await asyncio.sleep(0.05)
 
 
-async def inflight(redis_client, keys) -> dict[str, int]:
-    return {k.decode(): int(v) for k, v in (await redis_client.hgetall(keys.inflight)).items()}
+async def inflight(redis_client, keys, settled: dict[str, int] | None = None) -> dict[str, int]:
+    """The in-flight counts; with ``settled``, once they equal it (answered requests are
+    released just after their answer, so give the last releases a moment)."""
+    deadline = time.monotonic() + 3.0
+    while True:
+        raw = await redis_client.hgetall(keys.inflight)
+        counts = {k.decode(): int(v) for k, v in raw.items()}
+        if settled is None or counts == settled or time.monotonic() > deadline:
+            return counts
+        await asyncio.sleep(0.02)
 
 
 async def test_one_session_sticks_and_sessions_spread(router, spawn):
@@ -135,19 +146,67 @@ async def test_one_session_sticks_and_sessions_spread(router, spawn):
     assert {r.replica_id for r in await asyncio.gather(*spread)} == {"a", "b"}
 
 
+async def test_new_sessions_spread_by_sessions_pinned_not_by_momentary_load(
+    redis_client, keys, spawn
+):
+    """Sixteen sessions arriving one after another each find both replicas idle: by load alone
+    each would be a coin toss (9 against 7 with this seed); counted by the sessions
+    already pinned, they split 8 and 8, and later requests stay with their session."""
+    router = await roomy_router(redis_client, keys, rng=random.Random(7))
+    try:
+        await spawn("a"), await spawn("b")
+        first = {f"s{i}": (await router.generate(make_request(f"r{i}", f"s{i}"))).replica_id
+                 for i in range(16)}  # fmt: skip
+        assert sorted(Counter(first.values()).values()) == [8, 8]
+        again = await asyncio.gather(*(router.generate(make_request(f"again-{s}", s))
+                                       for s in first))  # fmt: skip
+        assert dict(zip(first, (r.replica_id for r in again), strict=True)) == first
+    finally:
+        await router.close()
+
+
+async def roomy_router(redis_client, keys, rng=None) -> RouterCore:
+    """A started router with the default in-flight cap (the ``router`` fixture's is 4)."""
+    config = load_config(overrides=["router.janitor_interval_s=0.1"], env={})
+    router = RouterCore(redis_client, keys, config, rng=rng)
+    router.start()
+    return router
+
+
+async def test_sessions_that_went_quiet_do_not_weigh_on_their_replica(redis_client, keys, spawn):
+    """Ten one-shot sessions on ``a`` (then quiet for the active window): a replica that joins
+    later shares the next sessions with ``a`` instead of taking all of them."""
+    router = await roomy_router(redis_client, keys)
+    try:
+        await spawn("a")
+        for i in range(10):
+            once = make_request(f"once-{i}", f"once-{i}")
+            assert (await router.generate(once)).replica_id == "a"
+        await asyncio.sleep(ACTIVE_SESSION_WINDOW_MS / 1000 + 0.2)
+        await spawn("b")
+        await asyncio.sleep(0.5)  # the router's registry copy sees b
+        burst = [router.generate(make_request(f"n-{g}-{i}", f"new-{g}")) for g in range(8)
+                 for i in range(4)]  # fmt: skip
+        served = Counter(r.replica_id for r in await asyncio.gather(*burst))
+    finally:
+        await router.close()
+    assert served == {"a": 16, "b": 16}
+
+
 async def test_load_cap_breaks_stickiness_and_counts_return_to_zero(
     router, spawn, redis_client, keys
 ):
     await spawn("a"), await spawn("b")
     home = (await router.generate(make_request("c0", "grp"))).replica_id
     other = ({"a", "b"} - {home}).pop()
+    await inflight(redis_client, keys, {home: 0})  # c0 released (just after its answer)
     await redis_client.hset(keys.inflight, home, 4)  # at the cap of 4
     assert (await router.generate(make_request("c1", "grp"))).replica_id == other
     assert (await router.generate(make_request("c2", "grp"))).replica_id == other  # re-pinned
     await redis_client.hset(keys.inflight, home, 0)
     burst = [router.generate(make_request(f"r{i}", f"g{i % 3}")) for i in range(30)]
     assert len(await asyncio.gather(*burst)) == 30
-    assert await inflight(redis_client, keys) == {"a": 0, "b": 0}
+    assert await inflight(redis_client, keys, {"a": 0, "b": 0}) == {"a": 0, "b": 0}
 
 
 async def test_answer_is_idempotent_on_request_id(router, spawn):
@@ -191,7 +250,7 @@ async def test_dead_replicas_queued_work_is_answered_by_another(router, spawn, r
             break
         await asyncio.sleep(0.1)
     assert [v.info.replica_id for v in await router.list_replicas()] == ["healthy"]
-    assert await inflight(redis_client, keys) == {"healthy": 0}
+    assert await inflight(redis_client, keys, {"healthy": 0}) == {"healthy": 0}
     assert (await router.generate(make_request("after", "s"))).replica_id == "healthy"
 
 
@@ -239,7 +298,7 @@ async def test_invalid_request_and_timeout(router, spawn, redis_client, keys):
     await spawn("slow", answer=False)
     with pytest.raises(TimeoutError, match="routed to slow"):
         await router.generate(make_request("t", timeout_s=0.3))
-    assert await inflight(redis_client, keys) == {"slow": 0}
+    assert await inflight(redis_client, keys, {"slow": 0}) == {"slow": 0}
 
 
 async def test_backlog_of_a_replica_that_deregistered_is_rerouted(router, spawn):

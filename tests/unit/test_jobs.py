@@ -128,6 +128,24 @@ async def test_producer_gives_up_at_its_deadline(queue, redis_client, keys):
     assert await producer.run([]) == []
 
 
+async def test_a_batch_waiting_on_slow_jobs_does_not_hold_up_the_next(queue, group):
+    """Waiting holds no concurrency slot: with 2 slots, a batch whose 2 jobs hang must not
+    keep a later 1-job batch from being submitted and answered (head-of-line blocking)."""
+    workers = [EchoWorker(queue, consumer_name("echo", index)) for index in range(3)]
+    for worker in workers:
+        group.add(worker)
+    producer = ScatterGather(queue, timeout_s=60, workers="echo workers", concurrency=2)
+    slow = asyncio.create_task(producer.run([b"slow", b"slow"]))
+    try:
+        await until(lambda: sum(len(w.handled) for w in workers) == 2)
+        fast = await asyncio.wait_for(producer.run([b"fast"]), timeout=15)
+        assert [a.payload for a in fast] == [b"FAST"] and not slow.done()
+    finally:
+        for worker in workers:
+            worker.release.set()
+    assert [a.payload for a in await slow] == [b"SLOW", b"SLOW"]
+
+
 async def test_a_dead_consumers_job_is_taken_over(queue, group):
     await queue.submit("r1", b"x")
     assert len(await queue.read("dead", block_ms=100)) == 1  # its consumer dies holding it

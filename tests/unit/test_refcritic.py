@@ -166,6 +166,20 @@ def test_reference_is_frozen_and_matches_the_model(model_dir: Path):
         assert row == pytest.approx(naive_logprobs(local, prompt, response), abs=1e-5)
 
 
+def test_reference_scores_at_the_sampling_temperature(model_dir: Path):
+    """The actor's log-probs are taken at ``rollout.temperature``; the reference's must be too,
+    or an unchanged policy would have a non-zero KL."""
+    hot = RefPolicy(make_config(model_dir, "rollout.temperature=0.5"))
+    plain = RefPolicy(make_config(model_dir))
+    packed = pack_sequences(PROMPTS, RESPONSES, hot.pad_id)
+    expected = unpack_rows(response_logprobs(plain.model, packed, 0.5), packed.response_lengths)
+    for row, want, at_one in zip(
+        hot.logprobs(PROMPTS, RESPONSES), expected, plain.logprobs(PROMPTS, RESPONSES), strict=True
+    ):
+        assert row == pytest.approx(want, abs=1e-5)
+        assert row != pytest.approx(at_one, abs=1e-3)
+
+
 def test_reference_rejects_out_of_vocab_ids(model_dir: Path):
     ref = RefPolicy(make_config(model_dir))
     with pytest.raises(InvalidArgument, match="vocabulary"):

@@ -9,7 +9,7 @@ import pytest
 
 from rlfleet.common.errors import Unavailable
 from rlfleet.rollout.registry import ReplicaInfo
-from rlfleet.rollout.router.routing import loading, pick_replica
+from rlfleet.rollout.router.routing import RoundRobin, loading, pick_replica
 
 
 def replica(rid: str, version: int = 0, state: str = "serving", alive: bool = True) -> ReplicaInfo:
@@ -110,3 +110,11 @@ def test_silent_replica_counts_as_loading_only_while_starting_recently():
     starting.heartbeat_at = time.time() - 3600
     assert not loading(starting)
     assert not loading(replica("x", state="serving", alive=False))
+
+
+def test_round_robin_takes_eligible_replicas_in_turn_ignoring_load():
+    rr, fleet = RoundRobin(), [replica("b"), replica("a"), replica("c", version=0)]
+    assert [rr.pick(fleet, 0) for _ in range(4)] == ["a", "b", "c", "a"]
+    assert [rr.pick(fleet, 0, draining={"b"}) for _ in range(2)] == ["a", "c"]
+    with pytest.raises(Unavailable, match="version >= 1"):
+        rr.pick(fleet, 1)

@@ -282,3 +282,51 @@ def test_old_logprobs_come_from_the_engine_without_a_forward(source, forwards):
     assert len(calls) == forwards
     if source == "engine":
         assert batch.old_logprobs is batch.engine_logprobs
+
+
+class ParkingRollout(SamplingRollout):
+    """Like a replica restarted under its old id: holds the step's work until a push reaches
+    it again (``released``), as the real one parks entries needing weights it lost."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self.released = asyncio.Event()
+
+    async def generate_batch(self, requests):
+        await self.released.wait()
+        return await super().generate_batch(requests)
+
+
+class ReleasingSync(RecordingSync):
+    """Records ``(version, only_stale)``; a push of stale replicas releases the parked work."""
+
+    def __init__(self, rollout: ParkingRollout) -> None:
+        super().__init__()
+        self.rollout = rollout
+
+    async def push(self, state, version, flush=True, only_stale=False):
+        self.pushed.append((version, only_stale))
+        if only_stale:
+            self.rollout.released.set()
+        return {"weight_sync/replicas": 1.0 if only_stale else 0.0}
+
+
+def test_a_rollout_held_by_a_replica_behind_the_weights_gets_them_while_the_trainer_waits(
+    monkeypatch,
+):
+    """Without the catch-up push the step would wait for the replica and the replica for the
+    next push, which comes only after the step."""
+    monkeypatch.setattr("rlfleet.trainer.trainer.CATCH_UP_POLL_S", 0.05)
+    trainer = make_trainer()
+    rollout = ParkingRollout(trainer.actor.model)
+    sync = ReleasingSync(rollout)
+    trainer.fleet = Fleet(rollout, CountingReward(), FrozenRef(trainer.actor), sync)
+    trainer.collector.fleet = trainer.fleet
+
+    async def step():
+        await trainer.start(1, 1.0)
+        return await asyncio.wait_for(trainer.train_step(prompts()), 30)
+
+    metrics = asyncio.run(step())
+    assert sync.pushed == [(1, False), (1, True), (2, False)]
+    assert "actor/pg_loss" in metrics

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
 from rlfleet.common.config.base import LogLevel, Section, shipped_path
+from rlfleet.common.config.ray import RayConfig
+from rlfleet.common.config.security import TlsConfig
 from rlfleet.common.config.serving import (
     DataConfig,
     EndpointsConfig,
@@ -35,6 +37,7 @@ class RlfleetConfig(Section):
     """Logging level for every role: DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)."""
     max_message_mb: int = 64
     """gRPC send/receive message size limit (weights travel in chunks below this)."""
+    tls: TlsConfig = TlsConfig()
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     endpoints: EndpointsConfig = EndpointsConfig()
@@ -44,6 +47,9 @@ class RlfleetConfig(Section):
     refcritic: RefCriticConfig = RefCriticConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     trainer: TrainerConfig = TrainerConfig()
+    launcher: Literal["local", "ray"] = "local"
+    """What ``rlfleet up`` runs the roles as: local processes, or Ray actors (``--ray``)."""
+    ray: RayConfig = RayConfig()
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -78,6 +84,10 @@ class RlfleetConfig(Section):
         if self.trainer.max_staleness < 0 or self.trainer.is_cap <= 0:
             raise ValueError("trainer.max_staleness must be >= 0 and trainer.is_cap > 0")
         self._check_algorithm()
+        if self.model.lora_rank and self.trainer.strategy != "single":
+            raise NotImplementedError(
+                "model.lora_rank with trainer.strategy ddp/fsdp is not built yet; use single"
+            )
         return self
 
     def _check_algorithm(self) -> None:
@@ -106,6 +116,12 @@ class RlfleetConfig(Section):
         return self.algorithm.adv_estimator == "gae"
 
     @property
+    def reference_from_actor(self) -> bool:
+        """Reference log-probs come from the trainer's own model with the LoRA adapter switched
+        off (the base is the reference; no second copy of it anywhere)."""
+        return self.needs_reference and self.model.lora_rank > 0
+
+    @property
     def needs_refcritic(self) -> bool:
         """Whether the refcritic service has to run at all."""
-        return self.needs_reference or self.needs_critic
+        return (self.needs_reference and not self.reference_from_actor) or self.needs_critic

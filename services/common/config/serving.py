@@ -5,19 +5,41 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field, field_validator
+
 from rlfleet.common.config.base import Section
 
 
 class ModelConfig(Section):
     path: str = "models/tiny-qwen2-arith"
-    """Hugging Face causal-LM directory (local; nothing is downloaded)."""
+    """Hugging Face causal-LM directory, or a Hub model id (``Qwen/Qwen2.5-0.5B-Instruct``)
+    resolved through the Hugging Face cache (``HF_HUB_CACHE``); downloaded only when not cached
+    and ``HF_HUB_OFFLINE`` is unset."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for the actor, reference, critic and rollout engines."""
+    lora_rank: int = Field(0, ge=0)
+    """LoRA adapter rank (peft); 0 = train every weight. With a rank the actor trains only the
+    adapter, replicas get only the adapter's tensors per update (the base stays as loaded from
+    ``path``), reference log-probs come from the trainer's own model with the adapter switched
+    off (no refcritic for them), and checkpoints hold the adapter plus a merged export."""
+    lora_alpha: float = Field(16.0, gt=0)
+    """LoRA scale numerator: the adapter adds ``lora_alpha / lora_rank * B @ A`` to a weight."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """Modules the adapter wraps: names as peft matches them (``[q_proj, v_proj]``), or
+    ``all-linear`` (every linear layer except the output head)."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError("model.target_modules must name at least one module")
+        return value
 
 
 class DataConfig(Section):
     train_files: list[str] = ["data/arith/train.jsonl"]
-    """JSONL or Parquet files in verl's schema (prompt, data_source, reward_model.ground_truth)."""
+    """JSONL or Parquet (``.parquet``) files in verl's schema (prompt, data_source,
+    reward_model.ground_truth, extra_info)."""
     val_files: list[str] = ["data/arith/test.jsonl"]
     """Held-out files for greedy accuracy before/after training."""
     train_batch_size: int = 16
@@ -28,11 +50,17 @@ class DataConfig(Section):
     """Prompts longer than this (in tokens) are rejected at load time."""
     seed: int = 0
     """Shuffling seed for the training data."""
+    apply_chat_template: Literal["auto"] | bool = "auto"
+    """``auto``: chat-message prompts go through the tokenizer's chat template when it has one
+    (opening the assistant turn), plain strings stay raw; ``true``: always (a string becomes one
+    user message); ``false``: never (messages become their joined contents)."""
 
 
 class EndpointsConfig(Section):
     router: str = "127.0.0.1:50051"
-    """Address of the router (Rollout.Generate + Router)."""
+    """Address of the router (Rollout.Generate + Router); several routers comma-separated
+    (``10.0.0.1:50051,10.0.0.2:50051``): calls are spread over them and go on through the
+    others when one dies."""
     reward: str = "127.0.0.1:50061"
     """Address of the reward service."""
     refcritic: str = "127.0.0.1:50071"
@@ -74,6 +102,10 @@ class RolloutConfig(Section):
     """vLLM GPU memory fraction per replica (GPU only)."""
     max_model_len: int = 64
     """Longest prompt + response the engine supports."""
+    max_restarts: int = 3
+    """How many times ``rlfleet up`` restarts a replica process that dies (same id, so it
+    resumes its queue and gets the current weights at the next push); the run goes on
+    meanwhile. 0 = a replica's exit stops the whole fleet, like any other service's."""
     heartbeat_interval_s: float = 1.0
     """How often a replica refreshes its registry entry."""
     heartbeat_ttl_s: float = 5.0
@@ -100,8 +132,17 @@ class RouterConfig(Section):
     """Router gRPC port."""
     sticky_ttl_s: float = 300.0
     """How long a session stays pinned to its replica after its last request."""
+    policy: Literal["sticky", "round_robin"] = "sticky"
+    """``sticky``: a session keeps its replica (prefix cache reuse) under the load cap, else the
+    least-loaded replica. ``round_robin``: eligible replicas in turn, ignoring sessions and
+    load (a baseline to measure stickiness against, ``bench/bench_router.py``)."""
     max_inflight_per_replica: int = 256
     """Load cap: a sticky replica above this many in-flight requests is not reused."""
+    max_queue_per_replica: int | None = Field(1024, ge=1)
+    """Admission limit: requests routed to one replica and not yet answered (queued or
+    running), counted across every router. A full replica takes no new work; when all that
+    could serve a request are full, Generate answers RESOURCE_EXHAUSTED (HTTP 429) at once.
+    None = unbounded."""
     request_timeout_s: float = 120.0
     """Default time a Generate call waits for its result."""
     route_wait_s: float = 3.0
@@ -109,6 +150,9 @@ class RouterConfig(Section):
     before the router answers UNAVAILABLE."""
     janitor_interval_s: float = 1.0
     """How often the router looks for dead replicas and migrates their queued work."""
+    debug_move_delay_s: float = 0.0
+    """Chaos/testing aid: the janitor sleeps this long after each request it migrates, so tests
+    can kill a router mid-migration. Keep 0 in real runs."""
     http_port: int | None = None
     """Port of the OpenAI-compatible HTTP front (``/v1/models``, ``/v1/completions``,
     ``/v1/chat/completions``, and Prometheus ``/metrics``); None = off, 0 = any free port.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field, model_validator
+
 from rlfleet.common.config.base import Section
 
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
@@ -118,6 +120,15 @@ class TrainerConfig(Section):
     """Torch seed."""
     torch_threads: int = 1
     """Intra-op threads for the trainer's torch."""
+    strategy: Literal["single", "ddp", "fsdp"] = "single"
+    """How the actor trains: ``single`` (in the trainer process), ``ddp`` (forward and backward
+    data-parallel on ``world_size`` Ray workers with torch DistributedDataParallel: gloo on CPU,
+    NCCL on GPU; weights pushed from rank 0) or ``fsdp`` (FSDP2; not built yet)."""
+    world_size: int = Field(1, ge=1)
+    """Data-parallel workers (ranks) of the ``ddp`` actor, one placement-group bundle each; the
+    rows of every mini-batch are split between them. Must be 1 with ``strategy: single``."""
+    worker_gpus: float = Field(0.0, ge=0)
+    """GPUs per data-parallel worker (0 = CPU and gloo; 1 = one GPU each and NCCL)."""
     resume_from: str | None = None
     """Checkpoint directory written by this trainer (``run_dir/checkpoints/global_step_N`` or
     ``final``) to continue from: actor weights, optimizer, schedule, step and data position.
@@ -144,6 +155,16 @@ class TrainerConfig(Section):
     """Async mode: cap of the per-token importance weight pi_prox / pi_behav."""
     test_freq: int = 0
     """Validate (greedy accuracy on the held-out set) every N steps; 0 = only before/after."""
+    val_n: int = Field(1, ge=1)
+    """Samples per held-out prompt (verl: ``rollout.val_kwargs.n``). Above 1, validation adds a
+    sampled pass at ``val_temperature`` reporting ``val-core/<data_source>/reward/mean@n``,
+    ``best@n`` and ``maj@n`` next to the greedy ``mean@1``."""
+    val_temperature: float = Field(1.0, gt=0)
+    """Sampling temperature of that pass (verl: ``rollout.val_kwargs.temperature``)."""
+    log_val_generations: int = Field(4, ge=0)
+    """Greedy validation samples (prompt, response, ground truth, score) logged as a table per
+    validation (verl's name): ``val_samples.jsonl``, TensorBoard text, a W&B table, an MLflow
+    artifact, whichever loggers are on; 0 = none."""
     target_accuracy: float = 0.85
     """Held-out accuracy whose first crossing is reported as ``time_to_<target>_s`` (training
     clock, validation excluded)."""
@@ -151,6 +172,15 @@ class TrainerConfig(Section):
     """Rollout replicas that must be serving before training starts (``rlfleet up`` sets N)."""
     replica_wait_s: float = 600.0
     """How long to wait for ``min_replicas`` at start-up before failing."""
+    step_retry_s: float = 120.0
+    """A step whose rollout (generate, score, reference) or weight push fails with a transient
+    error (UNAVAILABLE, a deadline: a Redis outage, a restarting service) is retried with the
+    same request ids, with backoff, for up to this long before the run fails; 0 = never."""
+    weight_shared_memory: bool = True
+    """Weight pushes to replicas on the trainer's machine go through one ``/dev/shm`` file
+    (the header still travels over ``Rollout.UpdateWeights``) instead of streaming the bytes
+    to each; replicas that cannot see the file (other machines, containers with their own
+    ``/dev/shm``) get the bytes streamed. False: always stream."""
     logger: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = [
         "console",
         "jsonl",
@@ -163,3 +193,15 @@ class TrainerConfig(Section):
     """Project (W&B project, MLflow experiment) the run is filed under."""
     experiment_name: str | None = None
     """Name of this run in W&B/MLflow/TensorBoard; None = the name of ``run_dir``."""
+
+    @model_validator(mode="after")
+    def _check_parallelism(self) -> TrainerConfig:
+        """One process means one rank; a GPU share only makes sense for the Ray workers."""
+        if self.strategy == "single" and (self.world_size != 1 or self.worker_gpus):
+            raise ValueError(
+                "trainer.world_size > 1 and trainer.worker_gpus need trainer.strategy: ddp "
+                f"(got world_size={self.world_size}, worker_gpus={self.worker_gpus})"
+            )
+        if 0 < self.worker_gpus < 1:
+            raise ValueError("trainer.worker_gpus must be 0 or >= 1: NCCL ranks cannot share a GPU")
+        return self

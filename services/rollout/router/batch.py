@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from rlfleet.common.keys import Keys
 from rlfleet.common.results import Result, decode_result
 from rlfleet.rollout.registry import RegistrySnapshot
-from rlfleet.rollout.router.routing import pick_replica
+from rlfleet.rollout.router.routing import RoundRobin, pick_replica
 from rlfleet.rollout.types import GenerateRequest
 
 WAKE_POLL_S = 1.0
@@ -47,7 +47,7 @@ class Assignment:
 
 def assign(
     requests: Sequence[GenerateRequest], snap: RegistrySnapshot, max_inflight: int,
-    rng: random.Random,
+    rng: random.Random, round_robin: RoundRobin | None = None,
 ) -> Assignment:  # fmt: skip
     """Route every request from one snapshot; raises Unavailable (saying why) when one of them
     has no eligible replica. Counts and stickies are updated as requests are placed, so the
@@ -57,7 +57,11 @@ def assign(
     for request in requests:
         session = request.session_id
         args = (inflight, sticky.get(session), request.min_weight_version, max_inflight)
-        replica_id = pick_replica(snap.replicas, *args, snap.draining, rng)
+        replica_id = (
+            round_robin.pick(snap.replicas, request.min_weight_version, snap.draining)
+            if round_robin
+            else pick_replica(snap.replicas, *args, snap.draining, rng)
+        )
         plan.groups.setdefault(replica_id, []).append(request)
         inflight[replica_id] = inflight.get(replica_id, 0) + 1
         if session:  # pinned, or its pin refreshed, as a single request's claim does

@@ -4,7 +4,8 @@ Why: evaluation harnesses, chat UIs and the ``openai`` client speak this API, no
 gRPC. Underneath it is the same ``RouterCore`` (routing, stickiness, version gating, metrics)
 and the same validation; only the transport differs (``openai_api`` maps the bodies). No grpc
 here. Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``): bad
-input is 400 naming the field in ``param``, a fleet that cannot serve now 503, a timeout 504.
+input is 400 naming the field in ``param``, a fleet whose queues are full 429, a fleet that
+cannot serve now 503, a timeout 504.
 When the fleet has an API key, every route but ``/healthz`` and ``/metrics`` needs
 ``Authorization: Bearer <key>`` (what the ``openai`` client sends).
 
@@ -40,6 +41,7 @@ ERRORS: list[tuple[type[BaseException], int, str]] = [
     (errors.Unauthenticated, 401, "authentication_error"),
     (errors.NotFound, 404, "not_found_error"),
     (errors.FailedPrecondition, 409, "conflict_error"),
+    (errors.ResourceExhausted, 429, "rate_limit_error"),
     (errors.Unavailable, 503, "service_unavailable"),
     (RedisError, 503, "service_unavailable"),
     (TimeoutError, 504, "timeout"),

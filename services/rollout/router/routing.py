@@ -59,6 +59,23 @@ def why_none(candidates: list[ReplicaInfo], min_version: int, draining: Collecti
     return f"all {len(current)} replicas at version >= {min_version} are being drained"
 
 
+class RoundRobin:
+    """``router.policy: round_robin``: each pick takes the next eligible replica (by id),
+    whatever its load or the request's session. Per router process."""
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def pick(
+        self, candidates: list[ReplicaInfo], min_version: int, draining: Collection[str] = ()
+    ) -> str:
+        pool = sorted(r.replica_id for r in eligible(candidates, min_version, draining))
+        if not pool:
+            raise Unavailable(why_none(candidates, min_version, draining))
+        self._turn += 1
+        return pool[(self._turn - 1) % len(pool)]
+
+
 def pick_replica(
     candidates: list[ReplicaInfo],
     inflight: Mapping[str, int],

@@ -1,0 +1,309 @@
+"""`rlfleet up --ray` on real Ray clusters on this machine.
+
+First, the launcher's own local cluster (no address): the done-when run trains 5 steps and
+leaves no Ray process behind, and a role Ray cannot place fails the run cleanly. Then one
+module-scoped cluster of two node processes (`ray start --head`, and a second node with one
+CPU and the custom resource `node2`) under one fleet: the reward is pinned to node2 by its
+resource, router and trainer share a pool (a placement group, STRICT_PACK); a replica actor
+killed with SIGKILL is restarted by Ray, registers again and serves the trainer's current
+weights; `rlfleet scale` adds and removes a replica; Ctrl-C stops every actor and role.
+Each node has its own session folder: two nodes sharing one would forward every line twice.
+
+Leftovers are checked by what is ours only: processes whose command line names our run
+directory or our Ray session folder, or that hold a file open in that folder (Ray's workers
+rename themselves ``ray::...`` but keep their logs open there). Only those are ever killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from procs import ServiceProcess, clean_env
+
+from rlfleet.common.redis_server import free_port
+from rlfleet.rollout.client import RolloutClient
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+OBJECT_STORE = str(100 * 1024 * 1024)
+CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+"""For the test's own loopback cluster: `ray start --address` does not pick up the token that
+`ray start --head` found in ~/.ray, so tokens are off on both nodes and for its drivers."""
+SMALL_JOB = ["rollout.backend=hf", "data.val_size=8", "data.train_batch_size=2", "rollout.n=4",
+             "trainer.replica_wait_s=400"]  # fmt: skip
+
+pytestmark = pytest.mark.slow
+
+
+# ---- whose processes ---------------------------------------------------------------------
+
+
+def processes_using(marker: str) -> list[int]:
+    """PIDs (not ours) whose command line contains ``marker`` or that hold a file under it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "cmdline").read_bytes().decode(errors="replace") or any(
+                os.readlink(fd).startswith(marker) for fd in (entry / "fd").iterdir()
+            ):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile, or not readable
+            continue
+    return found
+
+
+def wait_gone(marker: str, timeout_s: float = 60) -> list[int]:
+    """Until nothing uses ``marker`` (returns []), or what is still there at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_using(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def short_temp_dir() -> str:
+    """Ray puts Unix sockets in its session folder: keep the path short (107-byte limit)."""
+    return tempfile.mkdtemp(prefix="rlft-", dir="/tmp")
+
+
+def up_argv(run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "rlfleet.cli", "up", *extra, f"run_dir={run_dir}",
+            f"cluster=ray{uuid.uuid4().hex[:8]}", *SMALL_JOB]  # fmt: skip
+
+
+def steps_done(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [m["step"] for m in map(json.loads, lines) if "timing_s/step" in m]
+
+
+# ---- the launcher's own local cluster -----------------------------------------------------
+
+
+def test_done_when_five_steps_on_a_local_cluster_and_nothing_left(tmp_path):
+    """`rlfleet up --ray --config configs/default.yaml trainer.total_steps=5` with no cluster
+    running: trains 5 steps, then no Ray process and no role process is left."""
+    run_dir, temp_dir = tmp_path / "run", short_temp_dir()
+    argv = up_argv(run_dir, "--ray", "--config", str(ROOT / "configs" / "default.yaml"),
+                   "--rollout-replicas", "1")  # fmt: skip
+    argv += ["trainer.total_steps=5", f"ray.temp_dir={temp_dir}"]
+    try:
+        result = subprocess.run(argv, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                                timeout=500)  # fmt: skip
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+        assert steps_done(run_dir) == [1, 2, 3, 4, 5]
+        assert "started a local Ray cluster" in result.stdout
+        assert wait_gone(temp_dir) == [] and wait_gone(str(run_dir)) == []
+    finally:
+        kill_all(temp_dir)
+        kill_all(str(run_dir))
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_role_ray_cannot_place_fails_the_run_and_leaves_nothing(tmp_path):
+    run_dir, temp_dir = tmp_path / "run", short_temp_dir()
+    argv = up_argv(run_dir, "--ray", "--rollout-replicas", "1", f"ray.temp_dir={temp_dir}",
+                   "ray.roles={reward: {resources: {no_such_resource: 1}}}",
+                   "ray.start_timeout_s=5")  # fmt: skip
+    try:
+        result = subprocess.run(argv, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
+                                timeout=300)  # fmt: skip
+        assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+        # Only the reward actor can never be placed; on a busy machine others may also be slow.
+        assert "no node can hold ['reward']" in result.stderr, result.stderr[-3000:]
+        assert wait_gone(temp_dir) == [] and wait_gone(str(run_dir)) == []
+    finally:
+        kill_all(temp_dir)
+        kill_all(str(run_dir))
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def kill_all(marker: str) -> None:
+    """SIGKILL what is left of a test's own Ray session (found by its folder only)."""
+    for pid in processes_using(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# ---- a two-node cluster started by the test ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """`ray start --head` and a second node (`--num-cpus 1 --resources {"node2": 1}`) as our
+    own processes; their address. Stopped by SIGKILL, then everything left in our session
+    folder is killed by PID."""
+    logs, temp_dir = tmp_path_factory.mktemp("ray-nodes"), short_temp_dir()
+    env = clean_env(**CLUSTER_ENV)
+    common = ["--block", "--object-store-memory", OBJECT_STORE]
+    head_argv = [RAY, "start", "--head", "--port", str(free_port()), "--num-cpus", "6",
+                 "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir,
+                 *common]  # fmt: skip
+    nodes = [ServiceProcess.start(head_argv, logs / "head.log", "ray head", env)]
+    try:
+        nodes[0].wait_for_line("Ray runtime started", 180)
+        address = re.search(r"--address='([^']+)'", nodes[0].log()).group(1)
+        node2 = [RAY, "start", "--address", address, "--num-cpus", "1",
+                 "--resources", '{"node2": 1}', "--temp-dir", f"{temp_dir}/node2",
+                 *common]  # fmt: skip
+        nodes.append(ServiceProcess.start(node2, logs / "node2.log", "ray node2", env))
+        nodes[1].wait_for_line("Ray runtime started", 180)
+        yield address
+    finally:
+        for node in reversed(nodes):
+            node.stop(signal.SIGKILL)
+        kill_all(temp_dir)
+        assert wait_gone(temp_dir, 30) == []
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fleet(ray_cluster, tmp_path_factory):
+    """One `rlfleet up --ray ADDRESS` with 2 replicas, training (sync) until interrupted."""
+    run_dir = tmp_path_factory.mktemp("ray-fleet") / "run"
+    argv = up_argv(run_dir, "--ray", ray_cluster, "--rollout-replicas", "2",
+                   "trainer.mode=sync", "trainer.total_steps=100000", "trainer.use_kl_loss=false",
+                   "trainer.torch_threads=1",
+                   "trainer.val_before_train=false", "trainer.test_freq=0", "ray.max_restarts=2",
+                   "trainer.save_freq=2",
+                   "ray.pools={main: {bundles: [{CPU: 2}], strategy: STRICT_PACK}}",
+                   "ray.roles={reward: {resources: {node2: 1}}, router: {pool: main}, "
+                   "trainer: {pool: main}}")  # fmt: skip
+    env = clean_env(RLFLEET_RUN_DIR=str(run_dir), **CLUSTER_ENV)
+    up = ServiceProcess.start(argv, run_dir.parent / "up.log", "rlfleet up --ray", env)
+    try:
+        up.wait_until(lambda: steps_done(run_dir), 400, "training")
+        yield up, run_dir
+    finally:
+        up.stop(signal.SIGKILL)
+        kill_all(str(run_dir))  # the embedded Redis, were the launcher killed before its cleanup
+
+
+def placement(run_dir: Path) -> dict:
+    return json.loads((run_dir / "ray_placement.json").read_text())
+
+
+def replicas(run_dir: Path) -> dict[str, tuple[str, int]]:
+    """replica id -> (state, weight version), as the router sees them."""
+    address = json.loads((run_dir / "endpoints.json").read_text())["router"]["grpc"]
+
+    async def ask():
+        client = RolloutClient(address)
+        try:
+            return await client.list_replicas()
+        finally:
+            await client.close()
+
+    try:
+        found = asyncio.run(ask())
+    except Exception:  # the router busy or restarting: ask again
+        return {}
+    return {r.replica_id: (str(r.state.value), r.weight_version) for r in found}
+
+
+def serving_current(run_dir: Path, name: str, at_least: int) -> bool:
+    """``name`` serves, with the version every other serving replica has, >= ``at_least``."""
+    seen = replicas(run_dir)
+    if seen.get(name, ("", 0))[0] != "serving":
+        return False
+    versions = {version for state, version in seen.values() if state == "serving"}
+    return len(versions) == 1 and seen[name][1] >= at_least
+
+
+def test_roles_are_placed_by_custom_resource_and_pool(fleet):
+    _, run_dir = fleet
+    placed = placement(run_dir)
+    assert "node2" in placed["reward"]["node_resources"]
+    assert placed["router"]["node_id"] == placed["trainer"]["node_id"]  # one STRICT_PACK pool
+    assert "node2" not in placed["router"]["node_resources"]
+    assert {"router", "reward", "trainer", "rollout-0", "rollout-1"} <= set(placed)
+
+
+def test_killed_replica_restarts_and_a_scaled_one_joins_both_on_current_weights(fleet):
+    """SIGKILL to replica rollout-0's actor, and `rlfleet scale rollout=3` at the same time (so
+    the two replica start-ups overlap): Ray restarts rollout-0 (its old role process dies with
+    its actor), it registers again under its id; rollout-2 joins; the trainer brings both to
+    its current weights and trains on. Then `rlfleet scale rollout=2` removes rollout-2."""
+    up, run_dir = fleet
+    before = placement(run_dir)["rollout-0"]
+    version = replicas(run_dir)["rollout-1"][1]
+    os.kill(before["actor_pid"], signal.SIGKILL)
+    assert "rollout: 2 -> 3" in scale(run_dir, 3)
+    up.wait_until(lambda: not alive(before["role_pid"]), 60, "the old role process gone")
+    up.wait_for_line("rollout-0 restarted", 240)
+    for name in ("rollout-0", "rollout-2"):
+        up.wait_until(lambda n=name: serving_current(run_dir, n, version + 1), 400,
+                      f"{name} serving the current weights")  # fmt: skip
+    trained = steps_done(run_dir)[-1]
+    up.wait_until(lambda: steps_done(run_dir)[-1] > trained, 120, "training on")
+    assert "rollout: 3 -> 2" in scale(run_dir, 2)
+    up.wait_until(lambda: "rollout-2" not in replicas(run_dir), 120, "rollout-2 gone")
+
+
+def test_killed_trainer_actor_resumes_from_its_newest_checkpoint(fleet):
+    """SIGKILL to the trainer's actor: Ray restarts it, the trainer resumes from its newest
+    `global_step_N` checkpoint (`resume_mode: auto`), pushes weights newer than any replica
+    holds, and trains step N + 1 onwards again."""
+    up, run_dir = fleet
+    up.wait_until(lambda: newest_checkpoint(run_dir) >= 2, 240, "a step checkpoint")
+    before = placement(run_dir)["trainer"]
+    os.kill(before["actor_pid"], signal.SIGKILL)
+    up.wait_until(lambda: not alive(before["role_pid"]), 60, "the old trainer process gone")
+    logged_before = len(steps_done(run_dir))  # what the killed trainer wrote; nothing more comes
+    up.wait_for_line("trainer restarted", 240)
+    up.wait_for_line("resumed from", 300)
+    found = re.search(r"resumed from \S*global_step_(\d+) at step (\d+)", up.log())
+    assert found and found.group(1) == found.group(2), up.log()[-3000:]
+    step = int(found.group(2))
+    assert step >= 2 and step % 2 == 0
+    up.wait_until(lambda: step + 1 in steps_done(run_dir)[logged_before:], 300,
+                  f"step {step + 1} trained again after the restart")  # fmt: skip
+
+
+def newest_checkpoint(run_dir: Path) -> int:
+    steps = [int(p.name.split("_")[-1]) for p in (run_dir / "checkpoints").glob("global_step_*")]
+    return max(steps, default=0)
+
+
+def scale(run_dir: Path, count: int) -> str:
+    """`rlfleet scale rollout=COUNT` for the run in ``run_dir``; its output."""
+    argv = [sys.executable, "-m", "rlfleet.cli", "scale", f"rollout={count}", f"run_dir={run_dir}"]
+    result = subprocess.run(argv, cwd=ROOT, env=clean_env(**CLUSTER_ENV), capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def test_ctrl_c_stops_every_actor_and_role(fleet):
+    up, run_dir = fleet
+    actors = [int(pid) for pid in re.findall(r"\(actor pid (\d+),", up.log())]  # restarts too
+    assert len(actors) >= 5
+    assert up.stop(signal.SIGINT, grace_s=120) == 130
+    assert wait_gone(str(run_dir)) == []
+    deadline = time.monotonic() + 60
+    while any(map(alive, actors)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not [pid for pid in actors if alive(pid)]

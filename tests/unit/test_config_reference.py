@@ -1,0 +1,33 @@
+"""README's configuration reference is generated from the config models and kept current."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlfleet.common.config import describe_fields
+from rlfleet.common.config.reference import BEGIN, END, first_sentence, markdown_reference
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_readme_reference_is_current():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index(BEGIN) : readme.index(END) + len(END)]
+    assert block == markdown_reference(), (
+        "README.md's configuration reference is out of date: run python scripts/config_reference.py"
+    )
+
+
+def test_every_field_and_choice_has_a_row():
+    reference = markdown_reference()
+    rows = [line for line in reference.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(describe_fields())  # the same fields --help-config lists
+    for row in ("| `adv_estimator` | `grpo` | `grpo` / `rloo` /", "| `kl_ctrl.type` | `fixed` |",
+                "| `apply_chat_template` | `auto` | `auto` / `true` / `false`."):  # fmt: skip
+        assert row in reference, row
+
+
+def test_first_sentence_keeps_abbreviations_and_turns_rst_into_markdown():
+    doc = """Resources, e.g. ``{a: 1}``, as in Dr. GRPO
+    (see ``x``). Second sentence."""
+    assert first_sentence(doc) == "Resources, e.g. `{a: 1}`, as in Dr. GRPO (see `x`)."

@@ -1,0 +1,85 @@
+"""`rlfleet up --ray` without a cluster: the `ray:` config section, the command line, and what
+each actor asks Ray for (tests/integration/test_ray_launcher.py runs it on real clusters)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from pydantic import ValidationError
+
+from rlfleet.common.config import load_config
+from rlfleet.common.config.ray import RayConfig
+from rlfleet.launcher import parse_args
+from rlfleet.ray_launcher.plan import actor_options, endpoint_overrides, local_cpus, replica_spec
+
+
+def test_ray_section_defaults_and_partial_roles():
+    config = load_config(None, ["launcher=ray", "ray.roles={reward: {resources: {node2: 1}}}"])
+    assert config.launcher == "ray"
+    assert config.ray.role("reward").resources == {"node2": 1.0}
+    assert config.ray.role("trainer").num_cpus == 1.0
+    assert config.ray.restarts("reward") == config.ray.max_restarts == 3
+    dotted = load_config(None, ["ray.roles.trainer.num_gpus=1", "ray.roles.trainer.max_restarts=0"])
+    assert dotted.ray.role("trainer").num_gpus == 1 and dotted.ray.restarts("trainer") == 0
+
+
+@pytest.mark.parametrize(
+    "roles, pools, message",
+    [
+        ({"router": {"pool": "main"}}, {}, "not in ray.pools"),
+        ({"trainer": {"pool": "p", "num_gpus": 1}}, {"p": {"bundles": [{"CPU": 4}]}}, "fit"),
+        ({}, {"p": {"bundles": []}}, "non-empty"),
+        ({"nope": {}}, {}, "nope"),
+    ],
+)
+def test_ray_section_rejects_bad_pools(roles, pools, message):
+    with pytest.raises(ValidationError, match=message):
+        RayConfig(roles=roles, pools=pools)
+
+
+@pytest.mark.parametrize(
+    "argv, address, overrides",
+    [
+        (["--ray"], "", []),
+        (["--ray", "10.0.0.1:6379", "a.b=1"], "10.0.0.1:6379", ["a.b=1"]),
+        (["--ray", "trainer.total_steps=5", "x.y=2"], "", ["trainer.total_steps=5", "x.y=2"]),
+        (["trainer.total_steps=5"], None, ["trainer.total_steps=5"]),
+    ],
+)
+def test_up_reads_ray_flag_with_or_without_address(argv, address, overrides):
+    args = parse_args(argv)
+    assert (args.ray, args.overrides) == (address, overrides)
+
+
+def test_local_cluster_cpus_cover_what_the_fleet_asks_for():
+    ray = RayConfig(
+        roles={"trainer": {"num_cpus": 4, "pool": "main"}, "rollout": {"num_cpus": 2}},
+        pools={"main": {"bundles": [{"CPU": 6}, {"CPU": 2}]}},
+    )
+    actors = {"router": 1, "reward": 1, "rollout": 8, "trainer": 1}
+    assert local_cpus(ray, actors) == max(os.cpu_count(), 8 + 1 + 1 + 16)  # pool counted whole
+    assert local_cpus(RayConfig(num_cpus=3), actors) == 3
+
+
+def test_actor_options_carry_resources_and_restarts():
+    ray = RayConfig(
+        max_restarts=5,
+        roles={"rollout": {"num_cpus": 0.5, "num_gpus": 1, "resources": {"node2": 1}},
+               "trainer": {"max_restarts": 0}},
+    )  # fmt: skip
+    options = actor_options(ray, "rollout", "rollout-0", {})
+    assert options["num_cpus"] == 0.5 and options["num_gpus"] == 1
+    assert options["resources"] == {"node2": 1.0} and options["max_restarts"] == 5
+    assert "scheduling_strategy" not in options
+    assert actor_options(ray, "trainer", "trainer", {})["max_restarts"] == 0
+
+
+def test_replicas_keep_their_id_and_take_any_port():
+    spec = replica_spec(3)
+    assert spec.name == "rollout-3" and spec.role == "rollout" and spec.port is None
+    assert spec.extra == ("rollout.replica_id=rollout-3", "rollout.port=0")
+    assert endpoint_overrides({"router": "h:1", "reward": "h:2"}) == [
+        "endpoints.router=h:1",
+        "endpoints.reward=h:2",
+    ]

@@ -1,0 +1,149 @@
+"""Shared-memory weight payloads (``weights_shm``) and the transport's use of them, with fake
+replicas standing in for the gRPC receivers (the real replica path is in
+``tests/integration/test_weight_updates.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+import torch
+
+from rlfleet.common import weights, weights_shm
+from rlfleet.common.errors import InvalidArgument, NotFound
+from rlfleet.proto import rollout_pb2
+from rlfleet.rollout import convert
+from rlfleet.rollout.client import PreparedUpdate
+from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
+from rlfleet.trainer.weight_sync import GrpcWeightTransport
+
+pytestmark = pytest.mark.skipif(not weights_shm.available(), reason="no /dev/shm here")
+
+
+def state() -> dict[str, torch.Tensor]:
+    return {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(5)}
+
+
+def our_files() -> list[str]:
+    return sorted(p.name for p in weights_shm.SHM_DIR.glob(f"{weights_shm.PREFIX}{os.getpid()}-*"))
+
+
+def test_a_payload_encoded_into_shared_memory_decodes_on_the_other_side():
+    shared = weights_shm.SharedPayload
+    holder: list[weights_shm.SharedPayload] = []
+
+    def allocate(nbytes: int) -> torch.Tensor:
+        holder.append(shared(nbytes))
+        return holder[0].tensor()
+
+    header, _ = weights.encode(state(), 3, allocate=allocate)
+    try:
+        view = weights_shm.open_shared(holder[0].name, header.total_bytes)
+        assert not view.readonly  # copy-on-write: tensors view it without a copy
+        decoded = weights.decode(header, view)
+        assert torch.equal(decoded["a"], state()["a"]) and torch.equal(decoded["b"], state()["b"])
+        decoded["b"][0] = 7.0  # private to this mapping
+        again = weights.decode(header, weights_shm.open_shared(holder[0].name, header.total_bytes))
+        assert again["b"][0] == 1.0
+    finally:
+        holder[0].close()
+    assert our_files() == []
+
+
+@pytest.mark.parametrize("name", ["../../etc/passwd", "rlfleet-w-1-xyz", "other", ""])
+def test_only_payload_file_names_are_opened(name: str):
+    with pytest.raises(InvalidArgument, match="not a payload file name"):
+        weights_shm.open_shared(name, 8)
+
+
+def test_a_missing_file_is_not_found_and_a_wrong_size_is_refused():
+    with pytest.raises(NotFound, match="not on this machine"):
+        weights_shm.open_shared(f"{weights_shm.PREFIX}1-{uuid.uuid4().hex}", 8)
+    payload = weights_shm.SharedPayload(16)
+    try:
+        with pytest.raises(InvalidArgument, match="hold 16 bytes"):
+            weights_shm.open_shared(payload.name, 8)
+    finally:
+        payload.close()
+
+
+def test_files_of_dead_trainers_are_removed_once_old_and_live_ones_kept():
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    orphan = weights_shm.SHM_DIR / f"{weights_shm.PREFIX}{dead.stdout.strip()}-{uuid.uuid4().hex}"
+    orphan.write_bytes(b"x")
+    live = weights_shm.SharedPayload(4)
+    try:
+        assert orphan.name not in weights_shm.remove_orphans()  # too young to be sure
+        assert weights_shm.remove_orphans(min_age_s=0) == [orphan.name]
+        assert not orphan.exists() and live.path.exists()
+    finally:
+        orphan.unlink(missing_ok=True)
+        live.close()
+
+
+class FakeReplica:
+    """Answers pushes like a replica: reads the named file if it can, else NOT_FOUND."""
+
+    def __init__(self, sees_shared_memory: bool) -> None:
+        self.sees = sees_shared_memory
+        self.received: list[str] = []  # "shm" or "stream", per push
+        self.refused = 0  # shared-memory headers answered NOT_FOUND
+
+    async def push_prepared(self, update: PreparedUpdate) -> UpdateOutcome:
+        first = rollout_pb2.WeightChunk.FromString(update.messages[0])
+        header = convert.header_from_proto(first.header)
+        if header.shared_memory:
+            if not self.sees:
+                self.refused += 1
+                raise NotFound("not on this machine")
+            payload = weights_shm.open_shared(header.shared_memory, header.total_bytes)
+            self.received.append("shm")
+        else:
+            payload = b"".join(
+                rollout_pb2.WeightChunk.FromString(m).data for m in update.messages[1:]
+            )
+            self.received.append("stream")
+        assert torch.equal(weights.decode(header, payload)["a"], state()["a"])
+        return UpdateOutcome(header.version, 0.0, True)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_the_transport_streams_to_replicas_that_cannot_see_the_file_and_remembers():
+    replicas = {"local:1": FakeReplica(True), "remote:1": FakeReplica(False)}
+    transport = GrpcWeightTransport(replicas.__getitem__, PreparedUpdate.of, 8,
+                                    shared_memory=True)  # fmt: skip
+    targets = [ReplicaStatus(f"r{i}", address, 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
+               for i, address in enumerate(replicas)]  # fmt: skip
+    for version in (1, 2):
+        results = await transport.push(state(), version, True, targets)
+        assert [(r.ok, r.version) for r in results] == [(True, version)] * 2
+        assert our_files() == []  # removed once the push is over
+    assert replicas["local:1"].received == ["shm", "shm"]
+    assert replicas["remote:1"].received == ["stream", "stream"]
+    assert replicas["remote:1"].refused == 1  # asked by reference only the first time
+
+
+async def test_without_shared_memory_every_replica_gets_the_bytes():
+    replica = FakeReplica(True)
+    transport = GrpcWeightTransport(lambda _: replica, PreparedUpdate.of, 8)
+    target = ReplicaStatus("r0", "local:1", 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
+    assert (await transport.push(state(), 1, True, [target]))[0].ok
+    assert replica.received == ["stream"]
+
+
+async def test_no_room_in_shared_memory_streams_that_push(monkeypatch):
+    def full(nbytes: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(weights_shm, "SharedPayload", full)
+    replica = FakeReplica(True)
+    transport = GrpcWeightTransport(lambda _: replica, PreparedUpdate.of, 8, shared_memory=True)
+    target = ReplicaStatus("r0", "local:1", 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
+    assert (await transport.push(state(), 1, True, [target]))[0].ok
+    assert replica.received == ["stream"]

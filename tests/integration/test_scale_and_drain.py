@@ -178,6 +178,11 @@ async def test_drained_replica_finishes_its_work_deregisters_and_exits_0(fleet: 
 async def test_sigterm_finishes_work_in_hand_then_exits_0_promptly(fleet: Fleet) -> None:
     victim = fleet.replicas["sa"]
     async with RolloutClient(fleet.routers["a"].address) as client:
+        # the request must land on sa: sb is gone after the drain test; run alone (or on
+        # another xdist worker than that test), this test drains sb itself
+        if "sb" in {r.replica_id for r in await client.list_replicas()}:
+            await client.drain_replica("sb")
+            await asyncio.to_thread(fleet.replicas["sb"].proc.wait, 30)
         call = asyncio.ensure_future(client.generate(request()))
         await wait_until_running(victim)
         signalled = time.monotonic()

@@ -77,14 +77,20 @@ def load_tokenizer(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def load_causal_lm(path: str | Path, dtype: str = "float32") -> Any:
+def load_causal_lm(
+    path: str | Path, dtype: str = "float32", attn_implementation: str | None = None
+) -> Any:
     """The causal LM saved in `path` (a directory or Hub id, see `local_model_dir`), in
-    `dtype`, in eval mode, read from local files only."""
+    `dtype`, in eval mode, read from local files only; `attn_implementation` picks the
+    attention kernel (None: transformers' default)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(local_model_dir(path)), dtype=getattr(torch, dtype), local_files_only=True
+        str(local_model_dir(path)),
+        dtype=getattr(torch, dtype),
+        local_files_only=True,
+        **({"attn_implementation": attn_implementation} if attn_implementation else {}),
     )
     log.info("loaded %s (%s, %d parameters)", path, dtype, model.num_parameters())
     return model.eval()

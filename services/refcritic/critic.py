@@ -30,6 +30,7 @@ from safetensors.torch import load_model, save_model
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import InvalidArgument, NotFound
 from rlfleet.common.model_io import load_causal_lm
+from rlfleet.common.optim import adamw
 from rlfleet.refcritic.batch import BatchLimits, SequenceBatch, validate_batch, validate_rows
 from rlfleet.refcritic.reference import pad_id_of, pick_device
 from rlfleet.rl.core_algos import masked_mean, value_loss_clipped
@@ -81,13 +82,13 @@ class Critic:
         settings = config.refcritic
         torch.set_num_threads(settings.torch_threads)
         self.device = pick_device()
-        causal_lm = load_causal_lm(config.model.path, config.model.dtype)
+        causal_lm = load_causal_lm(
+            config.model.path, config.model.dtype, config.model.attn_implementation
+        )
         self.model = ValueModel(causal_lm.base_model).to(self.device).eval()
         self.limits = BatchLimits.of(self.model.backbone)
         self.pad_id = pad_id_of(causal_lm)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=settings.critic_lr, weight_decay=0.0
-        )
+        self.optimizer = adamw(self.model.parameters(), lr=settings.critic_lr, weight_decay=0.0)
         self.cliprange_value = settings.cliprange_value
         self.epochs = settings.critic_epochs
         self.micro_batch_size = settings.micro_batch_size

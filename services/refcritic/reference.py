@@ -50,7 +50,9 @@ class RefPolicy:
     def __init__(self, config: RlfleetConfig) -> None:
         torch.set_num_threads(config.refcritic.torch_threads)
         self.device = pick_device()
-        model = load_causal_lm(config.model.path, config.model.dtype)
+        model = load_causal_lm(
+            config.model.path, config.model.dtype, config.model.attn_implementation
+        )
         self.model = freeze(model.to(self.device))
         self.limits = BatchLimits.of(self.model)
         self.pad_id = pad_id_of(self.model)

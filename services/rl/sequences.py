@@ -100,15 +100,27 @@ def pack_sequences(
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether ``model``'s forward (a DDP wrapper's: the wrapped module's) takes the keyword."""
     inner = getattr(model, "module", model)
+    if hasattr(inner, "get_base_model"):  # a peft model passes keywords through to its base
+        inner = inner.get_base_model()
     return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
-def response_logits(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
-    """Logits that predict each response token, [B, R, V], from one forward pass.
+def response_logits(
+    model: torch.nn.Module, packed: Packed, share_prompts: bool = True
+) -> torch.Tensor:
+    """Logits that predict each response token, [B, R, V].
 
-    Models that take ``logits_to_keep`` (most transformers causal LMs) run the lm-head on the
-    last ``R + 1`` columns only, which matters when the vocabulary is large.
+    ``share_prompts`` (the default): when rows repeat a prompt (GRPO's groups), each distinct
+    prompt runs once and its rows' responses run on top of its KV cache, see
+    ``shared_prompt_logits``; the same logits and gradients as one forward over every row, for
+    fewer tokens through the model. Otherwise, or when no prompt repeats or the model cannot
+    take a cache, one forward over the packed rows; models that take ``logits_to_keep``
+    (most transformers causal LMs) run the lm-head on the last ``R + 1`` columns only.
     """
+    if share_prompts and _can_share_prompts(model):
+        shared = shared_prompt_logits(model, packed)
+        if shared is not None:
+            return shared
     extra = {"logits_to_keep": packed.response_width + 1} if _accepts_logits_to_keep(model) else {}
     out = model(
         input_ids=packed.input_ids,
@@ -120,15 +132,77 @@ def response_logits(model: torch.nn.Module, packed: Packed) -> torch.Tensor:
     return out.logits[:, -(packed.response_width + 1) : -1]
 
 
+def _can_share_prompts(model: torch.nn.Module) -> bool:
+    """Two forwards before one backward suit a plain module; DDP's reducer expects one forward
+    per backward, so a data-parallel wrapper takes the single forward."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return False
+    return _accepts_logits_to_keep(model)
+
+
+def distinct_prompts(packed: Packed) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct left-padded prompts of ``packed``: ``(first, inverse)``, where ``first``
+    [U] holds a row index of each distinct prompt and ``inverse`` [B] maps every row to its
+    distinct prompt's position in ``first``. Rows compare on ids and mask together, so a pad id
+    that is also a real token cannot merge two prompts."""
+    start = packed.response_start
+    keys = torch.cat([packed.input_ids[:, :start], packed.attention_mask[:, :start]], dim=1)
+    unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
+    first = torch.full((len(unique),), len(keys), dtype=torch.long, device=keys.device)
+    rows = torch.arange(len(keys), device=keys.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def shared_prompt_logits(model: torch.nn.Module, packed: Packed) -> torch.Tensor | None:
+    """``response_logits`` computed with one forward per distinct prompt, [B, R, V]; ``None``
+    when no prompt repeats (nothing to share).
+
+    Pass 1 runs the U distinct prompts (U rows of P columns) with a KV cache; its last column
+    predicts response token 0. The cache is then gathered to the B rows (``index_select``:
+    differentiable, so each row's gradient flows back into its prompt's keys and values) and
+    pass 2 runs the response columns ``0..R-2`` on top of it, predicting tokens ``1..R-1``.
+    Attention masks and positions are the packed ones, so every token sees exactly what it
+    sees in the single forward: the logits agree to float rounding. Tokens through the model:
+    ``U * P + B * (R - 1)`` instead of ``B * (P + R)``.
+    """
+    first, inverse = distinct_prompts(packed)
+    if len(first) == len(inverse):
+        return None
+    start, width = packed.response_start, packed.response_width
+    prefix = model(
+        input_ids=packed.input_ids[first, :start],
+        attention_mask=packed.attention_mask[first, :start],
+        position_ids=packed.position_ids[first, :start],
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    first_token = prefix.logits[:, -1:].index_select(0, inverse)
+    if width == 1:
+        return first_token
+    cache = prefix.past_key_values
+    if cache is None:  # a model that returns no cache: take the single forward
+        return None
+    cache.reorder_cache(inverse)
+    rest = model(
+        input_ids=packed.input_ids[:, start:-1],
+        attention_mask=packed.attention_mask[:, :-1],
+        position_ids=packed.position_ids[:, start:-1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([first_token, rest.logits], dim=1)
+
+
 def response_logprobs(
-    model: torch.nn.Module, packed: Packed, temperature: float = 1.0
+    model: torch.nn.Module, packed: Packed, temperature: float = 1.0, share_prompts: bool = True
 ) -> torch.Tensor:
     """log p(response token t | prompt, earlier response tokens), [B, R]; 0 on padding.
 
     ``temperature`` divides the logits first (as the sampler did), so the trainer can score
     responses under the distribution they were drawn from.
     """
-    logits = response_logits(model, packed)
+    logits = response_logits(model, packed, share_prompts)
     if temperature != 1.0:
         logits = logits / temperature
     return logprobs_from_logits(logits, packed.responses) * packed.response_mask

@@ -119,7 +119,8 @@ class HFEngine(Engine):
         from rlfleet.common.model_io import load_causal_lm, load_tokenizer
 
         self.tokenizer = load_tokenizer(self.config.model.path)
-        self._model = load_causal_lm(self.config.model.path, self.config.model.dtype)
+        model = self.config.model
+        self._model = load_causal_lm(model.path, model.dtype, model.attn_implementation)
         self._eos_ids = _eos_ids(self._model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.optim import adamw
 from rlfleet.rl import core_algos
 from rlfleet.rl.losses import LossInputs, LossParams, actor_loss
 from rlfleet.rl.sequences import (
@@ -59,9 +60,7 @@ class Actor:
         self.pad_id = pad_id
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         """What the optimizer updates (all parameters, or only a LoRA adapter's)."""
-        self.optimizer = torch.optim.AdamW(
-            self.trainable, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
-        )
+        self.optimizer = adamw(self.trainable, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.updates = 0
         cfg = config.trainer
@@ -102,7 +101,7 @@ class Actor:
         self.model.eval()
         packed = pack_sequences(prompts, responses, self.pad_id, self.device)
         temperature = self.config.rollout.temperature or 1.0
-        out = response_logprobs(self.model, packed, temperature)
+        out = response_logprobs(self.model, packed, temperature, self.cfg.share_prompt_forward)
         return unpack_rows(out, packed.response_lengths)
 
     def update(
@@ -191,7 +190,7 @@ class Actor:
         packed = pack_sequences(
             [batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], self.pad_id, device
         )
-        logits = response_logits(self.train_module, packed)
+        logits = response_logits(self.train_module, packed, self.cfg.share_prompt_forward)
         temperature = self.config.rollout.temperature or 1.0
         logits = logits / temperature if temperature != 1.0 else logits
         width = packed.response_width

@@ -123,7 +123,7 @@ def build_lora_actor(config: RlfleetConfig, pad_id: int, resumed: Path | None) -
     """Base from ``model.path`` (what replicas hold), adapter fresh or from ``resumed``."""
     from rlfleet.common.model_io import load_causal_lm
 
-    base = load_causal_lm(config.model.path, config.model.dtype)
+    base = load_causal_lm(config.model.path, config.model.dtype, config.model.attn_implementation)
     adapter = resumed / ADAPTER_DIR if resumed is not None else None
     if adapter is not None and not adapter.is_dir():
         raise FileNotFoundError(f"{resumed} holds no LoRA adapter ({ADAPTER_DIR}/)")

@@ -37,7 +37,7 @@ def build_actor(config: RlfleetConfig):
         from rlfleet.trainer.lora import build_lora_actor
 
         return tokenizer, build_lora_actor(config, pad_id, resumed)
-    model = load_causal_lm(source, config.model.dtype)
+    model = load_causal_lm(source, config.model.dtype, config.model.attn_implementation)
     if config.trainer.strategy == "single":
         return tokenizer, Actor(config, model, pad_id)
     from rlfleet.trainer.ddp import parallel_actor

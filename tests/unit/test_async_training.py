@@ -119,7 +119,10 @@ def test_skipping_zero_advantage_rows_gives_the_same_update():
 
     def updated_weights(skip: bool):
         torch.manual_seed(0)
-        trainer = make_trainer(**{"trainer.use_kl_loss": "false"})
+        # One forward per row in both runs: the shared-prompt forward groups different row
+        # sets (1 prompt vs 3), whose float rounding Adam can magnify past this tolerance.
+        overrides = {"trainer.use_kl_loss": "false", "trainer.share_prompt_forward": "false"}
+        trainer = make_trainer(**overrides)
         asyncio.run(trainer.start(1, 1.0))
         torch.manual_seed(2)
         batch = asyncio.run(trainer.collector.generate(prompts(3), 0, 1))

@@ -17,6 +17,11 @@ class ModelConfig(Section):
     and ``HF_HUB_OFFLINE`` is unset."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype for the actor, reference, critic and rollout engines."""
+    attn_implementation: Literal["eager", "sdpa"] | None = None
+    """Attention kernel of the transformers models (actor, reference, critic, the HF rollout
+    engine): ``None`` takes transformers' default (``sdpa``). ``eager`` (plain matmul-softmax)
+    is the faster one for sequences of a few dozen tokens on CPU, measured in
+    bench/bench_actor_update.py; vLLM replicas use their own kernels whatever this says."""
     lora_rank: int = Field(0, ge=0)
     """LoRA adapter rank (peft); 0 = train every weight. With a rank the actor trains only the
     adapter, replicas get only the adapter's tensors per update (the base stays as loaded from

@@ -120,6 +120,11 @@ class TrainerConfig(Section):
     """Torch seed."""
     torch_threads: int = 1
     """Intra-op threads for the trainer's torch."""
+    share_prompt_forward: bool = True
+    """Run each distinct prompt of a mini-batch through the actor once and its rows' responses
+    on top of its KV cache (exact: the same log-probs and gradients as one forward per row, for
+    fewer tokens; a GRPO group of n samples shares one prompt). ``false``: one forward over every
+    (prompt, response) row. Data-parallel actors always take the single forward."""
     strategy: Literal["single", "ddp", "fsdp"] = "single"
     """How the actor trains: ``single`` (in the trainer process), ``ddp`` (forward and backward
     data-parallel on ``world_size`` Ray workers with torch DistributedDataParallel: gloo on CPU,

@@ -223,6 +223,10 @@ def notes(ttt: list[dict], plan: Plan) -> list[str]:
         "model), two optimizer steps per generated batch like the fleet's rows.",
         "Both sides run with OMP_WAIT_POLICY=PASSIVE (rlfleet up sets it for every role; TRL's "
         "process gets it too): on a busy machine spinning OpenMP threads cost TRL ~3x per step.",
+        "Both sides load the policy with configs/default.yaml's model.attn_implementation "
+        "(eager: the faster kernel for these ~15-token sequences on CPU, "
+        "bench/results/actor_update.md). What rlfleet has and TRL lacks is its own: one "
+        "forward per distinct prompt in the actor's update (trainer.share_prompt_forward).",
     ]
     best = report.best_trl_recipe(ttt, plan.target)
     if best is not None:

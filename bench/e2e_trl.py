@@ -188,13 +188,18 @@ def build_trainer(args: argparse.Namespace, record: dict):
     from transformers import AutoModelForCausalLM, PrinterCallback
     from trl import GRPOTrainer
 
+    from rlfleet.common.config import load_config
     from rlfleet.common.model_io import encode_prompt, load_tokenizer
 
     tokenizer = load_tokenizer(common.MODEL_DIR)
     prefix = prompt_prefix(tokenizer)
     train = read_problems(TRAIN_DATA)
     rows = [{"prompt": prefix + p, "ground_truth": g} for p, g in train]
-    model = AutoModelForCausalLM.from_pretrained(str(common.MODEL_DIR), dtype="float32")
+    # The attention kernel of rlfleet's default job, so both sides run the same model code.
+    attn = load_config(common.REPO / "configs" / "default.yaml", []).model.attn_implementation
+    kernel = {"attn_implementation": attn} if attn else {}
+    model = AutoModelForCausalLM.from_pretrained(str(common.MODEL_DIR), dtype="float32", **kernel)
+    record["attn_implementation"] = attn or "default"
     trainer = GRPOTrainer(
         model=model, reward_funcs=arith_reward, args=grpo_config(args),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,

@@ -97,7 +97,7 @@ def pack_sequences(
     return Packed(input_ids, attention_mask, position_ids, response_mask, width_p, *lengths)
 
 
-def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+def accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether ``model``'s forward (a DDP wrapper's: the wrapped module's) takes the keyword."""
     inner = getattr(model, "module", model)
     if hasattr(inner, "get_base_model"):  # a peft model passes keywords through to its base
@@ -121,7 +121,7 @@ def response_logits(
         shared = shared_prompt_logits(model, packed)
         if shared is not None:
             return shared
-    extra = {"logits_to_keep": packed.response_width + 1} if _accepts_logits_to_keep(model) else {}
+    extra = {"logits_to_keep": packed.response_width + 1} if accepts_logits_to_keep(model) else {}
     out = model(
         input_ids=packed.input_ids,
         attention_mask=packed.attention_mask,
@@ -137,7 +137,7 @@ def _can_share_prompts(model: torch.nn.Module) -> bool:
     per backward, so a data-parallel wrapper takes the single forward."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return False
-    return _accepts_logits_to_keep(model)
+    return accepts_logits_to_keep(model)
 
 
 def distinct_prompts(packed: Packed) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,12 +146,19 @@ def distinct_prompts(packed: Packed) -> tuple[torch.Tensor, torch.Tensor]:
     distinct prompt's position in ``first``. Rows compare on ids and mask together, so a pad id
     that is also a real token cannot merge two prompts."""
     start = packed.response_start
-    keys = torch.cat([packed.input_ids[:, :start], packed.attention_mask[:, :start]], dim=1)
+    return distinct_rows(
+        torch.cat([packed.input_ids[:, :start], packed.attention_mask[:, :start]], dim=1)
+    )
+
+
+def distinct_rows(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, inverse)`` for the distinct rows of ``keys`` [B, K]: ``first`` [U] holds the
+    index of each distinct row's first occurrence, ``inverse`` [B] maps every row to its
+    distinct row's position in ``first``."""
     unique, inverse = torch.unique(keys, dim=0, return_inverse=True)
     first = torch.full((len(unique),), len(keys), dtype=torch.long, device=keys.device)
     rows = torch.arange(len(keys), device=keys.device)
-    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
-    return first, inverse
+    return first.scatter_reduce(0, inverse, rows, reduce="amin"), inverse
 
 
 def shared_prompt_logits(model: torch.nn.Module, packed: Packed) -> torch.Tensor | None:

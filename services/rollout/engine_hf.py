@@ -35,6 +35,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from rlfleet.common import lora
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.rl.sequences import accepts_logits_to_keep, distinct_rows
 from rlfleet.rollout.engine import Engine, check_state_dict, tokens_until_stop
 from rlfleet.rollout.types import Completion, SamplingParams
 
@@ -189,6 +190,7 @@ class HFEngine(Engine):
         with torch.no_grad(), _seeded(sampling.seed):
             out = self._model.generate(
                 input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_tokens,
+                past_key_values=shared_prompt_cache(self._model, ids, mask),
                 pad_token_id=self._pad_id, eos_token_id=sorted(self._eos_ids),
                 output_logits=True, return_dict_in_generate=True,
                 stopping_criteria=StoppingCriteriaList([_AbortRows(owners, ids.shape[1])]),
@@ -267,6 +269,34 @@ def _param_shapes(model: Any) -> tuple[dict[str, tuple[int, ...]], frozenset[str
         seen.add(tensor.data_ptr())
         shapes[name] = tuple(tensor.shape)
     return shapes, frozenset(tied)
+
+
+def shared_prompt_cache(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> Any | None:
+    """A KV cache of every row's prompt but its last token, computed once per distinct prompt
+    and gathered to the rows (``n`` samples of a request repeat its prompt); ``None`` when no
+    prompt repeats or prompts are one column wide (nothing to share).
+
+    ``generate`` given this cache runs only the last prompt column for all rows, then decodes
+    as usual: the same logits to float rounding, a prefill of ``U * (W - 1) + B`` tokens instead
+    of ``B * W``. No random numbers are drawn here, so seeded sampling is unchanged.
+    """
+    if ids.shape[1] < 2:
+        return None
+    first, inverse = distinct_rows(torch.cat([ids, mask], dim=1))
+    if len(first) == len(inverse):
+        return None
+    prefix_mask = mask[first, :-1]
+    out = model(
+        input_ids=ids[first, :-1],
+        attention_mask=prefix_mask,
+        position_ids=(prefix_mask.cumsum(-1) - 1).clamp_min(0),
+        use_cache=True,
+        **({"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}),
+    )
+    cache = out.past_key_values
+    if cache is not None:
+        cache.reorder_cache(inverse)
+    return cache
 
 
 def _left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -215,3 +215,34 @@ async def test_requests_of_one_tick_share_one_generate_call(
     assert engine.batches - before == 1
     assert [len(a) for a in answers] == [4] * 8
     assert all(len(c.logprobs) == len(c.token_ids) >= 1 for a in answers for c in a)
+
+
+async def test_the_shared_prompt_prefill_samples_what_the_full_prefill_does(engine: HFEngine):
+    """n samples of two prompts of different lengths: the prompt cache computed once per
+    distinct prompt gives the same tokens and logits as generate's own prefill of every row."""
+    from rlfleet.rollout.engine_hf import _left_pad, shared_prompt_cache
+
+    rows = [prompt(engine, 7, 5)] * 4 + [prompt(engine, 12, 34)] * 4
+    ids, mask = _left_pad(rows, 0)
+    assert ids.shape[1] > min(map(len, rows))  # one prompt is left-padded
+
+    def sample(cache):
+        torch.manual_seed(11)
+        with torch.no_grad():
+            return engine._model.generate(
+                input_ids=ids, attention_mask=mask, past_key_values=cache, max_new_tokens=6,
+                do_sample=True, temperature=1.0, top_k=0, pad_token_id=0, eos_token_id=[EOS],
+                output_logits=True, return_dict_in_generate=True,
+            )  # fmt: skip
+
+    with torch.no_grad():
+        cache = shared_prompt_cache(engine._model, ids, mask)
+    assert cache is not None and cache.get_seq_length() == ids.shape[1] - 1
+    shared, full = sample(cache), sample(None)
+    assert torch.equal(shared.sequences, full.sequences)
+    for a, b in zip(shared.logits, full.logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    distinct = torch.tensor([rows[0], rows[4][: len(rows[0])]])
+    assert shared_prompt_cache(engine._model, distinct, torch.ones_like(distinct)) is None
+    one_column = torch.tensor([[1], [1]])
+    assert shared_prompt_cache(engine._model, one_column, torch.ones_like(one_column)) is None

@@ -70,8 +70,8 @@ class Collector:
             with timer.phase("gen"):
                 batch = await self.generate(prompts, step, min_version)
             await asyncio.gather(
-                timer.timed("reward", self.score(batch)),
-                timer.timed("ref", self.reference_and_values(batch)),
+                timer.timed("reward", self.score, batch),
+                timer.timed("ref", self.reference_and_values, batch),
             )
             return batch
         batch = await self._generate_and_score(prompts, step, min_version, timer)

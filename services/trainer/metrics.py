@@ -67,10 +67,13 @@ class Timer:
         finally:
             self.metrics[f"timing_s/{name}"] = time.perf_counter() - started
 
-    async def timed(self, name: str, awaitable):
-        """Await ``awaitable`` and record its duration (for phases run concurrently)."""
+    async def timed(self, name: str, coroutine_fn, *args):
+        """Await ``coroutine_fn(*args)`` and record its duration (for phases run concurrently).
+
+        The coroutine is created here, not by the caller: a task cancelled before it starts
+        (a ``gather`` sibling failed) then leaves no never-awaited coroutine behind."""
         with self.phase(name):
-            return await awaitable
+            return await coroutine_fn(*args)
 
 
 class MetricsWriter:

@@ -51,15 +51,25 @@ redis.call('XADD', KEYS[1], '*', 'id', ARGV[1], 'payload', ARGV[2], 'prior', '0'
            'n', ARGV[6], 'sub', ARGV[7])
 return 1"""
 
+# Lua prelude of the scripts below: delete a request's binding and mark the submission it names
+# cancelled for ``ttl`` s; 0 when there was no binding.
+_FORGET_BINDING_LUA = """local function forget_binding(binding, mark, ttl)
+  local bound = redis.call('GET', binding)
+  if not bound then return 0 end
+  redis.call('DEL', binding)
+  local submission = string.match(bound, ' (.*)$')
+  if submission then redis.call('SET', mark, submission, 'EX', ttl) end
+  return 1
+end
+"""
+
 # Forget an unanswered request's binding (KEYS[1]) and mark the submission it names cancelled
 # (KEYS[2], for ARGV[1] s); nothing once it is answered (KEYS[3]): the binding must outlive it.
-_UNBIND_LUA = """if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-local bound = redis.call('GET', KEYS[1])
-if not bound then return 0 end
-redis.call('DEL', KEYS[1])
-local submission = string.match(bound, ' (.*)$')
-if submission then redis.call('SET', KEYS[2], submission, 'EX', ARGV[1]) end
-return 1"""
+_UNBIND_LUA = (
+    _FORGET_BINDING_LUA
+    + """if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+return forget_binding(KEYS[1], KEYS[2], ARGV[1])"""
+)
 
 # Move one entry (KEYS[1] -> KEYS[2]) as one step: it is in exactly one stream at any instant,
 # so a mover dying anywhere loses nothing and a second mover cannot copy it twice. An entry
@@ -104,16 +114,14 @@ return first"""
 # A counted waiter (``Keys.waiters``; absent = only the submitter) gives up: the last one out
 # of an unanswered request forgets its binding and marks its submission cancelled (as
 # ``_UNBIND_LUA``). KEYS: waiters, binding, cancel mark, result; ARGV: mark ttl.
-_LEAVE_LUA = """local left = 0
+_LEAVE_LUA = (
+    _FORGET_BINDING_LUA
+    + """local left = 0
 if redis.call('EXISTS', KEYS[1]) == 1 then left = redis.call('DECR', KEYS[1]) end
 if left > 0 or redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
 redis.call('DEL', KEYS[1])
-local bound = redis.call('GET', KEYS[2])
-if not bound then return 0 end
-redis.call('DEL', KEYS[2])
-local submission = string.match(bound, ' (.*)$')
-if submission then redis.call('SET', KEYS[3], submission, 'EX', ARGV[1]) end
-return 1"""
+return forget_binding(KEYS[2], KEYS[3], ARGV[1])"""
+)
 
 # Requests waiting in a stream (an entry's ``n``, 1 when absent), stored as KEYS[2][ARGV[1]].
 _RECOUNT_LUA = """local total, start = 0, '-'

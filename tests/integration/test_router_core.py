@@ -24,7 +24,9 @@ from rlfleet.rollout.router.core import ROUTE_POLL_S, RouterCore
 from rlfleet.rollout.router.enqueue import ACTIVE_SESSION_WINDOW_MS
 from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 
-TTL_S = 0.6
+TTL_S = 1.0
+"""Stand-ins' heartbeat TTL: short, so dead ones expire fast, but above the event-loop stalls of
+a loaded CI machine (at 0.6 s a live stand-in once expired mid-test and its session moved)."""
 
 
 class StandIn:

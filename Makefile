@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # the wall time. `make test PYTEST_ARGS=` runs serially.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup run test test-unit test-integration lint format proto proto-check model data bench bench-e2e compose-test clean
+.PHONY: setup run test test-unit test-integration lint layers format proto proto-check model data bench bench-e2e compose-test clean
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -18,6 +18,7 @@ run: setup
 # pytest exits 5 when it collects no tests; that is a failure of the suite, not a pass.
 test: setup
 	$(PY) scripts/gen_proto.py --check
+	$(PY) scripts/check_layers.py
 	$(VENV)/bin/ruff check services tests scripts bench
 	$(PY) -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
@@ -31,6 +32,10 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check services tests scripts bench
 	$(VENV)/bin/ruff format --check services tests scripts bench
+
+# Imports keep the layers of docs/architecture.md (no upward import, no cycle, no torch in common).
+layers: setup
+	$(PY) scripts/check_layers.py
 
 format: setup
 	$(VENV)/bin/ruff check --fix services tests scripts bench

@@ -63,7 +63,7 @@ def run(options: Options) -> BenchResult:
 
 def _actor(variant: str) -> Any:
     from rlfleet.common.config import load_config
-    from rlfleet.common.model_io import load_causal_lm
+    from rlfleet.model.model_io import load_causal_lm
     from rlfleet.trainer.actor import Actor
 
     forward, attn = variant.split("/")
@@ -86,8 +86,8 @@ def _batch(actor: Any, prompts: int) -> dict[str, Any]:
 
     import torch
 
-    from rlfleet.common.model_io import load_tokenizer
-    from rlfleet.trainer.batch import RolloutBatch, response_mask
+    from rlfleet.model.model_io import load_tokenizer
+    from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask
 
     tokenizer = load_tokenizer(MODEL_DIR)
     lines = (REPO / "data" / "arith" / "train.jsonl").read_text().splitlines()[:prompts]

@@ -81,7 +81,7 @@ def _config(strategy: str):
 
 
 def _model():
-    from rlfleet.common.model_io import load_causal_lm
+    from rlfleet.model.model_io import load_causal_lm
 
     return load_causal_lm(MODEL_DIR)
 
@@ -105,7 +105,7 @@ def _single_like(ddp, torch):
 
 def _batch(seed: int, torch):
     """The default job's shape: prompts like ``12+34=`` (7 tokens), 8-token responses."""
-    from rlfleet.trainer.batch import RolloutBatch, response_mask
+    from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask
 
     rng = random.Random(seed)
     rows = PROMPTS * SAMPLES

@@ -91,7 +91,7 @@ def _config(backend: str, options: Options) -> Any:
 
 async def _start(engine_run: EngineRun, options: Options) -> None:
     """Start one engine; a backend that cannot start is reported, the other still runs."""
-    from rlfleet.rollout.engine import make_engine
+    from rlfleet.rollout.engines.factory import make_engine
 
     if not options.verbose:  # vLLM logs every step of its start-up to stdout at INFO
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -115,7 +115,7 @@ async def _close(engine_run: EngineRun) -> None:
 
 
 def _prompts(engine: Any) -> list[list[int]]:
-    from rlfleet.common.model_io import encode_prompt
+    from rlfleet.model.model_io import encode_prompt
 
     with open(TEST_DATA) as handle:
         rows = [json.loads(line) for line, _ in zip(handle, range(PROMPTS), strict=False)]

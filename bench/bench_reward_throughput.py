@@ -196,7 +196,7 @@ async def _callers(one: Server, two: Server, stack: list) -> dict[str, Call]:
 
 def _inproc(stack: list) -> Call:
     from rlfleet.common.config import RewardConfig
-    from rlfleet.reward.engine import BatchScorer
+    from rlfleet.reward.batch_scorer import BatchScorer
     from rlfleet.reward.scorers import build_registry
     from rlfleet.reward.types import ScoreRequest
 

@@ -153,7 +153,7 @@ def _memcpy_once(state_dict: dict[str, Any]) -> dict[str, float]:
 
 def _encode_once(state_dict: dict[str, Any]) -> dict[str, float]:
     """The trainer's share, done once per push: encode (copy + checksum) and serialize."""
-    from rlfleet.common import weights
+    from rlfleet.model import weights
     from rlfleet.rollout.client import PreparedUpdate
 
     start = time.perf_counter()

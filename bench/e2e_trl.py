@@ -28,8 +28,9 @@ import common  # noqa: E402
 
 TRAIN_DATA = common.REPO / "data" / "arith" / "train.jsonl"
 CHILD_ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-"""What ``rlfleet up`` gives every role (launcher.QUIET_THREADS): torch threads that sleep
-rather than spin while waiting. Same for TRL, so a busy machine does not penalise one side."""
+"""What ``rlfleet up`` gives every role (``rlfleet.launch.process.QUIET_THREADS``): torch threads
+that sleep rather than spin while waiting. Same for TRL, so a busy machine does not penalise one
+side."""
 PHASES = {"gen": "_generate", "reward": "_calculate_rewards", "prepare": "_prepare_inputs"}
 
 
@@ -65,7 +66,7 @@ def read_problems(path: Path) -> list[tuple[str, str]]:
 
 def prompt_prefix(tokenizer) -> str:
     """``""`` when TRL's plain-text tokenization already yields rlfleet's ids, else ``"<bos>"``."""
-    from rlfleet.common.model_io import encode_prompt
+    from rlfleet.model.model_io import encode_prompt
 
     sample = "12+34="
     want = encode_prompt(tokenizer, sample)
@@ -84,7 +85,7 @@ def arith_reward(completions, ground_truth, **_) -> list[float]:
 
 def greedy_accuracy(model, tokenizer, problems: list[tuple[str, str]], max_tokens: int) -> float:
     """Held-out accuracy as rlfleet measures it: greedy, same ids, same score."""
-    from rlfleet.common.model_io import greedy_completions
+    from rlfleet.model.model_io import greedy_completions
     from rlfleet.tasks.arith import score
 
     was_training = model.training
@@ -189,7 +190,7 @@ def build_trainer(args: argparse.Namespace, record: dict):
     from trl import GRPOTrainer
 
     from rlfleet.common.config import load_config
-    from rlfleet.common.model_io import encode_prompt, load_tokenizer
+    from rlfleet.model.model_io import encode_prompt, load_tokenizer
 
     tokenizer = load_tokenizer(common.MODEL_DIR)
     prefix = prompt_prefix(tokenizer)

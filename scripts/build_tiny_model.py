@@ -129,7 +129,7 @@ def train_step(model: Any, optimizer: Any, batch: dict) -> float:
 
 
 def evaluate(model: Any, tokenizer: Any, problems: list) -> float:
-    from rlfleet.common.model_io import greedy_accuracy
+    from rlfleet.tasks.arith_eval import greedy_accuracy
 
     model.eval()
     return greedy_accuracy(model, tokenizer, problems, max_new_tokens=4)
@@ -188,7 +188,7 @@ policy of rlfleet's default GRPO job. Built by `scripts/build_tiny_model.py` (se
 - Result: **{result.steps} steps, {result.seconds:.1f} s, greedy held-out accuracy
   {result.accuracy:.3f}** on {n_test} held-out problems (4 new tokens, leading integer compared).
 - Held-out accuracy by step: {curve}.
-- Loading: use `rlfleet.common.model_io.load_tokenizer` (or `PreTrainedTokenizerFast`).
+- Loading: use `rlfleet.model.model_io.load_tokenizer` (or `PreTrainedTokenizerFast`).
   transformers 5's `AutoTokenizer` substitutes `Qwen2Tokenizer` for any qwen2 model; it
   encodes and decodes this alphabet identically but drops unknown characters instead of
   mapping them to `<unk>`.

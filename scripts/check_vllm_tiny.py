@@ -56,7 +56,7 @@ def accuracy(texts: list[str], problems: list) -> float:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from rlfleet.common.model_io import (
+    from rlfleet.model.model_io import (
         encode_prompt,
         greedy_completions,
         load_causal_lm,

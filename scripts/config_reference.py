@@ -1,8 +1,8 @@
-"""Regenerate README.md's "Configuration reference" tables from the config models.
+"""Regenerate docs/configuration.md's field tables ("Every field") from the config models.
 
-Run after adding or changing a config field (a unit test fails while README is out of date):
-    python scripts/config_reference.py          # rewrite README.md in place
-    python scripts/config_reference.py --check  # exit 1 if README.md is out of date
+Run after adding or changing a config field (a unit test fails while the page is out of date):
+    python scripts/config_reference.py          # rewrite docs/configuration.md in place
+    python scripts/config_reference.py --check  # exit 1 if docs/configuration.md is out of date
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 
 def main() -> int:
@@ -20,13 +20,14 @@ def main() -> int:
     args = parser.parse_args()
     from rlfleet.common.config.reference import replace_reference
 
-    text = README.read_text(encoding="utf-8")
+    text = REFERENCE.read_text(encoding="utf-8")
     fresh = replace_reference(text)
+    name = REFERENCE.relative_to(REFERENCE.parents[1])
     if args.check:
-        print("README.md is up to date" if fresh == text else "README.md is out of date")
+        print(f"{name} is up to date" if fresh == text else f"{name} is out of date")
         return int(fresh != text)
-    README.write_text(fresh, encoding="utf-8")
-    print(f"wrote {README}")
+    REFERENCE.write_text(fresh, encoding="utf-8")
+    print(f"wrote {REFERENCE}")
     return 0
 
 

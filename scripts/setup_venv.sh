@@ -50,6 +50,9 @@ fi
 if [[ "$RLFLEET_VLLM" != vllm ]]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 fi
-"${PIP[@]}" -e ".[dev,loggers,ray]"
+# openenv-core (the `agents` extra's OpenEnv adapter) without its dependencies: it lists gradio,
+# used only by its web UI, and gradio would downgrade pillow; what it imports is in the extra.
+"${PIP[@]}" --no-deps openenv-core==0.3.0
+"${PIP[@]}" -e ".[dev,loggers,ray,agents]"
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"

@@ -9,7 +9,7 @@ import importlib
 import sys
 
 VERBS: dict[str, tuple[str, str]] = {
-    "up": ("rlfleet.launcher", "run the whole fleet as local processes, or Ray actors (--ray)"),
+    "up": ("rlfleet.launch.up", "run the whole fleet as local processes, or Ray actors (--ray)"),
     "trainer": ("rlfleet.trainer.main", "the controller: GRPO/PPO training loop"),
     "rollout": ("rlfleet.rollout.main", "one rollout replica (vLLM or transformers engine)"),
     "router": (
@@ -18,9 +18,10 @@ VERBS: dict[str, tuple[str, str]] = {
     ),
     "reward": ("rlfleet.reward.main", "the reward service (gRPC, optional HTTP) and its workers"),
     "refcritic": ("rlfleet.refcritic.main", "reference-policy log-probs and the critic"),
+    "env": ("rlfleet.env.main", "agent episodes: the Env service and its episode workers"),
     "score": ("rlfleet.reward.score_cli", "score a JSONL file through the reward service"),
     "status": ("rlfleet.status_cli", "show replicas, versions and trainer state"),
-    "scale": ("rlfleet.ray_launcher.scale", "scale rollout replicas of a running `up --ray`"),
+    "scale": ("rlfleet.launch.scale", "scale rollout replicas of a running `up --ray`"),
 }
 
 

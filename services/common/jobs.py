@@ -1,12 +1,14 @@
 """The job toolkit every pool of queue workers is built from, so each idea has one home.
 
-- ``JobWorker``: one consumer of a ``WorkQueue``: take jobs (a dead consumer's stalled ones
+- ``JobWorker``: one consumer of a queue (``Consumer``): take jobs (a dead consumer's stalled ones
   first, via ``XAUTOCLAIM``), ``handle`` them, answer each with its payload or a coded failure.
   While it works, its jobs are ``kept_alive`` (``XCLAIM ... JUSTID``, not a delivery), so a
   slow job is never mistaken for a dead worker's and the reclaim delay can stay a few seconds.
-- ``WorkerGroup``: the worker tasks of one process; one crashing stops the role (``on_crash``).
-- ``ScatterGather``: the producer side: submit a batch's jobs under fresh request ids, wait for
-  every answer until one deadline, return them in order, and drop the stored answers.
+- ``JobWorkerPool``: the worker tasks of one process; one crashing stops the role (``on_crash``).
+- ``ScatterGather``: the producer side (``Producer``): submit a batch's jobs under fresh
+  request ids, wait for every answer until one deadline (``Producer.wait_all``), return them in
+  order, and drop the stored answers; with ``withdraw``, a caller that gives up takes its
+  unanswered jobs back (``Producer.withdraw``), so workers stop working for nobody.
 - ``WorkerSlots`` + ``LocalFirst``: a front door that runs workers of the pool itself serves a
   request in-process when one of those workers is idle: no Redis at all. Otherwise (its workers
   busy, or none here because the pool runs ``--worker-only`` elsewhere) the request goes
@@ -23,7 +25,7 @@ Local requests and stream jobs share the process's slots: a worker waits for a f
 before reading more jobs, so while local requests hold every slot new jobs go to other
 processes (a read already in flight may still add one job: slots are a bound, not a lock).
 
-Delivery itself (dead-lettering, first answer wins, moving work) is ``rlfleet.common.workqueue``.
+Delivery itself (dead-lettering, first answer wins, moving work) is ``rlfleet.common.queue``.
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from functools import partial
 from typing import TypeVar
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from rlfleet.common.errors import DeadlineExceeded, ErrorCode
+from rlfleet.common.queue.consumer import Consumer
+from rlfleet.common.queue.entries import Job
+from rlfleet.common.queue.producer import Producer
+from rlfleet.common.queue.stream import QueueStream
 from rlfleet.common.results import Failure, Result
-from rlfleet.common.workqueue import Job, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,7 @@ def consumer_name(*labels: object) -> str:
 
 @contextlib.asynccontextmanager
 async def kept_alive(
-    queue: WorkQueue, consumer: str, jobs: list[Job], reclaim_idle_s: float
+    queue: Consumer, consumer: str, jobs: list[Job], reclaim_idle_s: float
 ) -> AsyncIterator[None]:
     """Within this block, ``jobs`` never look idle for ``reclaim_idle_s`` to other workers."""
     task = asyncio.create_task(_touch_forever(queue, consumer, jobs, reclaim_idle_s / 3))
@@ -71,7 +75,7 @@ async def kept_alive(
             await task
 
 
-async def _touch_forever(queue: WorkQueue, consumer: str, jobs: list[Job], every_s: float):
+async def _touch_forever(queue: Consumer, consumer: str, jobs: list[Job], every_s: float):
     while True:
         await asyncio.sleep(every_s)
         try:
@@ -89,7 +93,7 @@ class JobWorker:
 
     def __init__(
         self,
-        queue: WorkQueue,
+        queue: Consumer,
         consumer: str,
         reclaim_idle_s: float = 10.0,
         read_count: int = 1,
@@ -178,7 +182,7 @@ class JobWorker:
             return b"", failure
 
 
-class WorkerGroup:
+class JobWorkerPool:
     """Worker tasks of this process; one that crashes calls ``on_crash`` (stops the role)."""
 
     def __init__(self, on_crash: Callable[[], None], stop_after_s: float = 5.0) -> None:
@@ -217,14 +221,19 @@ class ScatterGather:
     batch, and the queue treats an id it has answered before as done. At most ``concurrency``
     submits are in flight per producer, across batches. Waiting holds no such slot (a batch
     whose jobs are slow must not keep the next batch from being queued: head-of-line
-    blocking): each batch waits on one connection, one MGET per wake-up and one BLPOP on the
-    wake-up lists of the jobs still unanswered.
+    blocking): each batch waits on one connection (``Producer.wait_all``).
+
+    ``withdraw``: a batch whose caller gives up (cancelled, timed out) has its unanswered jobs
+    withdrawn (``Producer.withdraw``), so workers do not keep scoring for nobody and delay
+    everyone behind; ``withdrawn`` counts them. Without it their answers are just dropped.
     """
 
     def __init__(
-        self, queue: WorkQueue, timeout_s: float, workers: str, concurrency: int = 32
-    ) -> None:
+        self, queue: Producer, timeout_s: float, workers: str, concurrency: int = 32,
+        withdraw: bool = False,
+    ) -> None:  # fmt: skip
         self.queue, self.timeout_s, self.workers = queue, timeout_s, workers
+        self.withdraw, self.withdrawn = withdraw, 0
         self._slots = asyncio.Semaphore(concurrency)
 
     async def start(self) -> None:
@@ -232,34 +241,38 @@ class ScatterGather:
 
     async def run(self, payloads: list[bytes]) -> list[Result]:
         """Every payload's answer, in order; DeadlineExceeded unless all come within
-        ``timeout_s`` (the answers that did come are dropped either way)."""
+        ``timeout_s`` (the answers that did come are then dropped, or withdrawn)."""
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         batch = uuid.uuid4().hex
         ids = [f"{self.queue.group}-{batch}-{i}" for i in range(len(payloads))]
         try:
             await self._submit_all(ids, payloads)
-            answers = await self._gather(ids, deadline)
-        finally:
-            await self.queue.forget(ids)
-        return self._all_answered(answers)
+            answers = await self.queue.wait_all(ids, deadline)
+            results = self._all_answered([answers.get(i) for i in ids])
+        except BaseException:
+            await self._give_up(ids)
+            raise
+        await self.queue.forget(ids)
+        return results
 
     async def _submit_all(self, ids: list[str], payloads: list[bytes]) -> None:
         """Queue every job; these submits take the producer's slots."""
         pairs = zip(ids, payloads, strict=True)
         await self._bounded([partial(self.queue.submit, i, p) for i, p in pairs])
 
-    async def _gather(self, ids: list[str], deadline: float) -> list[Result | None]:
-        """Each job's answer (None: none by ``deadline``), holding no slot. The ids are this
-        batch's own, so no other waiter takes their wake-ups; the re-read every ``poll_s``
-        only guards against a wake-up that expired."""
-        loop, answers = asyncio.get_running_loop(), {}
-        while pending := [i for i in ids if i not in answers]:
-            answers |= await self.queue.get_results(pending)
-            pending = [i for i in pending if i not in answers]
-            if not pending or (remaining := deadline - loop.time()) <= 0:
-                break
-            await self.queue.wait_any(pending, min(self.queue.poll_s, remaining))
-        return [answers.get(i) for i in ids]
+    async def _give_up(self, ids: list[str]) -> None:
+        """Drop the answers that came; with ``withdraw`` take back the jobs still unanswered
+        (shielded: a cancelled caller's work is withdrawn all the same)."""
+        if self.withdraw:
+            await asyncio.shield(self._withdraw(ids))
+        else:
+            await self.queue.forget(ids)
+
+    async def _withdraw(self, ids: list[str]) -> None:
+        try:
+            self.withdrawn += await self.queue.withdraw(ids)
+        except Exception as exc:  # noqa: BLE001 - the caller's error matters more than ours
+            log.warning("could not withdraw %d job(s): %s", len(ids), exc)
 
     def _all_answered(self, answers: list[Result | None]) -> list[Result]:
         missing = sum(answer is None for answer in answers)
@@ -352,27 +365,18 @@ class LocalFirst:
 
 class IdleWorkers:
     """How many consumers of a queue, in any process, wait for work right now: how many parts
-    a batch is worth cutting into. From ``XINFO CONSUMERS`` (no pending entries, seen within
-    ``fresh_ms``: a dead consumer's entry lingers but stops being seen), cached ``cache_s``."""
+    a batch is worth cutting into (``QueueStream.waiting_consumers``), cached ``cache_s``."""
 
-    def __init__(
-        self, redis: Redis, queue: WorkQueue, fresh_ms: int = 3000, cache_s: float = 1.0
-    ) -> None:
-        self._redis, self.queue, self.fresh_ms, self.cache_s = redis, queue, fresh_ms, cache_s
+    def __init__(self, queue: QueueStream, fresh_ms: int = 3000, cache_s: float = 1.0) -> None:
+        self.queue, self.fresh_ms, self.cache_s = queue, fresh_ms, cache_s
         self._count, self._expires = 0, 0.0
 
     async def count(self) -> int:
         now = asyncio.get_running_loop().time()
         if now >= self._expires:
-            self._count, self._expires = await self._probe(), now + self.cache_s
+            self._count = await self.queue.waiting_consumers(self.fresh_ms)
+            self._expires = now + self.cache_s
         return self._count
-
-    async def _probe(self) -> int:
-        try:
-            rows = await self._redis.xinfo_consumers(self.queue.stream, self.queue.group)
-        except ResponseError:  # no stream or group yet: nobody is waiting
-            return 0
-        return sum(int(r["pending"]) == 0 and int(r["idle"]) < self.fresh_ms for r in rows)
 
 
 def parts_for(items: int, idle_workers: int, min_items: int) -> int:

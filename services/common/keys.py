@@ -35,6 +35,8 @@ ROLLOUT_GROUP = "rollout"  # each replica's request stream, read by that replica
 REWARD_GROUP = "reward"  # the scoring stream, read by every reward worker
 REFCRITIC_GROUP = "refcritic"  # both refcritic streams (ref, values)
 
+HEARTBEAT_SUFFIX = ":heartbeat"  # ``Keys.heartbeat`` is the replica's key plus this
+
 
 def _check_part(kind: str, value: str) -> str:
     """Reject names that would blur the namespace (``a:b`` could alias another key)."""
@@ -62,13 +64,18 @@ class Keys:
         """Set of registered replica ids (membership, not liveness: see ``heartbeat``)."""
         return f"{self.prefix}:replicas"
 
+    @property
+    def replica_prefix(self) -> str:
+        """``replica`` without the id: Lua scripts append the id they picked."""
+        return f"{self.prefix}:replica:"
+
     def replica(self, replica_id: str) -> str:
         """Hash describing one replica: address, weight version, state."""
-        return f"{self.prefix}:replica:{_check_part('replica id', replica_id)}"
+        return self.replica_prefix + _check_part("replica id", replica_id)
 
     def heartbeat(self, replica_id: str) -> str:
         """Key a live replica keeps refreshing with a TTL; its absence means the replica died."""
-        return f"{self.replica(replica_id)}:heartbeat"
+        return self.replica(replica_id) + HEARTBEAT_SUFFIX
 
     def sticky(self, session_id: str) -> str:
         """Session -> replica id, so one GRPO group or conversation keeps its prefix cache.
@@ -79,19 +86,30 @@ class Keys:
             raise ValueError("empty session id")
         return f"{self.prefix}:sticky:{session_id}"
 
+    @property
+    def pinned_prefix(self) -> str:
+        """``pinned`` without the id: Lua scripts append the id they picked."""
+        return f"{self.prefix}:pinned:"
+
     def pinned(self, replica_id: str) -> str:
         """Sorted set of the sessions pinned to one replica (member: the session's ``sticky``
         key; score: when the pin expires, in ms), so new sessions spread by session count."""
-        return f"{self.prefix}:pinned:{_check_part('replica id', replica_id)}"
+        return self.pinned_prefix + _check_part("replica id", replica_id)
 
     @property
     def inflight(self) -> str:
         """Hash replica id -> number of requests in flight, for least-loaded routing."""
         return f"{self.prefix}:inflight"
 
+    @property
+    def rollout_stream_prefix(self) -> str:
+        """``rollout_stream`` without the id: Lua scripts append the id they picked, and a scan
+        for ``prefix*`` finds every replica's stream (and its dead-letter stream)."""
+        return f"{self.prefix}:stream:rollout:"
+
     def rollout_stream(self, replica_id: str) -> str:
         """Request stream of one rollout replica (the router picks the replica)."""
-        return f"{self.prefix}:stream:rollout:{_check_part('replica id', replica_id)}"
+        return self.rollout_stream_prefix + _check_part("replica id", replica_id)
 
     @property
     def reward_stream(self) -> str:

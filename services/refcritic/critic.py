@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +30,10 @@ from safetensors.torch import load_model, save_model
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import InvalidArgument, NotFound
-from rlfleet.common.model_io import load_causal_lm
-from rlfleet.common.optim import adamw
-from rlfleet.refcritic.batch import BatchLimits, SequenceBatch, validate_batch, validate_rows
+from rlfleet.model.model_io import load_causal_lm
+from rlfleet.model.optim import adamw
+from rlfleet.refcritic.inputs import BatchLimits, SequenceBatch, validate_batch, validate_rows
+from rlfleet.refcritic.models import Rows
 from rlfleet.refcritic.reference import pad_id_of, pick_device
 from rlfleet.rl.core_algos import masked_mean, value_loss_clipped
 from rlfleet.rl.sequences import (
@@ -132,7 +134,9 @@ class Critic:
         metrics["critic/lr"] = self.optimizer.param_groups[0]["lr"]
         return metrics
 
-    def _prepare(self, batch: SequenceBatch, returns, old_values, size: int) -> list[MicroBatch]:
+    def _prepare(
+        self, batch: SequenceBatch, returns: Rows, old_values: Rows, size: int
+    ) -> list[MicroBatch]:
         keys = [(len(p), len(r)) for p, r in zip(batch.prompts, batch.responses, strict=True)]
         total = sum(batch.response_lengths)
         micros = []
@@ -217,7 +221,7 @@ class Critic:
         return str(directory)
 
 
-def _write_atomic(target: Path, write) -> None:
+def _write_atomic(target: Path, write: Callable[[Path], object]) -> None:
     tmp = target.with_name(target.name + ".tmp")
     write(tmp)
     os.replace(tmp, target)

@@ -1,41 +1,17 @@
 """``rlfleet refcritic``: serve reference log-probs and the critic until SIGTERM/SIGINT.
 
-Two paths, chosen by ``redis_url``:
-
-- unset: the gRPC server computes every call directly (one process, no Redis).
-- set (``rlfleet up`` always sets it): ComputeRefLogProbs / ComputeValues go through the Redis
-  work queue. This process runs the gRPC server plus ``refcritic.workers`` ref workers and, when
-  the critic is enabled, as many values workers (only this process holds the trained critic).
-  ``--worker-only`` runs just ref workers and loads just the reference policy, so reference
-  throughput scales by starting more processes. With ``refcritic.local_first`` the gRPC process
-  computes a read itself when its own worker of that kind is idle (no Redis hop), sharing that
-  worker's slots (``rlfleet.common.jobs.WorkerSlots``).
-
-torch and transformers are imported only after the arguments parse, so ``--help`` is instant.
+Only the command line is here; ``rlfleet.refcritic.app`` assembles and runs the process (the
+direct path, or the Redis queue path when ``redis_url`` is set), imported after parsing so
+``--help`` is instant. ``--worker-only`` runs just reference workers on the queue.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import sys
-import threading
-from dataclasses import dataclass
-from typing import Any
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
-
-log = logging.getLogger(__name__)
-
-
-@dataclass
-class Models:
-    """What this process loaded: the reference always, the critic unless disabled/worker-only."""
-
-    reference: Any
-    critic: Any | None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,89 +24,18 @@ def main(argv: list[str] | None = None) -> int:
     check_args(parser, config, args)
     if args.port is not None:
         config.refcritic.port = args.port
-    return 0 if asyncio.run(serve(config, args.worker_only)) else 1
+    from rlfleet.refcritic.app import run
+
+    return 0 if run(config, args.worker_only) else 1
 
 
-def check_args(parser: argparse.ArgumentParser, config: RlfleetConfig, args) -> None:
+def check_args(
+    parser: argparse.ArgumentParser, config: RlfleetConfig, args: argparse.Namespace
+) -> None:
     if args.worker_only and not config.redis_url:
         parser.error("--worker-only needs Redis: set redis_url=... or RLFLEET_REDIS_URL")
     if config.redis_url and config.refcritic.workers < 1:
         parser.error("with redis_url set, refcritic.workers must be >= 1")
-
-
-def load_models(config: RlfleetConfig, worker_only: bool) -> Models:
-    """The slow part; a worker-only process never needs the critic (see queue_service)."""
-    from rlfleet.refcritic.critic import Critic
-    from rlfleet.refcritic.reference import RefPolicy
-
-    with_critic = config.refcritic.critic_enabled and not worker_only
-    return Models(RefPolicy(config), Critic(config) if with_critic else None)
-
-
-async def serve(config: RlfleetConfig, worker_only: bool = False) -> bool:
-    """Run until SIGTERM/SIGINT (or a worker crash); False if a worker crashed."""
-    from rlfleet.common.grpc_server import install_stop_signals
-
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    models = await asyncio.to_thread(load_models, config, worker_only)
-    lock = threading.Lock()  # one model computation at a time, shared by server and workers
-    queue = await start_queue(config, models, lock, stop, worker_only) if config.redis_url else None
-    server = None
-    if not worker_only:
-        from rlfleet.refcritic.server import start_server
-
-        server = await start_server(config, models, lock, queue.compute if queue else None)
-    await stop.wait()
-    log.info("refcritic stopping")
-    if server is not None:
-        await server.stop()
-    return await queue.stop() if queue else True
-
-
-@dataclass
-class QueuePath:
-    """The producer side (for the server), the worker tasks, and their Redis client."""
-
-    compute: Any
-    workers: Any
-    redis: Any
-
-    async def stop(self) -> bool:
-        """Stop workers, then close Redis; False if a worker had crashed."""
-        await self.workers.stop()
-        await self.redis.aclose()
-        return not self.workers.crashed
-
-
-async def start_queue(
-    config: RlfleetConfig, models: Models, lock: threading.Lock, stop: asyncio.Event,
-    worker_only: bool = False,
-) -> QueuePath:  # fmt: skip
-    from rlfleet.common.jobs import WorkerGroup, WorkerSlots, consumer_name
-    from rlfleet.common.keys import Keys
-    from rlfleet.common.redis_client import connect
-    from rlfleet.refcritic.queue_service import QueuedCompute, refcritic_queue
-    from rlfleet.refcritic.worker import RefCriticWorker, in_thread_locked
-
-    settings, keys = config.refcritic, Keys(config.cluster)
-    redis = connect(config.redis_url, 4 * settings.workers + 64)
-    compute = QueuedCompute(redis, keys, settings.micro_batch_size, settings.request_timeout_s)
-    await compute.start()
-    computes = {"ref": models.reference.logprobs}
-    if models.critic is not None:  # values only where the trained critic lives
-        computes["values"] = models.critic.values
-    group = WorkerGroup(stop.set)
-    timing = (settings.reclaim_idle_s, settings.worker_delay_s)
-    for kind, fn in computes.items():
-        slots = WorkerSlots(settings.workers)
-        if settings.local_first and not worker_only:
-            compute.serve_locally(kind, slots, in_thread_locked(fn, lock))
-        for index in range(settings.workers):
-            queue, name = refcritic_queue(redis, keys, kind), consumer_name(kind, index)
-            group.add(RefCriticWorker(queue, fn, lock, name, *timing, slots=slots))
-    log.info("refcritic queue path: %d worker(s) for %s", settings.workers, ", ".join(computes))
-    return QueuePath(compute, group, redis)
 
 
 if __name__ == "__main__":

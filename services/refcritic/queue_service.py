@@ -2,7 +2,7 @@
 
 Why a queue: reference log-probs need no state beyond the frozen weights, so any number of
 processes (``rlfleet refcritic --worker-only``) can share the work, and a job held by a worker
-that dies stays pending until a live worker reclaims it (``rlfleet.common.workqueue``).
+that dies stays pending until a live worker reclaims it (``rlfleet.common.queue``).
 
 Local first (``refcritic.local_first``, ``rlfleet.common.jobs.LocalFirst``): in the process
 that serves gRPC, a read arriving while that process's own worker of its kind is idle is
@@ -32,14 +32,18 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from redis.asyncio import Redis
 
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.jobs import IdleWorkers, LocalFirst, ScatterGather, WorkerSlots, parts_for
 from rlfleet.common.keys import REFCRITIC_GROUP, Keys
-from rlfleet.common.workqueue import Result, WorkQueue
+from rlfleet.common.queue.consumer import Consumer
+from rlfleet.common.queue.producer import Producer
+from rlfleet.common.queue.stream import QueueStream
+from rlfleet.common.results import Result
+from rlfleet.refcritic.models import Rows
 
 GROUP = REFCRITIC_GROUP  # re-exported for tools and tests that inspect the streams
 MAX_DELIVERIES = 3
@@ -47,14 +51,15 @@ RESULT_TTL_S = 900
 
 Kind = Literal["ref", "values"]
 KINDS: tuple[Kind, ...] = ("ref", "values")
-Rows = list[list[float]]
 LocalCompute = Callable[[list[list[int]], list[list[int]]], Awaitable[Rows]]
+Side = TypeVar("Side", bound=QueueStream)
 
 
-def refcritic_queue(redis: Redis, keys: Keys, kind: Kind) -> WorkQueue:
-    """The queue of one kind of job; producers and workers build it the same way."""
+def refcritic_queue(redis: Redis, keys: Keys, kind: Kind, side: type[Side] = Consumer) -> Side:
+    """One side (a worker's ``Consumer``, the front door's ``Producer``) of the queue of one
+    kind of job; producers and workers build it the same way."""
     stream = keys.refcritic_stream if kind == "ref" else keys.refcritic_values_stream
-    return WorkQueue(redis, keys, stream, REFCRITIC_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
+    return side(redis, keys, stream, REFCRITIC_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
 
 
 @dataclass
@@ -130,12 +135,12 @@ class QueuedCompute:
 
     def __init__(self, redis: Redis, keys: Keys, chunk_size: int, timeout_s: float) -> None:
         self.chunk_size, self.timeout_s = chunk_size, timeout_s
-        queues = {kind: refcritic_queue(redis, keys, kind) for kind in KINDS}
+        queues = {kind: refcritic_queue(redis, keys, kind, Producer) for kind in KINDS}
         self.producers = {
             kind: ScatterGather(queue, timeout_s, "refcritic workers")
             for kind, queue in queues.items()
         }
-        self.idle = {kind: IdleWorkers(redis, queue) for kind, queue in queues.items()}
+        self.idle = {kind: IdleWorkers(queue) for kind, queue in queues.items()}
         self.routes = {kind: LocalFirst(None, timeout_s) for kind in KINDS}
         self.local: dict[Kind, LocalCompute] = {}
 

@@ -8,19 +8,22 @@ eval mode with gradients off, and only ever run under ``torch.no_grad``.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.model_io import load_causal_lm
-from rlfleet.refcritic.batch import BatchLimits, SequenceBatch, validate_batch
+from rlfleet.model.model_io import load_causal_lm
+from rlfleet.refcritic.inputs import BatchLimits, SequenceBatch, validate_batch
 from rlfleet.rl.sequences import (
     map_micro_batches,
     pack_sequences,
     response_logprobs,
     unpack_rows,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def pad_id_of(model: Any) -> int:
+def pad_id_of(model: PreTrainedModel) -> int:
     """A token id to fill masked cells with; any valid id works, the model's own pad if it has one."""
     pad = getattr(model.config, "pad_token_id", None)
     return pad if isinstance(pad, int) and pad >= 0 else 0

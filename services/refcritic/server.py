@@ -21,17 +21,22 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
 from rlfleet.common.grpc_server import GrpcServer, Registration
-from rlfleet.proto import refcritic_pb2, refcritic_pb2_grpc
+from rlfleet.proto import common_pb2, refcritic_pb2, refcritic_pb2_grpc
 from rlfleet.refcritic.convert import rows_from_proto, rows_to_proto, sequences_from_proto
+from rlfleet.refcritic.models import CriticModel, Models, ReferenceModel, Rows
+
+if TYPE_CHECKING:
+    from rlfleet.refcritic.queue_service import Kind, QueuedCompute
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "rlfleet.v1.RefCritic"
+T = TypeVar("T")
 
 
 class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):
@@ -39,10 +44,10 @@ class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):
 
     def __init__(
         self,
-        reference: Any,
-        critic: Any | None,
+        reference: ReferenceModel,
+        critic: CriticModel | None,
         lock: threading.Lock | None = None,
-        queued: Any | None = None,
+        queued: QueuedCompute | None = None,
     ) -> None:
         self._reference = reference
         self._critic = critic
@@ -50,19 +55,22 @@ class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):
         self._queued = queued
         """A QueuedCompute for the queue path; None computes reads directly."""
 
-    async def _run(self, fn: Callable, *args: Any) -> Any:
-        def locked() -> Any:
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        def locked() -> T:
             with self._lock:
                 return fn(*args)
 
         return await asyncio.to_thread(locked)
 
-    def _require_critic(self) -> Any:
+    def _require_critic(self) -> CriticModel:
         if self._critic is None:
             raise FailedPrecondition("the critic is disabled (refcritic.critic_enabled=false)")
         return self._critic
 
-    async def _read(self, kind: str, compute: Callable, request) -> Any:
+    async def _read(
+        self, kind: Kind, compute: Callable[[list[list[int]], list[list[int]]], Rows],
+        request: refcritic_pb2.SequenceBatch,
+    ) -> common_pb2.FloatRows:  # fmt: skip
         """Rows through the queue path (local first) or computed directly."""
         prompts, responses = sequences_from_proto(request)
         if self._queued is None:
@@ -118,7 +126,7 @@ def build_server(config: RlfleetConfig, servicer: RefCriticServicer) -> GrpcServ
 
 
 async def start_server(
-    config: RlfleetConfig, models: Any, lock: threading.Lock, queued: Any | None
+    config: RlfleetConfig, models: Models, lock: threading.Lock, queued: QueuedCompute | None
 ) -> GrpcServer:
     """Serve ``models`` (reference, critic); health turns SERVING once this returns."""
     servicer = RefCriticServicer(models.reference, models.critic, lock, queued)

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 
 from rlfleet.common.jobs import JobWorker, WorkerSlots
-from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.common.queue.consumer import Consumer
+from rlfleet.common.queue.entries import Job
 from rlfleet.refcritic.queue_service import LocalCompute, Rows, decode_job, encode_rows
 
 Compute = Callable[[list[list[int]], list[list[int]]], Rows]
@@ -46,7 +47,7 @@ class RefCriticWorker(JobWorker):
 
     def __init__(
         self,
-        queue: WorkQueue,
+        queue: Consumer,
         compute: Compute,
         lock: threading.Lock,
         consumer: str,

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlfleet.common.config import SandboxLimits, UserScorerConfig
-from rlfleet.reward.sandbox import SandboxError, SandboxProcess
+from rlfleet.common.sandbox import SandboxError, SandboxProcess
 from rlfleet.reward.scorers.base import Scorer, error_result
 from rlfleet.reward.types import ScoreRequest, ScoreResult
 
 log = logging.getLogger(__name__)
 
 RESPAWN_PAUSE_S = 1.0
+HANDLER = "rlfleet.reward.sandbox_serve"
+"""What each child imports to serve the function (``rlfleet.common.sandbox.child.serve``)."""
 
 
 class SandboxPool:
@@ -51,9 +53,9 @@ class SandboxPool:
             await self.close()
             raise failure
         self.about = outcomes[0].ready  # type: ignore[union-attr]
-        isolated = self.about.get("network_isolated")
-        log.info("%d sandboxed worker(s) for %s (network namespace: %s)",
-                 len(outcomes), self.user["name"], "yes" if isolated else "no")  # fmt: skip
+        spaces = self.about.get("isolation", {}).get("namespaces") or ["none"]
+        log.info("%d sandboxed worker(s) for %s (namespaces: %s)",
+                 len(outcomes), self.user["name"], "+".join(spaces))  # fmt: skip
 
     async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """Results for ``requests`` (one call of the function, or one per item inside)."""
@@ -81,7 +83,8 @@ class SandboxPool:
         self._children.clear()
 
     async def _spawn(self) -> SandboxProcess:
-        child = await SandboxProcess.start(self.user, self.limits)
+        label = f"user function {self.user['name']!r}"
+        child = await SandboxProcess.start(HANDLER, self.user, self.limits, label)
         self._children.add(child)
         self._idle.put_nowait(child)
         return child

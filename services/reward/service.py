@@ -12,7 +12,8 @@ Durability is the toolkit's story: a local request is answered by the process th
 it, or its RPC fails and the caller retries it.
 
 An item that could not be scored has ``error`` set and ``reward.default_score`` as its score.
-A caller that cancels or times out stops its work (``_run``; ``rlfleet.reward.withdraw``).
+A caller that cancels or times out stops its work (``_run``): its queued jobs are withdrawn
+(``ScatterGather(withdraw=True)``) and a worker busy with one stops (``RewardWorker``).
 Counters for ``/metrics`` are ``RewardMetrics``.
 
 A batch not fully scored within ``reward.request_timeout_s`` fails with DeadlineExceeded
@@ -25,14 +26,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
 from redis.asyncio import Redis
 
 from rlfleet.common.config import RewardConfig
-from rlfleet.common.jobs import IdleWorkers, LocalFirst, WorkerSlots, parts_for, split_evenly
+from rlfleet.common.jobs import (
+    IdleWorkers,
+    LocalFirst,
+    ScatterGather,
+    WorkerSlots,
+    parts_for,
+    split_evenly,
+)
 from rlfleet.common.keys import REWARD_GROUP, Keys
-from rlfleet.common.workqueue import Result, WorkQueue
-from rlfleet.reward.engine import BatchScorer
+from rlfleet.common.queue.consumer import Consumer
+from rlfleet.common.queue.producer import Producer
+from rlfleet.common.queue.stream import QueueStream
+from rlfleet.common.results import Result
+from rlfleet.reward.batch_scorer import BatchScorer
 from rlfleet.reward.metrics import RewardMetrics
 from rlfleet.reward.scorers import ScorerRegistry
 from rlfleet.reward.types import (
@@ -44,17 +56,18 @@ from rlfleet.reward.types import (
     fill_ids,
     validate_batch,
 )
-from rlfleet.reward.withdraw import WithdrawingJobs
 
 MAX_DELIVERIES = 3
 RESULT_TTL_S = 900
 MIN_JOB_ITEMS = 32  # a batch is cut to spread over idle workers, never into smaller jobs
 REDIS_CONCURRENCY = 32  # Redis round trips in flight per service
+Side = TypeVar("Side", bound=QueueStream)
 
 
-def reward_queue(redis: Redis, keys: Keys) -> WorkQueue:
-    """The one queue the service produces to and every worker consumes from."""
-    return WorkQueue(redis, keys, keys.reward_stream, REWARD_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
+def reward_queue(redis: Redis, keys: Keys, side: type[Side] = Consumer) -> Side:
+    """One side (a worker's ``Consumer``, the service's ``Producer``) of the one queue the
+    service produces to and every worker consumes from."""
+    return side(redis, keys, keys.reward_stream, REWARD_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
 
 
 class RewardService:
@@ -66,16 +79,16 @@ class RewardService:
         self, redis: Redis, keys: Keys, config: RewardConfig, registry: ScorerRegistry,
         slots: WorkerSlots | None = None, item_timeout_s: float = 10.0,
     ) -> None:  # fmt: skip
-        self.queue = reward_queue(redis, keys)
+        self.queue = reward_queue(redis, keys, Producer)
         self.registry, self.default_scorer = registry, config.default_scorer
         self.default_score = config.default_score
         timeout_s = config.request_timeout_s
-        self.jobs = WithdrawingJobs(redis, self.queue, timeout_s, "reward workers",
-                                    REDIS_CONCURRENCY)  # fmt: skip
+        self.jobs = ScatterGather(self.queue, timeout_s, "reward workers", REDIS_CONCURRENCY,
+                                  withdraw=True)  # fmt: skip
         self.metrics = RewardMetrics()
         self.metrics.gauge("rlfleet_reward_withdrawn_jobs", "Queued jobs withdrawn (caller gone)",
                            lambda: self.jobs.withdrawn)  # fmt: skip
-        self.idle_workers = IdleWorkers(redis, self.queue)
+        self.idle_workers = IdleWorkers(self.queue)
         self.route = LocalFirst(slots if config.local_first else None, timeout_s)
         self.engine = BatchScorer(registry, item_timeout_s, name="score-local")
 

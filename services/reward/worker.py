@@ -6,8 +6,8 @@ is the shared ``rlfleet.common.jobs.JobWorker``, so a worker that dies mid-job l
 a slow user function is never mistaken for a dead worker. Scoring itself is ``BatchScorer``
 (the same code the front door runs for a request it keeps in-process).
 
-A job whose caller gave up (``rlfleet.reward.withdraw``) is skipped, or its scoring is
-cancelled mid-way (sandboxed items running are killed).
+A job whose caller gave up (withdrawn: ``Producer.withdraw`` stored an answer for it) is
+skipped, or its scoring is cancelled mid-way (sandboxed items running are killed).
 
 Items were validated by the front door that queued them; decoding still checks their types,
 so a malformed payload fails its job (InvalidArgument) instead of reaching a scorer.
@@ -19,11 +19,11 @@ import asyncio
 
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.jobs import JobWorker, WorkerSlots
-from rlfleet.common.workqueue import Job, WorkQueue
-from rlfleet.reward.engine import BatchScorer
+from rlfleet.common.queue.consumer import Consumer
+from rlfleet.common.queue.entries import Job
+from rlfleet.reward.batch_scorer import BatchScorer
 from rlfleet.reward.scorers import ScorerRegistry
 from rlfleet.reward.types import ScoreRequest, ScoreResult, decode_requests, encode_results
-from rlfleet.reward.withdraw import until_withdrawn, withdrawn
 
 READ_COUNT = 4  # jobs taken, scored and answered together
 
@@ -33,7 +33,7 @@ class RewardWorker(JobWorker):
 
     def __init__(
         self,
-        queue: WorkQueue,
+        queue: Consumer,
         registry: ScorerRegistry,
         consumer: str,
         item_timeout_s: float = 10.0,
@@ -58,10 +58,10 @@ class RewardWorker(JobWorker):
             requests = decode_requests(job.payload)
         except InvalidArgument as exc:
             raise InvalidArgument(f"bad scoring job {job.request_id}: {exc}") from exc
-        if await withdrawn(self.queue, job.request_id):
+        if await self.queue.answered(job):
             return b""
         scoring = asyncio.create_task(self.engine.score_all(requests))
-        watch = asyncio.create_task(until_withdrawn(self.queue, job.request_id))
+        watch = asyncio.create_task(self.queue.until_answered(job))
         try:
             await asyncio.wait({scoring, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from rlfleet.common import call_counts, weights
+from rlfleet.common import call_counts
 from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
+from rlfleet.model import weights
 from rlfleet.proto import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaStatus, UpdateOutcome

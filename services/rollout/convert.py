@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, fields
 
-from rlfleet.common.weights import TensorEntry, WeightHeader
+from rlfleet.model.weights import TensorEntry, WeightHeader
 from rlfleet.proto import common_pb2, rollout_pb2
 from rlfleet.rollout.types import (
     Completion,

@@ -1,36 +1,15 @@
-"""``rlfleet rollout``: run one rollout replica until SIGTERM/SIGINT.
+"""``rlfleet rollout``: run one rollout replica until SIGTERM/SIGINT (or a router drains it).
 
-The gRPC server comes up first (health NOT_SERVING, state ``starting``) so the replica is
-visible while its engine loads; then the engine starts, the replica registers as ``serving``
-and starts pulling from its stream. torch and vLLM are imported only after argument parsing, so
-``--help`` is instant. vLLM spawns child processes, hence the ``__main__`` guard. With
-``rollout.metrics_port`` set, Prometheus ``/metrics`` is served there (``metrics.py``).
-SIGTERM/SIGINT, or a router's ``DrainReplica`` once the replica's queue is empty, end it the
-same way: work in hand finishes, the replica deregisters and the process exits 0.
+Only the command line is here; ``rlfleet.rollout.app`` assembles and runs the process,
+imported after parsing so ``--help`` is instant (no torch, no vLLM). vLLM spawns child
+processes, hence the ``__main__`` guard.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
-import logging
-import socket
-import uuid
-from collections.abc import Awaitable, Iterator
-from typing import TYPE_CHECKING
-
-from rlfleet.common.config import RlfleetConfig, RolloutConfig
+from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
 from rlfleet.common.keys import Keys
-
-if TYPE_CHECKING:  # heavy (torch, grpc): imported at run time only after parsing
-    from redis.asyncio import Redis
-
-    from rlfleet.common.grpc_server import GrpcServer
-    from rlfleet.rollout.replica import Replica
-
-log = logging.getLogger(__name__)
 
 
 def parse(argv: list[str] | None) -> RlfleetConfig:
@@ -38,7 +17,10 @@ def parse(argv: list[str] | None) -> RlfleetConfig:
     parser.add_argument("--replica-id", help="stable replica id (overrides rollout.replica_id)")
     parser.add_argument("--port", type=int, help="gRPC port (overrides rollout.port; 0 = free)")
     config, args = resolve(parser, "rollout", argv)
-    _apply_args(config, args)
+    if args.replica_id:
+        config.rollout.replica_id = args.replica_id
+    if args.port is not None:
+        config.rollout.port = args.port
     if not config.redis_url:
         parser.error("rlfleet rollout needs Redis: set RLFLEET_REDIS_URL or redis_url=redis://...")
     try:
@@ -48,123 +30,14 @@ def parse(argv: list[str] | None) -> RlfleetConfig:
     return config
 
 
-def _apply_args(config: RlfleetConfig, args: argparse.Namespace) -> None:
-    if args.replica_id:
-        config.rollout.replica_id = args.replica_id
-    if args.port is not None:
-        config.rollout.port = args.port
-
-
-def default_replica_id() -> str:
-    """Host name plus a random suffix; ':' and spaces are not allowed in Redis key parts."""
-    host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())
-    return f"rollout-{host}-{uuid.uuid4().hex[:6]}"
-
-
-async def serve(config: RlfleetConfig) -> None:
-    from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
-    from rlfleet.common.redis_client import connect
-    from rlfleet.rollout.engine import make_engine
-    from rlfleet.rollout.metrics import MeteredReplica
-    from rlfleet.rollout.server import registration
-
-    rollout = config.rollout
-    redis = connect(config.redis_url)
-    replica_id = rollout.replica_id or default_replica_id()
-    replica = MeteredReplica(config, make_engine(config), redis, Keys(config.cluster),
-                             replica_id, "")  # fmt: skip
-    server = GrpcServer([registration(replica)], rollout.host, rollout.port,
-                        config.max_message_mb, config.api_key)  # fmt: skip
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    port = await server.start()
-    await server.set_serving(False)
-    replica.address = f"{advertised_host(rollout)}:{port}"
-    try:
-        with metrics_server(replica, rollout):
-            await _run_until(stop, replica, server)
-    finally:
-        await _shutdown(replica, server, redis)
-
-
-@contextlib.contextmanager
-def metrics_server(replica: Replica, rollout: RolloutConfig) -> Iterator[None]:
-    """Prometheus ``/metrics`` on ``rollout.metrics_port`` while the block runs (0 = off)."""
-    if not rollout.metrics_port:
-        yield
-        return
-    from rlfleet.rollout.metrics import serve_metrics
-
-    server, sampler = serve_metrics(replica, rollout.host, rollout.metrics_port)
-    log.info("replica metrics at http://%s:%d/metrics", rollout.host, rollout.metrics_port)
-    try:
-        yield
-    finally:
-        sampler.cancel()
-        server.shutdown()
-
-
-async def _run_until(stop: asyncio.Event, replica: Replica, server: GrpcServer) -> None:
-    """Serve until a stop signal; an engine that fails to start or dies ends the process."""
-    starting = asyncio.create_task(replica.start())
-    await _first(starting, stop.wait())
-    if not starting.done():
-        starting.cancel()
-        await asyncio.gather(starting, return_exceptions=True)
-        return
-    starting.result()
-    await server.set_serving(True)
-    await _first(stop.wait(), replica.failed.wait(), replica.drained.wait())
-    if replica.failed.is_set():
-        raise SystemExit(f"replica {replica.replica_id}: the {replica.engine.name} engine died")
-    log.info("%s; shutting down", "drained" if replica.drained.is_set() else "stop requested")
-
-
-async def _first(*awaitables: Awaitable[object]) -> None:
-    """Wait for the first to finish; cancel the helper tasks made for the other coroutines."""
-    tasks = [asyncio.ensure_future(a) for a in awaitables]
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for awaitable, task in zip(awaitables, tasks, strict=True):
-        if awaitable is not task:
-            task.cancel()
-
-
-async def _shutdown(replica: Replica, server: GrpcServer, redis: Redis) -> None:
-    await replica.shutdown()
-    await server.stop(grace_s=2.0)
-    await replica.engine.close()
-    await redis.aclose()
-
-
-def advertised_host(rollout: RolloutConfig) -> str:
-    """The host others dial: explicit setting, else our hostname when bound to every interface
-    (so each ``docker compose --scale`` container registers its own name), else the bind host."""
-    if rollout.advertise_host:
-        return rollout.advertise_host
-    if rollout.host in ("0.0.0.0", "::", ""):
-        return socket.gethostname()
-    return rollout.host
-
-
 def main(argv: list[str] | None = None) -> None:
-    """Run a replica; after a clean stop the process exits at once (``_exit_now``), so call
-    ``serve`` instead to run one inside another program."""
+    """Run a replica; after a clean stop the process exits at once (``app.exit_now``), so call
+    ``app.serve`` instead to run one inside another program."""
     config = parse(argv)
-    asyncio.run(serve(config))
-    _exit_now(0)
+    from rlfleet.rollout import app
 
-
-def _exit_now(code: int) -> None:
-    """Exit without the interpreter's teardown: the replica has deregistered and closed its
-    engine, server and Redis, and tearing down torch and transformers' modules alone takes
-    1-2.5 s on a busy machine, so a stopping replica would linger that long for nothing."""
-    import os
-    import sys
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    app.run(config)
+    app.exit_now(0)
 
 
 if __name__ == "__main__":

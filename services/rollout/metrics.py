@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rlfleet.common import weights
+from rlfleet.model import weights
 from rlfleet.rollout.replica import Replica
 from rlfleet.rollout.types import ReplicaState, UpdateOutcome
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from rlfleet.common.keys import Keys
+from rlfleet.common.keys import HEARTBEAT_SUFFIX, Keys
 from rlfleet.rollout.types import ReplicaState
 
 # Everything a routing decision needs, in one round trip: the member ids, each member's hash
@@ -164,9 +164,6 @@ class ReplicaRegistry:
         self._remove = redis.register_script(_REMOVE_LUA)
         self._renew = redis.register_script(_RENEW_LUA)
         self._unlock = redis.register_script(_UNLOCK_LUA)
-        sample = keys.replica("_")
-        self._replica_prefix = sample[:-1]
-        self._heartbeat_suffix = keys.heartbeat("_")[len(sample) :]
 
     # ---- a replica's own entry -----------------------------------------------------------
 
@@ -236,7 +233,7 @@ class ReplicaRegistry:
         keys = [self._keys.replicas, self._keys.inflight, self._keys.draining]
         asked = ([session_id] if session_id else []) + [s for s in sessions if s]
         keys += [self._keys.sticky(s) for s in asked]
-        args = [self._replica_prefix, self._heartbeat_suffix]
+        args = [self._keys.replica_prefix, HEARTBEAT_SUFFIX]
         ids, hashes, alive, inflight, draining, found = await self._snapshot(keys, args)
         stickies = {s: _s(r) for s, r in zip(asked, found, strict=True) if _s(r)}
         infos = [
@@ -254,7 +251,7 @@ class ReplicaRegistry:
     async def streams_without_replica(self, registered: set[str]) -> set[str]:
         """Ids whose rollout stream exists but who are not registered (left, or forgotten
         by a router that restarted): their queued work still needs a home."""
-        prefix = self._keys.rollout_stream("x")[:-1]
+        prefix = self._keys.rollout_stream_prefix
         found = set()
         async for name in self._redis.scan_iter(match=prefix + "*", count=1000):
             replica_id = _s(name)[len(prefix) :]

@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from rlfleet.common import weights, weights_shm
 from rlfleet.common.errors import InvalidArgument, RlfleetError
 from rlfleet.common.grpc_server import Registration
 from rlfleet.common.proto_decode import read_varint
+from rlfleet.model import weights, weights_shm
 from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
 from rlfleet.rollout.replica import Replica

@@ -1,7 +1,7 @@
 """The actor: the policy being trained, its optimizer, and the PPO-style update.
 
-The loss is assembled from ``core_algos`` pure functions: the PPO clipped surrogate
-(Schulman et al. 2017, arXiv:1707.06347) on the advantages, plus an optional KL term
+The loss is ``rlfleet.rl.losses.actor_loss``, pure functions over tensors: the PPO clipped
+surrogate (Schulman et al. 2017, arXiv:1707.06347) on the advantages, plus an optional KL term
 against the reference policy (GRPO, Shao et al. 2024, arXiv:2402.03300) and an optional
 entropy bonus. The actor does not know which advantage estimator produced its inputs.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.optim import adamw
+from rlfleet.model.optim import adamw
 from rlfleet.rl import core_algos
 from rlfleet.rl.losses import LossInputs, LossParams, actor_loss
 from rlfleet.rl.sequences import (

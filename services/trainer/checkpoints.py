@@ -6,10 +6,11 @@ weights and tokenizer plus ``trainer_state.pt`` (optimizer, schedule, step, weig
 data position, RNG states, the in-reward KL coefficient) and, in GAE runs, ``critic/`` (the
 critic's weights, optimizer and step, written by the refcritic); with LoRA
 (``model.lora_rank``) the HF weights are the merged export and ``adapter/`` holds the peft
-adapter, which is what a resume loads (over the base in ``model.path``); ``checkpoints/final`` is
-written at the end of a run and is not a resume point. ``trainer.resume_mode``: ``auto`` resumes from the newest ``global_step_N``
-in ``run_dir`` when there is one (else starts fresh), ``disable`` always starts fresh, and any
-other value is the checkpoint directory to resume from.
+adapter, which is what a resume loads (over the base in ``model.path``);
+``checkpoints/final`` is written at the end of a run and is not a resume point.
+``trainer.resume_mode``: ``auto`` resumes from the newest ``global_step_N`` in ``run_dir`` when
+there is one (else starts fresh), ``disable`` always starts fresh, and any other value is the
+checkpoint directory to resume from.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ through the router (plus ReMax's greedy baselines in the same call), one ``Score
 the reference log-probs and critic values when the config needs them. DAPO's dynamic
 sampling repeats generate+score until enough groups teach. The synchronous loop calls it
 between updates; the asynchronous one runs it ahead in ``AsyncRollouts``.
+
+In agent mode (``agent.env`` set) generation is one ``RunEpisodes`` to the env service instead:
+``rollout.n`` episodes per prompt, each already rewarded by its environment, so there is no
+``ScoreBatch`` (``rlfleet.trainer.episodes``).
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ from dataclasses import replace
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
-from rlfleet.trainer.batch import RolloutBatch
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.dynamic_sampling import fill_batch
+from rlfleet.trainer.episodes import episode_jobs, episode_metrics
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer
 from rlfleet.trainer.retry import retry_transient
+from rlfleet.trainer.rollout_batch import RolloutBatch
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +109,8 @@ class Collector:
         sticky session, so a group's samples share a replica's prefix cache. ReMax adds one
         greedy request per prompt (its baseline) to the same call."""
         prefix = f"{self.run_tag}-s{step}{tag}"
+        if self.config.agent.env:
+            return await self.play_episodes(prompts, prefix, min_version)
         requests = [
             self._request(f"{prefix}-p{i}", f"{prefix}-g{i}", record, min_version, self._sampling)
             for i, record in enumerate(prompts)
@@ -121,6 +128,23 @@ class Collector:
         batch.texts = self._decode(batch.responses)
         baselines = [r.completions[0].token_ids for r in results[len(prompts) :]]
         batch.baseline_texts = self._decode(baselines)
+        return batch
+
+    async def play_episodes(
+        self, prompts: list[PromptRecord], prefix: str, min_version: int
+    ) -> RolloutBatch:
+        """``rollout.n`` episodes per prompt in one ``RunEpisodes``; one group per prompt."""
+        n = self.config.rollout.n
+        jobs = episode_jobs(prompts, prefix, n, min_version)
+        results = await self.fleet.env.run_episodes(jobs, replace(self._sampling, n=1))
+        batch = RolloutBatch()
+        for group_id, record in enumerate(prompts):
+            batch.add_episode_group(record, group_id, results[group_id * n : (group_id + 1) * n])
+        batch.texts = self._decode(batch.responses)  # the transcript after the prompt
+        batch.agent_metrics = episode_metrics(results)
+        failed = sum(1 for r in results if r.error)
+        if failed:
+            log.warning("%d of %d episodes failed (trained with reward 0)", failed, len(results))
         return batch
 
     @property
@@ -144,7 +168,10 @@ class Collector:
         return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
 
     async def score(self, batch: RolloutBatch) -> None:
-        """Score every response (and ReMax's greedy baselines) in one ``ScoreBatch``."""
+        """Score every response (and ReMax's greedy baselines) in one ``ScoreBatch``; in agent
+        mode the episodes came back rewarded by their environments."""
+        if self.config.agent.env:
+            return
 
         first: dict[int, int] = {}  # group id -> its first row
         for row, group in enumerate(batch.group_ids):

@@ -1,8 +1,9 @@
 """Prompt data in verl's schema: JSONL or Parquet rows with ``prompt`` (chat messages or a
 string), ``data_source``, ``reward_model.ground_truth`` and optional ``extra_info``.
 
-Prompts are tokenized once at load time with the policy's tokenizer (the same function the
-tests and the model build script use) and too-long prompts are rejected loudly.
+Prompts are tokenized once at load time with the policy's tokenizer
+(``rlfleet.model.model_io.encode_prompt``, the one function every role tokenizes prompts
+with) and too-long prompts are rejected loudly.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def load_records(
 ) -> list[PromptRecord]:
     """Read, validate and tokenize every row of ``files``; ``chat_template`` is
     ``data.apply_chat_template`` (``auto``, True or False; see ``model_io.ChatTemplate``)."""
-    from rlfleet.common.model_io import encode_prompt
+    from rlfleet.model.model_io import encode_prompt
 
     records = []
     for file in files:

@@ -237,8 +237,8 @@ class DDPWorker:
             torch.distributed.destroy_process_group()
 
 
-# --- the worker group ----------------------------------------------------------------------------
-class WorkerGroup:
+# --- the DDP ranks -----------------------------------------------------------------------------
+class DdpRanks:
     """``world_size`` ``DDPWorker`` actors in one placement group, joined in a process group."""
 
     def __init__(self, config: RlfleetConfig, model, pad_id: int) -> None:
@@ -249,7 +249,7 @@ class WorkerGroup:
         cfg = config.trainer
         self.cluster = None
         if not ray.is_initialized():  # a trainer outside Ray: join ray.address or start one
-            from rlfleet.ray_launcher.cluster import connect
+            from rlfleet.common.ray_cluster import connect
 
             cpus = max(cfg.world_size, os.cpu_count() or 1)
             self.cluster = connect(config.ray, None, cpus)
@@ -306,7 +306,7 @@ class WorkerGroup:
 
 # --- the controller's side ---------------------------------------------------------------------
 class DDPActor:
-    """The ``Actor`` interface over a ``WorkerGroup`` (see the module docstring)."""
+    """The ``Actor`` interface over ``DdpRanks`` (see the module docstring)."""
 
     def __init__(self, config: RlfleetConfig, model, pad_id: int) -> None:
         self.config = config
@@ -316,7 +316,7 @@ class DDPActor:
         self._model = model
         self._weights: dict[str, torch.Tensor] | None = None
         self._model_stale = False
-        self.group = WorkerGroup(config, model, pad_id)
+        self.group = DdpRanks(config, model, pad_id)
 
     @property
     def model(self):

@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from rlfleet.rl.shaping import groups_with_signal
-from rlfleet.trainer.batch import RolloutBatch
 from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.rollout_batch import RolloutBatch
 
 Round = Callable[[list[PromptRecord], int], Awaitable[RolloutBatch]]
 """Generate and score one round's prompts; the int is the round number (for request ids)."""

@@ -6,6 +6,10 @@ Every validation has a greedy pass (``val-core/<data_source>/reward/mean@1``, th
 training clock's target is checked against). With ``trainer.val_n > 1`` a sampled pass adds
 ``mean@n``, ``best@n`` and ``maj@n`` (``rlfleet.trainer.val_metrics``). A few greedy samples
 (prompt, response, ground truth, score) come back as a table for the loggers.
+
+In agent mode (``agent.env`` set) the greedy pass plays one whole episode per held-out task
+through the env service (temperature 0 on every turn) and its score is the episode's reward:
+``mean@1`` is the held-out episode success rate.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.episodes import episode_jobs
 from rlfleet.trainer.val_metrics import answer_of, sampled_metrics
 
 SAMPLE_COLUMNS = ("prompt", "response", "ground_truth", "score")
@@ -112,16 +117,31 @@ class Evaluator:
 
     async def greedy(self, records: list[PromptRecord], version: int) -> Validation:
         """mean@1 per data source, and the first rows as samples."""
-        max_tokens = self.config.rollout.max_tokens
-        texts = self.decode(
-            await greedy_responses(self.fleet.rollout, records, max_tokens, version)
-        )
-        scores = [score_of(r) for r in await score_texts(self.fleet.reward, records, texts)]
+        if self.config.agent.env:
+            texts, scores = await self.greedy_episodes(records, version)
+        else:
+            texts, scores = await self.greedy_completions(records, version)
         count = self.config.trainer.log_val_generations
         return Validation(
             accuracy_by_source(records, scores),
             sample_rows(self.tokenizer, records, texts, scores, count),
         )
+
+    async def greedy_completions(self, records, version) -> tuple[list[str], list[float]]:
+        """Each record's greedy completion and its score from the reward service."""
+        max_tokens = self.config.rollout.max_tokens
+        texts = self.decode(
+            await greedy_responses(self.fleet.rollout, records, max_tokens, version)
+        )
+        return texts, [score_of(r) for r in await score_texts(self.fleet.reward, records, texts)]
+
+    async def greedy_episodes(self, records, version) -> tuple[list[str], list[float]]:
+        """One greedy episode per record through the env service: transcript and reward."""
+        jobs = episode_jobs(records, f"val-{uuid.uuid4().hex[:8]}", 1, version)
+        sampling = SamplingParams(n=1, temperature=0.0, max_tokens=self.config.rollout.max_tokens)
+        results = await self.fleet.env.run_episodes(jobs, sampling)
+        texts = self.decode([r.episode.response_ids for r in results])
+        return texts, [float(r.episode.reward) for r in results]
 
     async def sampled(self, records: list[PromptRecord], version: int) -> dict[str, float]:
         """mean@n, best@n, maj@n per data source from ``trainer.val_n`` samples per prompt."""

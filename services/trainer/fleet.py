@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.trainer.episodes import EpisodeSource
 
 if TYPE_CHECKING:
     from rlfleet.refcritic.client import CheckpointInfo
@@ -29,8 +30,8 @@ class Generator(Closable, Protocol):
     async def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]: ...
 
 
-class Scorer(Closable, Protocol):
-    """The reward service (``rlfleet.reward.client.RewardClient``)."""
+class ScoreService(Closable, Protocol):
+    """The reward service (``rlfleet.reward.client.RewardClient``), not one of its scorers."""
 
     async def score_batch(self, requests: list[ScoreRequest]) -> list[ScoreResult]: ...
 
@@ -76,19 +77,22 @@ class Fleet:
     """What the trainer needs of the other services, each behind a small Protocol."""
 
     rollout: Generator
-    reward: Scorer
+    reward: ScoreService
     refcritic: RefCritic | None
     """None when the config needs neither a reference nor a critic."""
     weight_sync: WeightPublisher
+    env: EpisodeSource | None = None
+    """The env service, in agent mode only (``agent.env`` set)."""
 
     async def close(self) -> None:
-        for client in (self.rollout, self.reward, self.refcritic, self.weight_sync):
+        for client in (self.rollout, self.reward, self.refcritic, self.weight_sync, self.env):
             if client is not None:
                 await client.close()
 
 
 async def connect_fleet(config: RlfleetConfig) -> Fleet:
     """Clients for the router, reward and refcritic; weight sync learns replicas from the router."""
+    from rlfleet.env.client import EnvClient
     from rlfleet.refcritic.client import RefCriticClient
     from rlfleet.reward.client import RewardClient
     from rlfleet.rollout.client import RolloutClient
@@ -105,4 +109,8 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
         weight_sync=grpc_weight_sync(
             config.endpoints.router, key, mb, config.trainer.weight_shared_memory
         ),  # fmt: skip
+        env=EnvClient(
+            config.agent.address, api_key=key, timeout_s=config.agent.request_timeout_s,
+            max_message_mb=mb,
+        ) if config.agent.env else None,  # fmt: skip
     )

@@ -3,7 +3,7 @@
 What changes against full fine-tuning, and why:
 
 - Only the adapter trains (peft freezes the base); the optimizer holds the adapter only.
-- A weight push carries only the adapter (``rlfleet.common.lora``'s wire names, ``B`` scaled by
+- A weight push carries only the adapter (``rlfleet.model.lora``'s wire names, ``B`` scaled by
   ``lora_alpha / r``): a few percent of the model's bytes. Replicas keep the base they loaded
   from ``model.path``, so the trainer's base must be that same model.
 - The reference policy is the base: reference log-probs are the actor's own forward with the
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from rlfleet.common import lora
 from rlfleet.common.config import ModelConfig, RlfleetConfig
+from rlfleet.model import lora
 from rlfleet.rl.sequences import pack_sequences, response_logprobs, unpack_rows
 from rlfleet.trainer.actor import Actor
 
@@ -77,7 +77,7 @@ def lora_layers(model):
 
 
 def adapter_state(model) -> dict[str, torch.Tensor]:
-    """The adapter in ``rlfleet.common.lora``'s wire form: per wrapped weight ``A`` and the
+    """The adapter in ``rlfleet.model.lora``'s wire form: per wrapped weight ``A`` and the
     scaled ``B`` (detached; ``B`` is a new tensor, ``A`` a view of the parameter)."""
     state = {}
     for base, layer in lora_layers(model):
@@ -121,7 +121,7 @@ class LoraActor(Actor):
 
 def build_lora_actor(config: RlfleetConfig, pad_id: int, resumed: Path | None) -> LoraActor:
     """Base from ``model.path`` (what replicas hold), adapter fresh or from ``resumed``."""
-    from rlfleet.common.model_io import load_causal_lm
+    from rlfleet.model.model_io import load_causal_lm
 
     base = load_causal_lm(config.model.path, config.model.dtype, config.model.attn_implementation)
     adapter = resumed / ADAPTER_DIR if resumed is not None else None

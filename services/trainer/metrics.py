@@ -27,9 +27,12 @@ def _stats(prefix: str, values: list[float]) -> dict[str, float]:
 
 def batch_metrics(batch, max_response_length: int) -> dict[str, float]:
     """Score, length and version metrics of one rollout batch."""
-    lengths = [float(n) for n in batch.response_lengths()]
+    lengths = [float(n) for n in batch.sampled_lengths()]  # agent mode: sampled tokens only
     prompt_lengths = [float(len(p)) for p in batch.prompts]
-    clipped = sum(1 for n in lengths if n >= max_response_length)
+    if batch.row_loss_masks() is not None:  # agent mode: an episode cut by its token budget
+        clipped = sum(1 for reason in batch.finish_reasons if reason == "token_budget")
+    else:
+        clipped = sum(1 for n in lengths if n >= max_response_length)
     metrics = {
         **_stats("critic/score", batch.scores),
         **_stats("response_length", lengths),

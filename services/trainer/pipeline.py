@@ -1,6 +1,6 @@
 """Asynchronous training: the next batches are generated while the actor updates.
 
-In ``trainer.mode: async`` a producer task runs ``Trainer.produce`` ahead of the learner. The
+In ``trainer.mode: async`` a producer task runs ``Collector.produce`` ahead of the learner. The
 batch for step ``s`` may come from weights at most ``max_staleness`` (``k``) versions older
 than the ones it is trained on. The producer enforces that before it asks for anything: it
 waits until version ``v0 + (s - s0) - k`` has landed on the replicas and asks the router for
@@ -8,8 +8,10 @@ at least that version (``min_weight_version``), so the router's version gating, 
 bounds the lag. ``k = 0`` therefore degenerates to the synchronous loop, step for step.
 
 Responses that still arrive older than allowed (a replica that missed a push) are dropped,
-whole groups at a time, and counted in ``async/dropped``; the rest are trained with the
-engine's behaviour log-probs as an importance-weight correction (``rlfleet.rl.losses``).
+whole groups at a time, and counted in ``async/dropped``; the rest are corrected for their
+lag: with the engine's old log-probs the PPO ratio is already against the behaviour policy;
+with the actor's, the engine's log-probs become the behaviour policy of AReaL's truncated
+importance weights (``Trainer.corrects_staleness``, ``rlfleet.rl.losses``).
 Weight pushes land between requests on the replicas: by default a replica lets in-flight
 requests finish and then swaps (``rollout.drain_timeout_s``); with ``drain_timeout_s: 0`` it
 aborts them back onto its stream instead, and they re-run on the new weights.
@@ -21,10 +23,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from rlfleet.trainer.batch import RolloutBatch
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.metrics import Timer
+from rlfleet.trainer.rollout_batch import RolloutBatch
+
+if TYPE_CHECKING:
+    from rlfleet.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +38,9 @@ log = logging.getLogger(__name__)
 class AsyncRollouts:
     """Produces ``(batch, timer)`` pairs for consecutive steps, ``k`` versions ahead at most."""
 
-    def __init__(self, trainer, data: Iterator[list[PromptRecord]], first_step: int) -> None:
+    def __init__(
+        self, trainer: Trainer, data: Iterator[list[PromptRecord]], first_step: int
+    ) -> None:
         self.trainer = trainer
         self.staleness = trainer.config.trainer.max_staleness
         self._data = data
@@ -93,7 +101,7 @@ class AsyncRollouts:
     async def _produce(self, step: int, prompts: list[PromptRecord]) -> None:
         needed = self.min_version(step)
         waited = time.perf_counter()
-        await self.trainer.wait_for_landed(needed)
+        await self.trainer.pushes.wait_for_landed(needed)
         self.idle_rollout_s += time.perf_counter() - waited
         await self._gate.wait()
         timer = Timer()
@@ -115,9 +123,14 @@ def drop_stale(batch: RolloutBatch, oldest: int) -> tuple[RolloutBatch, int]:
 
 
 def staleness_metrics(batch: RolloutBatch, version: int, dropped: int) -> dict[str, float]:
+    """Rows' lag behind ``version`` (a row's is its oldest token's), and per sampled token
+    when the batch records a version per token (agent mode)."""
     lags = [version - v for v in batch.weight_versions] or [0]
+    tokens = [version - v for row in batch.token_versions for v in row if v >= 0] or lags
     return {
         "async/staleness/mean": sum(lags) / len(lags),
         "async/staleness/max": float(max(lags)),
+        "async/staleness/token_mean": sum(tokens) / len(tokens),
+        "async/staleness/token_max": float(max(tokens)),
         "async/dropped": float(dropped),
     }

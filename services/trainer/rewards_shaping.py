@@ -2,7 +2,8 @@
 penalty, both from ``algorithm.*`` in the config.
 
 The math is in ``rlfleet.rl.shaping``; this module only picks the tensors out of a
-``RolloutBatch`` and the knobs out of the config, so ``Trainer.advantages`` needs one call.
+``RolloutBatch`` and the knobs out of the config, so ``Trainer.advantages`` needs two calls
+(``shaping_inputs``, ``shape_rewards``).
 The scores the reward service returned stay untouched in the batch (``critic/score/*``); the
 shaped per-token rewards are what the estimator sees (``critic/rewards/mean``, as in verl).
 """

@@ -23,7 +23,7 @@ def build_actor(config: RlfleetConfig):
     """Tokenizer, actor (model + optimizer), from the checkpoint being resumed if any."""
     import torch
 
-    from rlfleet.common.model_io import load_causal_lm, load_tokenizer
+    from rlfleet.model.model_io import load_causal_lm, load_tokenizer
     from rlfleet.trainer.actor import Actor
     from rlfleet.trainer.checkpoints import resume_path
 
@@ -142,7 +142,7 @@ async def validate_during_training(trainer: Trainer, val, writer, clock, rollout
     clock.pause()
     if rollouts is not None:
         await rollouts.pause()
-    await trainer.finish_push()
+    await trainer.pushes.finish()
     await trainer.push_weights(only_stale=True)  # replicas restarted since the last push
     accuracy = await validate(trainer, val, writer)
     writer.write(trainer.step, {**accuracy, "training/time_s": clock.training_s})
@@ -176,7 +176,7 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
             if cfg.trainer.test_freq and trainer.step % cfg.trainer.test_freq == 0 and val:
                 await validate_during_training(trainer, val, writer, clock, rollouts)
         clock.pause()
-        await trainer.finish_push()
+        await trainer.pushes.finish()
     finally:
         if rollouts is not None:
             await rollouts.close()

@@ -1,10 +1,17 @@
-"""The controller loop: one synchronous, on-policy step at a time (docs/architecture.md).
+"""The controller's step: learn from a batch the fleet produced, then publish the weights.
 
-generate (router) -> score (reward) -> old/ref log-probs -> advantages -> critic update
--> actor update -> push weights (version + 1) -> metrics / checkpoint.
+A step has two halves (docs/architecture.md, "One training step"). ``Collector.produce``
+(``collect.py``) generates through the router, scores through the reward service, and asks
+the refcritic for reference log-probs and values when the config needs them.
+``Trainer.learn`` takes old log-probs, shapes rewards, computes advantages, updates the critic
+and then the actor, and publishes version + 1 (``pushes.WeightPushes``). ``trainer.mode:
+sync`` runs the halves in turn with the same weights (``train_step``: strictly on-policy);
+``async`` learns from batches produced ahead by ``pipeline.AsyncRollouts``
+(``train_step_async``), dropping what is too stale and correcting for the rest's lag. The
+loop around the steps (data, validation, checkpoints, metrics) is ``run.py``'s.
 
 The trainer is blind to the algorithm's details: advantages and losses come from
-``core_algos`` selected by config, and the actor owns the optimizer.
+``rlfleet.rl`` selected by config, and the actor owns the optimizer.
 """
 
 from __future__ import annotations
@@ -13,31 +20,35 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.errors import FailedPrecondition, RlfleetError
+from rlfleet.common.errors import FailedPrecondition
 from rlfleet.rl.advantages import AdvantageInputs, AdvantageParams, compute_advantage
 from rlfleet.rl.sequences import pad_rows
-from rlfleet.trainer.batch import RolloutBatch, response_mask, token_level_rewards
 from rlfleet.trainer.collect import Collector
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
-from rlfleet.trainer.retry import retry_transient
+from rlfleet.trainer.pushes import WeightPushes
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
+from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
 from rlfleet.trainer.state import TrainerState
+
+if TYPE_CHECKING:
+    from rlfleet.trainer.pipeline import AsyncRollouts
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-CATCH_UP_POLL_S = 3.0
-"""How long a rollout may run before the trainer checks for replicas behind its weights."""
 
 
 class Trainer:
+    """The weight version, the step counter and one step's learning; the actor, its
+    optimizer and the other services' clients are handed in."""
+
     def __init__(self, config: RlfleetConfig, fleet: Fleet, actor, tokenizer) -> None:
         self.config = config
         self.fleet = fleet
@@ -52,14 +63,11 @@ class Trainer:
         self._resume = asyncio.Event()
         self._resume.set()
         self.stop_requested = False
-        self._push_task: asyncio.Task | None = None
         self.collector = Collector(config, fleet, tokenizer, self.run_tag)
         self.batches_consumed = 0
         """Data batches behind the steps trained so far (DAPO may draw several per step): a
         resumed run skips exactly these."""
-        self.landed_version = 0
-        """The newest version the replicas acknowledged (async rollouts wait on it)."""
-        self._landed = asyncio.Condition()
+        self.pushes = WeightPushes(config, fleet, actor)
         algo = config.algorithm
         self.kl_ctrl = kl_controller_for(config)
         self.shaping_metrics: dict[str, float] = {}
@@ -86,39 +94,14 @@ class Trainer:
     async def wait_if_paused(self) -> None:
         await self._resume.wait()
 
-    # --- weights ------------------------------------------------------------------------
+    # --- weights (how they travel: ``WeightPushes``) ------------------------------------
     async def push_weights(self, only_stale: bool = False) -> dict[str, float]:
         """Send the actor's weights as ``self.version`` to replicas."""
-        state = self.actor.state_dict_for_rollout()
-        flush = self.config.rollout.flush_cache_on_update
-        version = self.version
-        metrics = await self._push_retrying(state, version, flush, only_stale)
-        if not only_stale:
-            await self._mark_landed(version)
-        return metrics
+        return await self.pushes.push(self.version, only_stale)
 
-    async def _push_retrying(
-        self, state: dict, version: int, flush: bool, only_stale: bool
-    ) -> dict[str, float]:
-        """A push that a transient failure (router or Redis down) retries, for up to
-        ``trainer.step_retry_s``. A retry goes only to replicas still behind ``version``: those
-        that took it already would refuse it again as not newer."""
-
-        async def attempt(n: int) -> dict[str, float]:
-            return await self.fleet.weight_sync.push(state, version, flush, only_stale or n > 0)
-
-        budget = self.config.trainer.step_retry_s
-        return await retry_transient(attempt, budget, f"push of weight version {version}")
-
-    async def _mark_landed(self, version: int) -> None:
-        async with self._landed:
-            self.landed_version = max(self.landed_version, version)
-            self._landed.notify_all()
-
-    async def wait_for_landed(self, version: int) -> None:
-        """Block until replicas hold weights of at least ``version``."""
-        async with self._landed:
-            await self._landed.wait_for(lambda: self.landed_version >= version)
+    async def catching_up_while(self, waiting: Awaitable[T]) -> T:
+        """Await ``waiting`` while replicas behind ``self.version`` are brought up to it."""
+        return await self.pushes.catching_up_while(waiting, self.version)
 
     async def start(self, n_replicas: int, timeout_s: float) -> None:
         """Wait for replicas, then push the actor's weights as the first version of this run:
@@ -129,6 +112,8 @@ class Trainer:
         served = max((r.weight_version for r in replicas or []), default=0)
         self.version = max(self.resumed_version, served) + 1
         await self.push_weights()
+        if self.fleet.env is not None:  # agent mode: the env service plays the episodes
+            await self.fleet.env.wait_ready(timeout_s)
         self.state = TrainerState.RUNNING
 
     # --- one step --------------------------------------------------------------------------
@@ -169,9 +154,10 @@ class Trainer:
     def advantages(self, batch: RolloutBatch):
         """``(advantages, returns, mask)`` as ``[B, R]`` tensors."""
         lengths = batch.response_lengths()
-        mask = response_mask(lengths)
+        loss_masks = batch.row_loss_masks()
+        mask = response_mask(lengths, loss_masks)
         values = pad_rows(batch.values, mask.shape[1]) if batch.values else None
-        outcome = token_level_rewards(batch.scores, lengths)
+        outcome = token_level_rewards(batch.scores, lengths, loss_masks)
         shaping = shaping_inputs(batch, outcome, mask)
         rewards, self.shaping_metrics = shape_rewards(shaping, self.config, self.kl_ctrl)
         inputs = AdvantageInputs(
@@ -202,7 +188,9 @@ class Trainer:
             await self.old_logprobs(batch)
         with timer.phase("adv"):
             advantages, returns, mask = self.advantages(batch)
-        metrics: dict[str, float] = {**self.shaping_metrics, **batch.sampling_metrics}
+        metrics: dict[str, float] = {
+            **self.shaping_metrics, **batch.sampling_metrics, **batch.agent_metrics
+        }
         if self.config.needs_critic:
             with timer.phase("update_critic"):
                 metrics.update(await self.update_critic(batch, returns, mask))
@@ -210,68 +198,17 @@ class Trainer:
             metrics.update(await asyncio.to_thread(self.actor.update, batch, advantages, mask))
         self.version += 1
         with timer.phase("push_weights"):
-            metrics.update(await self.publish_weights())
+            metrics.update(await self.pushes.publish(self.version))
         metrics.update(batch_metrics(batch, self.config.rollout.max_tokens))
         metrics.update(tensor_stats("critic/advantages", advantages, mask))
         metrics.update(tensor_stats("critic/returns", returns, mask))
         metrics["training/weight_version"] = float(self.version)
         return metrics
 
-    async def publish_weights(self) -> dict[str, float]:
-        """Push the new version. Sync mode waits for it; async mode lets it land while the
-        next batch trains (one push in flight at a time, so versions arrive in order)."""
-        if self.config.trainer.mode == "sync":
-            return await self.push_weights()
-        previous = await self.finish_push()
-        state = {
-            name: tensor.clone() for name, tensor in self.actor.state_dict_for_rollout().items()
-        }
-        flush = self.config.rollout.flush_cache_on_update
-        self._push_task = asyncio.create_task(self._push_snapshot(state, self.version, flush))
-        return previous
-
-    async def _push_snapshot(self, state: dict, version: int, flush: bool) -> dict[str, float]:
-        metrics = await self._push_retrying(state, version, flush, False)
-        await self._mark_landed(version)
-        return metrics
-
-    async def catching_up_while(self, waiting: Awaitable[T]) -> T:
-        """Await ``waiting`` (a rollout; the actor stands still meanwhile); every
-        ``CATCH_UP_POLL_S`` until it is done, replicas behind the current weights get them.
-
-        Why: a replica restarted under its old id parks the work it held, which needs the
-        weights it lost, until a push brings them; the trainer's next regular push comes only
-        after this rollout, so without this the two would wait for each other until the
-        rollout timed out."""
-        task = asyncio.ensure_future(waiting)
-        try:
-            while not (await asyncio.wait({task}, timeout=CATCH_UP_POLL_S))[0]:
-                await self._catch_up_stale_replicas()
-            return task.result()
-        finally:
-            task.cancel()
-
-    async def _catch_up_stale_replicas(self) -> None:
-        if self._push_task is not None:  # its version first; its outcome is finish_push's
-            await asyncio.wait({self._push_task})
-        try:
-            pushed = await self.push_weights(only_stale=True)
-        except RlfleetError as exc:
-            log.warning("could not bring stale replicas to version %d: %s", self.version, exc)
-            return
-        if pushed.get("weight_sync/replicas"):
-            log.info("rollout running late: brought %d stale replica(s) to version %d",
-                     int(pushed["weight_sync/replicas"]), self.version)  # fmt: skip
-
-    async def finish_push(self) -> dict[str, float]:
-        """Wait for the push in flight (async mode); its metrics, or {} if none."""
-        task, self._push_task = self._push_task, None
-        return await task if task is not None else {}
-
     async def train_step(
         self, prompts: list[PromptRecord], refill: Callable[[], list[PromptRecord]] | None = None
     ) -> dict[str, float]:
-        """One synchronous step: produce with the current weights, then learn."""
+        """One step of ``trainer.mode: sync``: produce with the current weights, then learn."""
         timer = Timer()
         with timer.phase("step"):
             produce = self.collector.produce(prompts, self.step, self.version, timer, refill)
@@ -290,7 +227,7 @@ class Trainer:
         from_engine = self.config.trainer.old_logprob_source == "engine"
         return self.single_update_per_batch() or not from_engine
 
-    async def train_step_async(self, rollouts) -> dict[str, float]:
+    async def train_step_async(self, rollouts: AsyncRollouts) -> dict[str, float]:
         """One asynchronous step: take the batch produced ahead (``AsyncRollouts``), drop what
         is older than ``max_staleness``, and learn with the off-policy correction."""
         from rlfleet.trainer.pipeline import drop_stale, staleness_metrics

@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from rlfleet.common import weights, weights_shm
 from rlfleet.common.errors import NotFound, Unavailable
+from rlfleet.model import weights, weights_shm
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
 
 if TYPE_CHECKING:

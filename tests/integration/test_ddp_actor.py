@@ -24,9 +24,9 @@ from rlfleet.common.config import load_config
 from rlfleet.reward.types import ScoreResult
 from rlfleet.rollout.types import Completion, GenerateResult
 from rlfleet.trainer.actor import Actor
-from rlfleet.trainer.batch import RolloutBatch, response_mask
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask
 from rlfleet.trainer.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -239,7 +239,7 @@ def test_the_controller_loop_trains_and_pushes_rank_0_weights(ddp_actor, tmp_pat
     assert max_abs_diff(sync.pushed[0][1], rank0) > 0.0  # the steps changed the weights
 
     # A checkpoint from rank 0 is the single actor's format: it loads into one.
-    from rlfleet.common.model_io import load_causal_lm
+    from rlfleet.model.model_io import load_causal_lm
 
     path = save_checkpoint(trainer, tmp_path / "ckpt")
     single = single_copy_of(ddp_actor)

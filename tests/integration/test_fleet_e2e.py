@@ -13,46 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from procs import ServiceProcess
-
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = ROOT / "models" / "tiny-qwen2-arith"
+from procs import ROOT, ServiceProcess
+from up_proc import read_metrics, run_up, up_argv
 
 pytestmark = pytest.mark.slow
-
-
-def run_up(
-    run_dir: Path, backend: str, steps: int = 3, extra: list[str] | None = None
-) -> subprocess.CompletedProcess:
-    argv = up_argv(run_dir, backend, steps, extra)
-    env = {k: v for k, v in os.environ.items() if k != "RLFLEET_REDIS_URL"}
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-
-
-def up_argv(run_dir: Path, backend: str, steps: int, extra: list[str] | None) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "rlfleet.cli",
-        "up",
-        "--config",
-        str(ROOT / "configs" / "default.yaml"),
-        "--rollout-replicas",
-        "2",
-        f"run_dir={run_dir}",
-        f"cluster=e2e{backend}",
-        f"rollout.backend={backend}",
-        f"trainer.total_steps={steps}",
-        "data.val_size=16",
-        "data.train_batch_size=4",
-        "trainer.replica_wait_s=240",
-        *(extra or []),
-    ]
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
 
 
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])

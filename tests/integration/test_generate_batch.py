@@ -210,7 +210,7 @@ async def own_cluster(redis_server: EmbeddedRedis) -> AsyncIterator[tuple[aiored
 @pytest.mark.slow
 @needs_model
 async def test_a_replicas_share_runs_as_one_engine_batch(own_cluster, tmp_path: Path):
-    from rlfleet.rollout.engine_hf import HFEngine
+    from rlfleet.rollout.engines.hf import HFEngine
     from rlfleet.rollout.replica import Replica
 
     redis, keys = own_cluster

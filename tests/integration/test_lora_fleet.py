@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_fleet_e2e import MODEL, read_metrics, run_up
+from replica_proc import MODEL
+from up_proc import read_metrics, run_up
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from redis.exceptions import ResponseError
 
 from rlfleet.common.errors import RlfleetError
 from rlfleet.common.keys import Keys
-from rlfleet.common.model_io import load_causal_lm
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.model.model_io import load_causal_lm
 from rlfleet.refcritic.client import RefCriticClient
 from rlfleet.refcritic.queue_service import GROUP, QueuedCompute
 

@@ -20,11 +20,11 @@ from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from router_proc import RouterProc, start_http_router
 from safetensors.torch import load_file
 
-from rlfleet.common import weights
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
 from rlfleet.common.workqueue import WorkQueue
+from rlfleet.model import weights
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 

@@ -20,11 +20,11 @@ import torch
 from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from safetensors.torch import load_file
 
-from rlfleet.common import weights
 from rlfleet.common.errors import ErrorCode, InvalidArgument
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.common.workqueue import WorkQueue
+from rlfleet.model import weights
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout import convert
 from rlfleet.rollout.client import RolloutClient

@@ -17,11 +17,11 @@ import redis.asyncio as aioredis
 from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from safetensors.torch import load_file
 
-from rlfleet.common import weights
 from rlfleet.common.errors import Unavailable
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.common.workqueue import WorkQueue
+from rlfleet.model import weights
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams
 

@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from procs import ServiceProcess, start_and_wait
-from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
+from replica_proc import MODEL, stop_replica
+from router_fleet import Fleet, add_replica, launch_fleet, teardown
 
 from rlfleet.common.grpc_client import make_channel
-from rlfleet.common.keys import Keys
-from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.proto import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout.convert import request_to_proto
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
@@ -33,48 +30,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny model not built"),
 ]
-REPLICA_ARGS = ("rollout.backend=hf", "rollout.heartbeat_ttl_s=2")
-
-
-@dataclass
-class Fleet:
-    keys: Keys
-    redis_url: str
-    router: ServiceProcess
-    address: str
-    log_dir: Path
-    replicas: dict[str, ReplicaProc] = field(default_factory=dict)
-
-
-def start_router(redis_url: str, keys: Keys, log_path: Path) -> tuple[ServiceProcess, str]:
-    """Launch ``python -m rlfleet.rollout.router.main`` and wait until it says it is ready."""
-    port = free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-               f"redis_url={redis_url}", f"cluster={keys.cluster}",
-               "router.janitor_interval_s=0.3"]  # fmt: skip
-    router = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 60))
-    return router, f"127.0.0.1:{port}"
-
-
-def launch_fleet(redis_server: EmbeddedRedis, log_dir: Path) -> Fleet:
-    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
-    router, address = start_router(redis_server.url, keys, log_dir / "router.log")
-    return Fleet(keys, redis_server.url, router, address, log_dir)
-
-
-def add_replica(fleet: Fleet, replica_id: str, *extra: str) -> ReplicaProc:
-    log_path = fleet.log_dir / f"{replica_id}.log"
-    replica = start_replica(
-        fleet.redis_url, fleet.keys, replica_id, log_path, *REPLICA_ARGS, *extra
-    )
-    fleet.replicas[replica_id] = replica
-    return replica
-
-
-def teardown(fleet: Fleet) -> None:
-    for replica in fleet.replicas.values():
-        stop_replica(replica, signal.SIGKILL)
-    fleet.router.stop()
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,9 @@ from rlfleet.common.errors import ErrorCode, InvalidArgument, NotFound, Unavaila
 from rlfleet.common.keys import Keys
 from rlfleet.common.workqueue import Failure, WorkQueue
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
-from rlfleet.rollout.router.core import ROUTE_POLL_S, RouterCore
+from rlfleet.rollout.router.core import RouterCore
 from rlfleet.rollout.router.enqueue import ACTIVE_SESSION_WINDOW_MS
+from rlfleet.rollout.router.request_path import ROUTE_POLL_S
 from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 
 TTL_S = 1.0
@@ -128,6 +129,15 @@ async def sweeps(router: RouterCore, count: int, timeout_s: float = 30) -> None:
         await asyncio.sleep(0.05)
 
 
+async def listed(router: RouterCore, replica_id: str, timeout_s: float = 10) -> None:
+    """Wait until the router lists ``replica_id``; listing also refreshes the registry copy
+    that the router routes from, so the next requests may go there."""
+    deadline = time.monotonic() + timeout_s
+    while replica_id not in {v.info.replica_id for v in await router.list_replicas()}:
+        assert time.monotonic() < deadline, f"the router never listed {replica_id}"
+        await asyncio.sleep(0.05)
+
+
 async def inflight(redis_client, keys, settled: dict[str, int] | None = None) -> dict[str, int]:
     """The in-flight counts; with ``settled``, once they equal it (answered requests are
     released just after their answer, so give the last releases a moment)."""
@@ -186,7 +196,7 @@ async def test_sessions_that_went_quiet_do_not_weigh_on_their_replica(redis_clie
             assert (await router.generate(once)).replica_id == "a"
         await asyncio.sleep(ACTIVE_SESSION_WINDOW_MS / 1000 + 0.2)
         await spawn("b")
-        await asyncio.sleep(0.5)  # the router's registry copy sees b
+        await listed(router, "b")  # the router's registry copy sees b
         burst = [router.generate(make_request(f"n-{g}-{i}", f"new-{g}")) for g in range(8)
                  for i in range(4)]  # fmt: skip
         served = Counter(r.replica_id for r in await asyncio.gather(*burst))

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 from replica_proc import MODEL
+from router_fleet import Fleet, add_replica, launch_fleet, teardown
 from safetensors.torch import load_file
-from test_router import Fleet, add_replica, launch_fleet, teardown
 
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import Unavailable

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.common.model_io import encode_prompt, greedy_accuracy, load_causal_lm, load_tokenizer
+from rlfleet.model.model_io import encode_prompt, load_causal_lm, load_tokenizer
 from rlfleet.tasks.arith import from_verl_record
+from rlfleet.tasks.arith_eval import greedy_accuracy
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / "models" / "tiny-qwen2-arith"

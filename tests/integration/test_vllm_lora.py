@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rlfleet.common.config import load_config
-from rlfleet.rollout.engine_hf import HFEngine
-from rlfleet.rollout.engine_vllm import VllmEngine
+from rlfleet.rollout.engines.hf import HFEngine
+from rlfleet.rollout.engines.vllm import VllmEngine
 from rlfleet.rollout.types import SamplingParams
 from rlfleet.trainer.lora import adapter_state, build_lora_actor
 

@@ -24,15 +24,15 @@ from redis.asyncio import Redis
 from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from safetensors.torch import load_file
 
-from rlfleet.common import weights, weights_shm
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_server import EmbeddedRedis
+from rlfleet.model import weights, weights_shm
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout import convert
 from rlfleet.rollout.client import PreparedUpdate, RolloutClient
-from rlfleet.rollout.engine import Engine
+from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.replica import Replica
 from rlfleet.rollout.types import GenerateRequest, ReplicaState, ReplicaStatus, SamplingParams
 from rlfleet.trainer.weight_sync import GrpcWeightTransport, WeightSync

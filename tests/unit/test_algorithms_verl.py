@@ -12,13 +12,13 @@ from rlfleet.rl import advantages as adv_mod
 from rlfleet.rl import core_algos as ca
 from rlfleet.rl import shaping
 from rlfleet.rl.losses import LossInputs, LossParams, actor_loss
-from rlfleet.trainer.batch import RolloutBatch
 from rlfleet.trainer.rewards_shaping import (
     ShapingInputs,
     kl_controller_for,
     shape_rewards,
     shaping_inputs,
 )
+from rlfleet.trainer.rollout_batch import RolloutBatch
 
 
 def t(rows) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """Asynchronous training (``trainer.mode: async``) with the in-process fakes of
-test_trainer_step: k = 0 is the synchronous loop, staleness never exceeds k, stale responses
+``trainer_fakes``: k = 0 is the synchronous loop, staleness never exceeds k, stale responses
 are dropped and counted."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 import torch
-from test_trainer_step import make_trainer, prompts
+from trainer_fakes import make_trainer, prompts
 
 from rlfleet.common.errors import FailedPrecondition
 from rlfleet.trainer.pipeline import AsyncRollouts, drop_stale
@@ -115,7 +115,7 @@ def test_min_version_follows_the_step():
 def test_skipping_zero_advantage_rows_gives_the_same_update():
     """Rows whose advantage is zero everywhere are not trained, and the weights after the
     step equal those of a step over every row."""
-    from rlfleet.trainer.batch import response_mask
+    from rlfleet.trainer.rollout_batch import response_mask
 
     def updated_weights(skip: bool):
         torch.manual_seed(0)

@@ -6,8 +6,8 @@ import yaml
 
 from rlfleet.common import entry
 from rlfleet.common.config import RlfleetConfig, describe_fields, load_config
-from rlfleet.common.hub import is_repo_id
-from rlfleet.common.model_io import load_tokenizer
+from rlfleet.model.hub import is_repo_id
+from rlfleet.model.model_io import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.common.model_io import encode_prompt, load_tokenizer, prompt_text
+from rlfleet.model.model_io import encode_prompt, load_tokenizer, prompt_text
 from rlfleet.trainer.data import load_records, read_rows
 
 ROOT = Path(__file__).resolve().parents[2]

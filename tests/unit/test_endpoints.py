@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from rlfleet.common.config import load_config
 from rlfleet.common.endpoints import read_endpoints, write_endpoints
-from rlfleet.launcher import record_endpoints
+from rlfleet.launch.local import record_endpoints
 
 
 def test_roles_merge_and_a_role_replaces_its_own_entry(tmp_path):

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.rollout.engine import check_state_dict, cut_at_stop, kv_cache_gib, tokens_until_stop
-from rlfleet.rollout.engine_hf import _Request, plan_batches
+from rlfleet.rollout.engines.base import check_state_dict, cut_at_stop, tokens_until_stop
+from rlfleet.rollout.engines.hf import _Request, plan_batches
+from rlfleet.rollout.engines.vllm import kv_cache_gib
 from rlfleet.rollout.types import SamplingParams
 
 

@@ -16,7 +16,7 @@ import torch
 
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.rollout.engine_hf import HFEngine
+from rlfleet.rollout.engines.hf import HFEngine
 from rlfleet.rollout.types import SamplingParams
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen2-arith"
@@ -38,7 +38,7 @@ async def engine() -> AsyncIterator[HFEngine]:
 
 
 def original_weights(engine: HFEngine) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in engine._model.state_dict().items()}
+    return {k: v.clone() for k, v in engine.model.state_dict().items()}
 
 
 def prompt(engine: HFEngine, a: int, b: int) -> list[int]:
@@ -49,7 +49,7 @@ def recomputed_logprobs(engine: HFEngine, prompt_ids: list[int], tokens: list[in
     """log_softmax(logits / T) of each sampled token, from one plain forward pass."""
     ids = torch.tensor([prompt_ids + tokens])
     with torch.no_grad():
-        logits = engine._model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
+        logits = engine.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1]
     logp = torch.log_softmax(logits / (temp or 1.0), dim=-1)
     return logp.gather(-1, torch.tensor(tokens).unsqueeze(-1)).squeeze(-1).tolist()
 
@@ -158,7 +158,7 @@ async def test_bad_weights_are_refused_before_touching_the_model(
         update[name] = update[name].to(torch.int32)
     with pytest.raises(InvalidArgument):
         await engine.load_weights(update)
-    after = engine._model.state_dict()
+    after = engine.model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in original.items())
 
 
@@ -176,7 +176,7 @@ async def test_abort_queued_and_running_requests(engine: HFEngine) -> None:
         running = asyncio.create_task(
             engine.generate("r", ids, SamplingParams(n=64, temperature=0, max_tokens=50))
         )
-        while not (engine._requests.get("r") and engine._requests["r"].started):
+        while not engine.has_started("r"):
             await asyncio.sleep(0.001)
         await engine.abort("r")  # at once: 50 steps of 64 rows outlast this, however fast
         completions = await running
@@ -202,7 +202,7 @@ async def test_requests_of_one_tick_share_one_generate_call(
 ) -> None:
     """A packed queue entry submits its whole share in one tick: one ``model.generate`` call,
     whatever the batching window; each request still gets its own n completions."""
-    saved, engine._wait_s = engine._wait_s, window_ms / 1000
+    saved, engine.batch_wait_s = engine.batch_wait_s, window_ms / 1000
     params = SamplingParams(n=4, max_tokens=4)
     before = engine.batches
     try:
@@ -211,7 +211,7 @@ async def test_requests_of_one_tick_share_one_generate_call(
             for i in range(8)
         ])  # fmt: skip
     finally:
-        engine._wait_s = saved
+        engine.batch_wait_s = saved
     assert engine.batches - before == 1
     assert [len(a) for a in answers] == [4] * 8
     assert all(len(c.logprobs) == len(c.token_ids) >= 1 for a in answers for c in a)
@@ -220,7 +220,7 @@ async def test_requests_of_one_tick_share_one_generate_call(
 async def test_the_shared_prompt_prefill_samples_what_the_full_prefill_does(engine: HFEngine):
     """n samples of two prompts of different lengths: the prompt cache computed once per
     distinct prompt gives the same tokens and logits as generate's own prefill of every row."""
-    from rlfleet.rollout.engine_hf import _left_pad, shared_prompt_cache
+    from rlfleet.rollout.engines.hf import _left_pad, shared_prompt_cache
 
     rows = [prompt(engine, 7, 5)] * 4 + [prompt(engine, 12, 34)] * 4
     ids, mask = _left_pad(rows, 0)
@@ -229,20 +229,20 @@ async def test_the_shared_prompt_prefill_samples_what_the_full_prefill_does(engi
     def sample(cache):
         torch.manual_seed(11)
         with torch.no_grad():
-            return engine._model.generate(
+            return engine.model.generate(
                 input_ids=ids, attention_mask=mask, past_key_values=cache, max_new_tokens=6,
                 do_sample=True, temperature=1.0, top_k=0, pad_token_id=0, eos_token_id=[EOS],
                 output_logits=True, return_dict_in_generate=True,
             )  # fmt: skip
 
     with torch.no_grad():
-        cache = shared_prompt_cache(engine._model, ids, mask)
+        cache = shared_prompt_cache(engine.model, ids, mask)
     assert cache is not None and cache.get_seq_length() == ids.shape[1] - 1
     shared, full = sample(cache), sample(None)
     assert torch.equal(shared.sequences, full.sequences)
     for a, b in zip(shared.logits, full.logits, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     distinct = torch.tensor([rows[0], rows[4][: len(rows[0])]])
-    assert shared_prompt_cache(engine._model, distinct, torch.ones_like(distinct)) is None
+    assert shared_prompt_cache(engine.model, distinct, torch.ones_like(distinct)) is None
     one_column = torch.tensor([[1], [1]])
-    assert shared_prompt_cache(engine._model, one_column, torch.ones_like(one_column)) is None
+    assert shared_prompt_cache(engine.model, one_column, torch.ones_like(one_column)) is None

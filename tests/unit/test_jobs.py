@@ -1,4 +1,4 @@
-"""The job toolkit (worker, worker group, scatter/gather producer) against a real Redis server.
+"""The job toolkit (worker, worker pool, scatter/gather producer) against a real Redis server.
 
 Waits poll a condition or an event under generous deadlines: the test machine is small and
 shared, so nothing here depends on how fast a step happens, only on what eventually happens.
@@ -19,9 +19,9 @@ from rlfleet.common.errors import DeadlineExceeded, ErrorCode, NotFound
 from rlfleet.common.jobs import (
     IdleWorkers,
     JobWorker,
+    JobWorkerPool,
     LocalFirst,
     ScatterGather,
-    WorkerGroup,
     WorkerSlots,
     consumer_name,
     parts_for,
@@ -71,9 +71,9 @@ async def queue(redis_client: aioredis.Redis, keys: Keys) -> WorkQueue:
 
 
 @pytest.fixture
-async def group() -> AsyncIterator[WorkerGroup]:
+async def group() -> AsyncIterator[JobWorkerPool]:
     crashed = asyncio.Event()
-    group = WorkerGroup(crashed.set, stop_after_s=1.0)
+    group = JobWorkerPool(crashed.set, stop_after_s=1.0)
     yield group
     await group.stop()
 
@@ -126,6 +126,25 @@ async def test_producer_gives_up_at_its_deadline(queue, redis_client, keys):
         await producer.run([b"a", b"b"])
     assert await queue.length() == 2  # still queued: a worker that starts later answers them
     assert await producer.run([]) == []
+
+
+async def test_a_withdrawing_producer_takes_back_what_its_caller_gave_up(queue, redis_client):
+    """Timed out (or cancelled): every unanswered job is answered "withdrawn" and its entry
+    deleted, so no worker starts it, and one already busy with it sees it is answered."""
+    await queue.submit("other", b"x")  # someone else's job stays queued
+    producer = ScatterGather(queue, timeout_s=0.3, workers="echo workers", withdraw=True)
+    with pytest.raises(DeadlineExceeded):
+        await producer.run([b"a", b"b"])
+    assert producer.withdrawn == 2
+    assert [j.request_id for j in await queue.read("w", count=10, block_ms=0)] == ["other"]
+    ids = [k.decode().rsplit(":", 1)[1] for k in await redis_client.keys(queue.keys.result("*"))]
+    assert len(ids) == 2
+    for answer in (await queue.get_results(ids)).values():
+        assert answer.code is ErrorCode.DEADLINE_EXCEEDED and "withdrawn" in answer.message
+    held = Job("0-1", ids[0], b"a", 1)
+    assert await queue.answered(held)
+    await asyncio.wait_for(queue.until_answered(held), 5)
+    assert await queue.withdraw(ids) == 0  # answered already: nothing more to mark
 
 
 async def test_a_batch_waiting_on_slow_jobs_does_not_hold_up_the_next(queue, group):
@@ -182,7 +201,7 @@ async def test_group_reports_a_crashed_worker() -> None:
             await self.step()
 
     crashed = asyncio.Event()
-    group = WorkerGroup(crashed.set)
+    group = JobWorkerPool(crashed.set)
     group.add(Broken(queue=None, consumer="broken"))  # type: ignore[arg-type]
     await asyncio.wait_for(crashed.wait(), timeout=30)
     assert group.crashed
@@ -232,7 +251,7 @@ async def test_local_path_has_the_same_deadline() -> None:
 async def test_workers_leave_jobs_to_others_while_local_requests_hold_their_slots(queue):
     shared = WorkerSlots(1)
     assert shared.try_take()  # a local request holds this process's only slot
-    here, elsewhere = WorkerGroup(lambda: None, 1.0), WorkerGroup(lambda: None, 1.0)
+    here, elsewhere = JobWorkerPool(lambda: None, 1.0), JobWorkerPool(lambda: None, 1.0)
     mine = EchoWorker(queue, "here", slots=shared)
     here.add(mine)
     other = EchoWorker(queue, "elsewhere")
@@ -253,8 +272,8 @@ async def test_workers_leave_jobs_to_others_while_local_requests_hold_their_slot
 
 async def test_idle_workers_counts_consumers_waiting_for_work(queue, group, redis_client, keys):
     unused = WorkQueue(redis_client, keys, keys.refcritic_stream, "nobody")
-    assert await IdleWorkers(redis_client, unused).count() == 0  # no stream: nobody waits
-    idle = IdleWorkers(redis_client, queue, cache_s=0)
+    assert await IdleWorkers(unused).count() == 0  # no stream: nobody waits
+    idle = IdleWorkers(queue, cache_s=0)
     workers = [EchoWorker(queue, "one"), EchoWorker(queue, "two")]
     for worker in workers:
         group.add(worker)

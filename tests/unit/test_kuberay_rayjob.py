@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rlfleet.common.config import load_config
-from rlfleet.launcher import parse_args
+from rlfleet.launch.up import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 RAYJOB = ROOT / "deploy" / "kuberay" / "rayjob.yaml"

@@ -11,12 +11,12 @@ import pytest
 import pytest_asyncio
 import torch
 
-from rlfleet.common import lora, weights
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.common.model_io import load_causal_lm
+from rlfleet.model import lora, weights
+from rlfleet.model.model_io import load_causal_lm
 from rlfleet.rl.sequences import pack_sequences, response_logprobs, unpack_rows
-from rlfleet.rollout.engine_hf import HFEngine
+from rlfleet.rollout.engines.hf import HFEngine
 from rlfleet.trainer.lora import ADAPTER_DIR, adapter_state, build_lora_actor
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen2-arith"
@@ -101,7 +101,7 @@ def test_wire_names_are_checked() -> None:
 def test_checkpoint_holds_adapter_and_merged_export(tmp_path: Path) -> None:
     from transformers import AutoTokenizer  # noqa: F401 - the tokenizer loader needs it
 
-    from rlfleet.common.model_io import load_tokenizer
+    from rlfleet.model.model_io import load_tokenizer
 
     actor = trained_actor()
     actor.save_hf(tmp_path, load_tokenizer(str(MODEL)))
@@ -177,7 +177,7 @@ def test_wire_form_saved_as_a_peft_adapter_matches_the_actor(tmp_path: Path) -> 
 
 
 def test_vllm_lora_switches() -> None:
-    from rlfleet.rollout.engine_vllm import lora_engine_args
+    from rlfleet.rollout.engines.vllm import lora_engine_args
 
     assert lora_engine_args(load_config(overrides=[f"model.path={MODEL}"])) == {}
     args = lora_engine_args(lora_config("model.lora_rank=12"))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rlfleet.common.hub import is_repo_id
-from rlfleet.common.model_io import load_causal_lm, load_tokenizer, local_model_dir
+from rlfleet.model.hub import is_repo_id
+from rlfleet.model.model_io import load_causal_lm, load_tokenizer, local_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "models" / "tiny-qwen2-arith"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlfleet.common.optim import adamw
+from rlfleet.model.optim import adamw
 
 
 def test_fused_adamw_on_cpu_takes_the_same_steps_as_the_loop():

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from rlfleet.common.config import load_config
 from rlfleet.common.config.ray import RayConfig
-from rlfleet.launcher import parse_args
-from rlfleet.ray_launcher.plan import actor_options, endpoint_overrides, local_cpus, replica_spec
+from rlfleet.launch.ray_plan import actor_options, endpoint_overrides, local_cpus, replica_spec
+from rlfleet.launch.up import parse_args
 
 
 def test_ray_section_defaults_and_partial_roles():

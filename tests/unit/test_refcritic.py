@@ -10,8 +10,8 @@ from tiny_models import random_qwen2
 
 from rlfleet.common.config import RlfleetConfig, load_config
 from rlfleet.common.errors import InvalidArgument, NotFound
-from rlfleet.refcritic.batch import BatchLimits, SequenceBatch, validate_batch, validate_rows
 from rlfleet.refcritic.critic import Critic
+from rlfleet.refcritic.inputs import BatchLimits, SequenceBatch, validate_batch, validate_rows
 from rlfleet.refcritic.reference import RefPolicy
 from rlfleet.rl.sequences import (
     map_micro_batches,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rlfleet.common.config import RewardConfig, UserScorerConfig
+from rlfleet.reward.batch_scorer import BatchScorer
 from rlfleet.reward.convert import request_from_proto, request_to_proto
-from rlfleet.reward.engine import BatchScorer
 from rlfleet.reward.scorers import build_registry
 from rlfleet.reward.types import ScoreRequest, decode_requests, encode_requests
 

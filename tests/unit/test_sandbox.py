@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlfleet.common.config import SandboxLimits, UserScorerConfig
-from rlfleet.reward.sandbox import run_program
+from rlfleet.common.sandbox import run_program
 from rlfleet.reward.sandbox_pool import SandboxPool, close_scorer, sandboxed_user_scorer
 from rlfleet.reward.scorers.code import code_scorer, parse_tests, solution_of
 from rlfleet.reward.types import ScoreRequest

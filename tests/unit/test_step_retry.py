@@ -1,7 +1,7 @@
 """A transient failure (Redis outage, a restarting service) costs the trainer a retry of the
 step's rollout or of its weight push, never the run; other errors still end it at once.
 
-In-process fakes (``test_trainer_step``'s) stand in for the services; the integration test
+In-process fakes (``trainer_fakes``) stand in for the services; the integration test
 ``test_redis_outage`` restarts a real Redis under a real fleet and trainer.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_trainer_step import RecordingSync, SamplingRollout, make_trainer, prompts
+from trainer_fakes import RecordingSync, SamplingRollout, make_trainer, prompts
 
 from rlfleet.common.errors import InvalidArgument, Unavailable
 from rlfleet.trainer import retry
@@ -86,4 +86,4 @@ def test_failed_weight_push_is_retried_to_stale_replicas_only():
     asyncio.run(trainer.train_step(prompts()))
     # start pushes v1; the step's push of v2 fails once, then goes to replicas behind v2
     assert sync.calls == [(1, False), (2, False), (2, True)]
-    assert sync.pushed == [1, 2] and trainer.landed_version == 2
+    assert sync.pushed == [1, 2] and trainer.pushes.landed_version == 2

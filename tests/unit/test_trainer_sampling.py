@@ -1,16 +1,16 @@
 """ReMax's greedy baselines and DAPO's dynamic sampling through the trainer (in-process fakes
-of test_trainer_step: the actor's own model samples, a counting reward scores)."""
+of ``trainer_fakes``: the actor's own model samples, a counting reward scores)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from test_trainer_step import make_trainer, prompts
+from trainer_fakes import make_trainer, prompts
 
-from rlfleet.trainer.batch import RolloutBatch
 from rlfleet.trainer.dynamic_sampling import fill_batch, with_signal
 from rlfleet.trainer.metrics import Timer
+from rlfleet.trainer.rollout_batch import RolloutBatch
 
 
 def test_remax_asks_for_one_greedy_baseline_per_prompt_in_the_same_call():

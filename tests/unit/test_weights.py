@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from rlfleet.common import weights
 from rlfleet.common.errors import InvalidArgument
+from rlfleet.model import weights
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout.client import PreparedUpdate
 from rlfleet.rollout.server import parse_update_message

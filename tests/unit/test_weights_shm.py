@@ -12,8 +12,8 @@ import uuid
 import pytest
 import torch
 
-from rlfleet.common import weights, weights_shm
 from rlfleet.common.errors import InvalidArgument, NotFound
+from rlfleet.model import weights, weights_shm
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout import convert
 from rlfleet.rollout.client import PreparedUpdate

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
 
+from rlfleet.common.config.agent import AgentConfig
 from rlfleet.common.config.base import LogLevel, Section, shipped_path
 from rlfleet.common.config.ray import RayConfig
 from rlfleet.common.config.security import TlsConfig
@@ -50,6 +51,7 @@ class RlfleetConfig(Section):
     launcher: Literal["local", "ray"] = "local"
     """What ``rlfleet up`` runs the roles as: local processes, or Ray actors (``--ray``)."""
     ray: RayConfig = RayConfig()
+    agent: AgentConfig = AgentConfig()
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -84,11 +86,29 @@ class RlfleetConfig(Section):
         if self.trainer.max_staleness < 0 or self.trainer.is_cap <= 0:
             raise ValueError("trainer.max_staleness must be >= 0 and trainer.is_cap > 0")
         self._check_algorithm()
+        self.agent.check_model_len(self.rollout.max_model_len)
+        self._check_agent_mode()
         if self.model.lora_rank and self.trainer.strategy != "single":
             raise NotImplementedError(
                 "model.lora_rank with trainer.strategy ddp/fsdp is not built yet; use single"
             )
         return self
+
+    def _check_agent_mode(self) -> None:
+        """What agent mode (multi-turn episodes) does not train yet, refused at load."""
+        if not self.agent.env:
+            return
+        unsupported = {
+            "algorithm.adv_estimator=gae (a critic over masked turns)": self.needs_critic,
+            "algorithm.adv_estimator=remax (greedy baseline episodes)": (
+                self.algorithm.adv_estimator == "remax"
+            ),
+            "trainer.val_n > 1 (sampled validation episodes)": self.trainer.val_n > 1,
+            "algorithm.overlong_buffer (per-turn lengths)": self.algorithm.overlong_buffer.enable,
+        }
+        named = [name for name, used in unsupported.items() if used]
+        if named:
+            raise NotImplementedError(f"agent mode does not support {', '.join(named)} yet")
 
     def _check_algorithm(self) -> None:
         """Rules of the verl algorithm knobs (dual clip, KL controller, overlong buffer)."""

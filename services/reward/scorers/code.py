@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rlfleet.common.config import SandboxLimits
-from rlfleet.reward.sandbox import RunOutcome, run_program
+from rlfleet.common.sandbox import RunOutcome, run_program
 from rlfleet.reward.scorers.base import Scorer
 
 FENCED = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)

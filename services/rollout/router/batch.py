@@ -5,24 +5,22 @@ registry snapshot, a claim, a submit, a wait and a release (~10 round trips, ~37
 the replica sees them trickle in, so its engine batches them badly. Here a batch is routed from
 ONE snapshot (``assign``: the same choice as ``routing.pick_replica``, with the in-memory counts
 and sticky map updated as requests are placed), each replica gets ONE queue entry holding its
-share, and the router waits for all entries together (``wait_entries``: one MGET per wake-up,
-one BLPOP on every pending entry's notify key). The replica stores each member's answer under
-the member's own request id (so a retried request is answered once, by either RPC) and then
-completes the entry; the entry's own answer is only "done" or the failure of the entry as a
-whole (unreadable, dead-lettered), which then stands for every member.
+share, and the router waits for all entries together (``wait_entries``, the work queue's
+``wait_all``: one MGET per wake-up, one BLPOP on every pending entry's notify key). The replica
+stores each member's answer under the member's own request id (so a retried request is
+answered once, by either RPC) and then completes the entry; the entry's own answer is only
+"done" or the failure of the entry as a whole (unreadable, dead-lettered), which then stands
+for every member.
 """
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
-
-from rlfleet.common.keys import Keys
-from rlfleet.common.results import Result, decode_result
+from rlfleet.common.queue.producer import Producer
+from rlfleet.common.results import Result
 from rlfleet.rollout.registry import RegistrySnapshot
 from rlfleet.rollout.router.routing import RoundRobin, pick_replica
 from rlfleet.rollout.types import GenerateRequest
@@ -69,30 +67,13 @@ def assign(
     return plan
 
 
-async def stored_results(redis: Redis, keys: Keys, request_ids: Sequence[str]) -> dict[str, Result]:
-    """The answers already stored for these request ids (one MGET)."""
-    if not request_ids:
-        return {}
-    raws = await redis.mget([keys.result(rid) for rid in request_ids])
-    return {rid: decode_result(rid, raw) for rid, raw in zip(request_ids, raws, strict=True)
-            if raw is not None}  # fmt: skip
-
-
 async def wait_entries(
-    redis: Redis, keys: Keys, entry_ids: Sequence[str], deadline: float,
+    queue: Producer, entry_ids: Sequence[str], deadline: float,
     on_timeout: Callable[[list[str]], Exception],
 ) -> dict[str, Result]:  # fmt: skip
-    """Every entry's answer; ``on_timeout(pending ids)`` is raised at the deadline. Two round
-    trips per wake-up (MGET, then BLPOP on the notify keys of those still pending)."""
-    loop = asyncio.get_running_loop()
-    answers: dict[str, Result] = {}
-    while pending := [eid for eid in entry_ids if eid not in answers]:
-        answers |= await stored_results(redis, keys, pending)
-        pending = [eid for eid in pending if eid not in answers]
-        if not pending:
-            break
-        if (remaining := deadline - loop.time()) <= 0:
-            raise on_timeout(pending)
-        timeout = max(0.01, min(WAKE_POLL_S, remaining))
-        await redis.blpop([keys.notify(eid) for eid in pending], timeout=timeout)
-    return answers
+    """Every entry's answer (``Producer.wait_all``: one MGET, then one BLPOP on the notify keys
+    of those still pending, per wake-up); ``on_timeout(pending ids)`` is raised at the deadline."""
+    done = await queue.wait_all(list(entry_ids), deadline, WAKE_POLL_S)
+    if pending := [eid for eid in entry_ids if eid not in done]:
+        raise on_timeout(pending)
+    return done

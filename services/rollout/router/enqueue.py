@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.entries import xadd_lua
+from rlfleet.common.queue.scripts import BINDING_LUA, WAITERS_LUA
 from rlfleet.common.results import Result, decode_result
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaRegistry
 from rlfleet.rollout.types import GenerateRequest
@@ -51,18 +53,18 @@ from rlfleet.rollout.types import GenerateRequest
 # draining. ARGV: request id, fingerprint, submission, result ttl, waiters ttl, payload, weight,
 # stream prefix, replica-hash prefix, '1' with a session, cap, random in [0, 1), sticky ttl ms,
 # min version, queue limit (0: none), pinned-set prefix, active-session window ms, then the
-# candidates' ids. Returns {code} or {code, replica id or answer}.
-_ENQUEUE_LUA = """local got = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
+# candidates' ids. Returns {code} or {code, replica id or answer}. The binding, the waiter
+# count and the entry are written as the work queue writes them (``BINDING_LUA``,
+# ``WAITERS_LUA``, ``xadd_lua``).
+_ENQUEUE_LUA = (
+    BINDING_LUA
+    + WAITERS_LUA
+    + """local got = redis.call('MGET', KEYS[1], KEYS[2], KEYS[3])
 local bound, stored, pin = got[1], got[2], got[3]
-if bound and string.sub(bound, 1, #ARGV[2] + 1) ~= ARGV[2] .. ' ' then return {-1} end
+if bound_elsewhere(bound, ARGV[2]) then return {-1} end
 if stored then return {0, stored} end
 if bound then
-  if redis.call('INCR', KEYS[4]) == 1 then
-    redis.call('INCR', KEYS[4])
-    redis.call('EXPIRE', KEYS[4], ARGV[5])
-  else
-    redis.call('EXPIRE', KEYS[4], ARGV[5], 'GT')
-  end
+  join(KEYS[4], ARGV[5])
   return {2}
 end
 local cands = {unpack(ARGV, 18)}
@@ -100,9 +102,10 @@ end
 local info = redis.call('HMGET', ARGV[9] .. target, 'state', 'weight_version')
 if info[1] ~= 'serving' or (tonumber(info[2]) or -1) < tonumber(ARGV[14])
    or redis.call('SISMEMBER', KEYS[6], target) == 1 then return {3, target} end
-redis.call('SET', KEYS[1], ARGV[2] .. ' ' .. ARGV[3], 'EX', ARGV[4])
-redis.call('XADD', ARGV[8] .. target, '*', 'id', ARGV[1], 'payload', ARGV[6], 'prior', '0',
-           'n', ARGV[7], 'sub', ARGV[3])
+bind(KEYS[1], ARGV[2], ARGV[3], ARGV[4])
+"""
+    + xadd_lua("ARGV[8] .. target", "ARGV[1]", "ARGV[6]", "'0'", "ARGV[7]", "ARGV[3]")
+    + """
 redis.call('HINCRBY', KEYS[5], target, ARGV[7])
 if session then
   redis.call('SET', KEYS[3], target, 'PX', ARGV[13])
@@ -111,6 +114,7 @@ if session then
   redis.call('PEXPIRE', ARGV[16] .. target, ARGV[13])
 end
 return {1, target}"""
+)
 
 
 ACTIVE_SESSION_WINDOW_MS = 2000
@@ -152,9 +156,6 @@ class Enqueuer:
     def __init__(self, redis: Redis, keys: Keys, result_ttl_s: int = 3600) -> None:
         self._keys, self._result_ttl_s = keys, result_ttl_s
         self._script = redis.register_script(_ENQUEUE_LUA)
-        self._stream_prefix = keys.rollout_stream("_")[:-1]
-        self._replica_prefix = keys.replica("_")[:-1]
-        self._pinned_prefix = keys.pinned("_")[:-1]
 
     async def enqueue(
         self, request: GenerateRequest, fingerprint: str, submission: str,
@@ -167,10 +168,10 @@ class Enqueuer:
         keys = [k.request(rid), k.result(rid), k.sticky(session) if session else k.request(rid),
                 k.waiters(rid), k.inflight, k.draining]  # fmt: skip
         args = [rid, fingerprint, submission, self._result_ttl_s, waiters_ttl_s,
-                request.to_json(), 1, self._stream_prefix, self._replica_prefix,
+                request.to_json(), 1, k.rollout_stream_prefix, k.replica_prefix,
                 "1" if session else "0", placement.cap, repr(placement.coin),
                 max(1, int(placement.sticky_ttl_s * 1000)), request.min_weight_version,
-                placement.limit or 0, self._pinned_prefix, ACTIVE_SESSION_WINDOW_MS,
+                placement.limit or 0, k.pinned_prefix, ACTIVE_SESSION_WINDOW_MS,
                 *candidates]  # fmt: skip
         reply = await self._script(keys=keys, args=args)
         outcome = Placed(int(reply[0]))

@@ -136,7 +136,7 @@ def _chat_prompt(policy: oai.Policy, messages: list[dict[str, str]]) -> list[int
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise oai.BadField("messages", f"the policy's tokenizer ({policy.path}) has no chat "
                            "template; use /v1/completions with a prompt string instead")  # fmt: skip
-    from rlfleet.common.model_io import encode_prompt
+    from rlfleet.model.model_io import encode_prompt
 
     return encode_prompt(tokenizer, messages)
 

@@ -40,7 +40,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from rlfleet.common.errors import ErrorCode, Unavailable
-from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.common.queue.backlog import Backlog
+from rlfleet.common.queue.entries import Job
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaRegistry
 from rlfleet.rollout.router.routing import loading
 from rlfleet.rollout.types import entry_demand
@@ -55,7 +56,7 @@ UPKEEP_S = 2.0  # about how often in-flight counts are recounted and streams tri
 class Routes(Protocol):
     """What the janitor needs of the router: per-replica queues and its choice of replica."""
 
-    def queue(self, replica_id: str) -> WorkQueue: ...
+    def queue(self, replica_id: str) -> Backlog: ...
 
     def forget_queue(self, replica_id: str) -> None: ...
 
@@ -141,7 +142,7 @@ class Janitor:
         return self._sweeps
 
     async def _evacuate(self, replica_id: str) -> int:
-        """Move every request queued on a gone replica, one entry at a time (``WorkQueue.move``
+        """Move every request queued on a gone replica, one entry at a time (``Backlog.move``
         is one step, so dying anywhere in here loses and duplicates nothing)."""
         queue, snap = self._core.queue(replica_id), await self._registry.snapshot()
         fates: Counter[str] = Counter()
@@ -165,7 +166,7 @@ class Janitor:
         self._waiting[replica_id] = waiting
         return moved
 
-    async def _rescue(self, snap: RegistrySnapshot, queue: WorkQueue, job: Job) -> str:
+    async def _rescue(self, snap: RegistrySnapshot, queue: Backlog, job: Job) -> str:
         """One entry's fate: ``moved`` to a live replica, ``dead``-lettered with an answer
         (delivered ``max_deliveries`` times already, each delivery outlived by its replica;
         or unreadable), ``waiting`` for a replica (left in place), or ``gone`` meanwhile."""

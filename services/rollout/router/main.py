@@ -1,111 +1,13 @@
 """``rlfleet router``: the generation front door, until SIGTERM/SIGINT.
 
-The router holds no state of its own (it all lives in Redis), so it needs ``redis_url`` and
-can be restarted or run several times side by side. With ``router.http_port`` set it also
-serves the OpenAI-compatible HTTP API and ``/metrics`` (``http.py``); with only
-``router.metrics_port``, just ``/metrics``.
+Only the command line is here; ``rlfleet.rollout.router.app`` assembles and runs the process,
+imported after parsing so ``--help`` is instant. The router needs ``redis_url``: all its state
+lives in Redis.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import TYPE_CHECKING
-
-from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
-
-if TYPE_CHECKING:
-    from rlfleet.rollout.router.core import RouterCore
-    from rlfleet.rollout.router.openai_api import Policy
-
-log = logging.getLogger(__name__)
-
-
-async def serve(config: RlfleetConfig, port: int) -> None:
-    """Run the gRPC server and the janitor until a stop signal arrives."""
-    from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
-    from rlfleet.common.keys import Keys
-    from rlfleet.common.redis_client import connect
-    from rlfleet.rollout.router.core import RouterCore
-    from rlfleet.rollout.router.server import registrations
-
-    # No socket timeout: redis-py's default (5 s) wraps every write in asyncio.wait_for, which
-    # on Python 3.11 can swallow task cancellation; keepalive and health checks catch dead links.
-    redis = connect(config.redis_url)
-    core = RouterCore(redis, Keys(config.cluster), config)
-    server = GrpcServer(
-        registrations(core), config.router.host, port, config.max_message_mb, config.api_key
-    )
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    await server.start()
-    core.start()
-    try:
-        async with http_front(core, config):
-            log.info("router ready on %s:%d (cluster %s)", config.router.host, server.port,
-                     config.cluster)  # fmt: skip
-            await stop.wait()
-            log.info("router stopping")
-    finally:
-        await server.stop()
-        await core.close()
-        await redis.aclose()
-
-
-@contextlib.asynccontextmanager
-async def http_front(core: RouterCore, config: RlfleetConfig) -> AsyncIterator[None]:
-    """The HTTP server (OpenAI API + /metrics, or /metrics alone) while the block runs."""
-    from rlfleet.common.http_server import make_http_server
-    from rlfleet.rollout.router import http
-
-    cfg = config.router
-    if cfg.http_port is None and cfg.metrics_port is None:
-        yield
-        return
-    if cfg.http_port is not None:
-        app, port = http.create_app(core, load_policy(config), config.api_key), cfg.http_port
-    else:
-        app, port = http.metrics_app(core), cfg.metrics_port
-    server = make_http_server(app, cfg.host, port or _free_port())
-    task = asyncio.create_task(server.serve(), name="router-http")
-    while not server.started and not task.done():
-        await asyncio.sleep(0.05)
-    if task.done():
-        task.result()
-        raise OSError(f"router HTTP server on {cfg.host}:{port} did not start")
-    log.info("router HTTP at http://%s:%d%s", cfg.host, server.config.port,
-             "/v1" if cfg.http_port is not None else "/metrics")  # fmt: skip
-    try:
-        yield
-    finally:
-        server.should_exit = True
-        await task
-
-
-def load_policy(config: RlfleetConfig) -> Policy:
-    """The served model's name and tokenizer (None, with a warning, if it cannot be read:
-    completions still work on text, chat answers that there is no chat template)."""
-    from rlfleet.common.model_io import load_tokenizer
-    from rlfleet.rollout.router.openai_api import Policy
-
-    path = config.model.path
-    try:
-        tokenizer = load_tokenizer(path)
-    except Exception as exc:  # noqa: BLE001 - the API still serves completions without it
-        log.warning("no tokenizer from model.path %s (%s): chat completions are off", path, exc)
-        tokenizer = None
-    name = Path(path).name or path
-    return Policy(name, path, tokenizer, config.rollout.max_model_len)
-
-
-def _free_port() -> int:
-    from rlfleet.common.redis_server import free_port
-
-    return free_port()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     if not config.redis_url:
         parser.error("the router needs redis_url (set RLFLEET_REDIS_URL or redis_url=...)")
     port = config.router.port if args.port is None else args.port
-    asyncio.run(serve(config, port))
+    from rlfleet.rollout.router.app import run
+
+    run(config, port)
     return 0
 
 

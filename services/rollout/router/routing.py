@@ -6,6 +6,11 @@ replica that is dead, behind on weights, being drained, or already overloaded (p
 kept sending to dead workers because of cache affinity). Otherwise we pick the replica with
 the fewest requests in flight; ties are broken at random so that sequential sessions, which
 all see zero load, still spread over the fleet.
+
+The router applies this rule in two places: here, in Python (batches, the janitor), and inside
+the one-step enqueue Lua (``enqueue.py``, single requests, against live counts). Both break
+ties with one random number the same way (``tie_break``), and ``tests/unit/test_routing.py``
+runs the two on the same generated fleets and requires the same picks.
 """
 
 from __future__ import annotations
@@ -98,4 +103,10 @@ def pick_replica(
         return sticky_id
     fewest = min(load.values())
     tied = sorted(rid for rid, n in load.items() if n == fewest)
-    return (rng or random).choice(tied)
+    return tie_break(tied, (rng or random).random())
+
+
+def tie_break(tied: list[str], coin: float) -> str:
+    """The one of ``tied`` (sorted) that ``coin`` in [0, 1) picks: as the enqueue Lua does
+    (``tied[min(#tied, floor(coin * #tied) + 1)]``), so both pick alike for one coin."""
+    return tied[min(len(tied) - 1, int(coin * len(tied)))]

@@ -1,0 +1,330 @@
+"""Build the agent job's tiny tool-using Qwen2 policy: a ChatML tokenizer with tool-call tokens,
+a small Qwen2 model, and a short supervised warm start on ideal calc episodes.
+
+Why: the agent job must show RL improving a multi-turn, tool-calling policy on a CPU in minutes.
+A random model never calls `add` correctly and a fully trained one leaves nothing to learn, so
+the warm start stops as soon as greedy held-out *episode* success (whole episodes, tools run)
+lands in a band (0.15-0.35 by default). Like scripts/build_tiny_model.py, whose training pieces
+it reuses, the model is a real Qwen2 so vLLM, transformers and the trainer load it as usual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+# Run from a clean checkout (no `pip install -e .`): put the repo root on the import path.
+from build_tiny_model import SftResult, padded_batch, train_step
+
+from rlfleet.tasks.calc import add, check_answer, from_verl_record, ideal_messages, prompt_messages
+
+log = logging.getLogger(__name__)
+
+SPECIAL = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+WORDS = ["system", "user", "assistant", "tool", '"name"', '"arguments"', '"add"', '"a"', '"b"']
+CHARS = [*"0123456789", "+", "=", "{", "}", ":", ",", '"', "Ġ", "Ċ"]
+"""Single characters; space and newline are stored as their byte-level forms Ġ and Ċ, so that
+transformers' Qwen2Tokenizer (which AutoTokenizer, and so vLLM, picks for any qwen2 model)
+reads the same vocabulary and encodes this alphabet to the same ids."""
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- set fn = call.function if call.function is defined else call %}"
+    "{{- '<tool_call>{\"name\":' + (fn.name | tojson) + ',\"arguments\":' }}"
+    "{%- if fn.arguments is string %}{{- fn.arguments }}"
+    "{%- else %}{{- fn.arguments | tojson(separators=(',', ':')) }}{%- endif %}"
+    "{{- '}</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML; tool calls as compact `<tool_call>{"name":..,"arguments":{..}}</tool_call>` after the
+content (arguments given as an object or as OpenAI's JSON string); `tools` is accepted and not
+rendered (the policy knows its one tool from training)."""
+
+_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="models/tiny-qwen2-agent", help="output directory")
+    parser.add_argument("--data", default="data/calc", help="directory with train/test.jsonl")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden size (head size 32)")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--steps-max", type=int, default=1500, help="give up after this many")
+    parser.add_argument("--target-low", type=float, default=0.15)
+    parser.add_argument("--target-high", type=float, default=0.35)
+    parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations")
+    parser.add_argument("--eval-n", type=int, default=200, help="held-out episodes per eval")
+    parser.add_argument("--n-sft", type=int, default=8000, help="training episodes to use")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def build_tokenizer() -> Any:
+    """WordLevel over the vocabulary above; each character is a token, the chat and tool words
+    are atomic added tokens, anything else is `<unk>`; no BOS; eos is `<|im_end|>`."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIAL + WORDS + CHARS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(""), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in WORDS])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        additional_special_tokens=SPECIAL[2:],
+        model_max_length=512,
+        padding_side="left",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(tokenizer: Any, args: argparse.Namespace) -> Any:
+    """A freshly initialised Qwen2 with head size 32 (the smallest vLLM's CPU attention takes)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 32,
+        num_key_value_heads=max(1, args.hidden // 64),
+        intermediate_size=2 * args.hidden,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(args.seed)
+    return Qwen2ForCausalLM(config).float()
+
+
+def render(tokenizer: Any, messages: list[dict], generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def environment_ids(tokenizer: Any, message: dict) -> list[int]:
+    """Tokens the environment appends after a sampled turn (which ends at `<|im_end|>`): the
+    template's newline, the rendered `message`, and the opening of the next assistant turn."""
+    return encode(tokenizer, "\n" + render(tokenizer, [message], generation_prompt=True))
+
+
+def assistant_ids(tokenizer: Any, message: dict) -> list[int]:
+    """The tokens the policy samples for an assistant `message`, up to and with `<|im_end|>`."""
+    text = render(tokenizer, [message])
+    return encode(tokenizer, text.removeprefix("<|im_start|>assistant\n").removesuffix("\n"))
+
+
+def sft_example(tokenizer: Any, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token-native ids of an ideal episode, and labels that keep only the assistant's tokens."""
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    ids = encode(tokenizer, render(tokenizer, messages[:first], generation_prompt=True))
+    labels = [-100] * len(ids)
+    for message in messages[first:]:
+        if message["role"] == "assistant":
+            part = assistant_ids(tokenizer, message)
+            labels += part
+        else:
+            part = environment_ids(tokenizer, message)
+            labels += [-100] * len(part)
+        ids += part
+    return ids, labels
+
+
+def greedy_turns(model: Any, tokenizer: Any, rows: list[list[int]], max_new: int) -> list:
+    """One greedy assistant turn for each id row: new ids up to and with `<|im_end|>`, or the
+    `max_new` ids generated when it never came."""
+    import torch
+
+    width, pad, eos = max(map(len, rows)), tokenizer.pad_token_id, tokenizer.eos_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+            eos_token_id=eos, pad_token_id=pad,
+        )  # fmt: skip
+    new = [row[width:].tolist() for row in out]
+    return [row[: row.index(eos) + 1] if eos in row else row for row in new]
+
+
+def tool_reply(text: str) -> str | None:
+    """What `add` returns for the first tool call in `text` (an error text for a malformed
+    call); None when the turn calls no tool, i.e. it is the final answer."""
+    match = _CALL.search(text)
+    if match is None:
+        return None
+    try:
+        call = json.loads(match.group(1))
+        assert call["name"] == "add"
+        return str(add(int(call["arguments"]["a"]), int(call["arguments"]["b"])))
+    except (AssertionError, KeyError, TypeError, ValueError):
+        return "error: malformed tool call"
+
+
+def episode_rewards(turns: Callable, tokenizer: Any, problems: list, max_turns: int = 5) -> list:
+    """Whole episodes, batched over problems: `turns(rows)` generates each turn until `<|im_end|>`,
+    its tool call runs, the tool reply is appended as template tokens, and so on; reward 1.0
+    when the final answer is right within `max_turns` assistant turns.
+
+    Small on purpose: the agent work of issue 17 replaces it with its episode runner.
+    """
+    rows = [encode(tokenizer, render(tokenizer, prompt_messages(p), True)) for p in problems]
+    rewards, active = [0.0] * len(problems), list(range(len(problems)))
+    for _ in range(max_turns):
+        if not active:
+            break
+        still = []
+        for i, new in zip(active, turns([rows[i] for i in active]), strict=True):
+            if new[-1:] != [tokenizer.eos_token_id]:
+                continue  # the turn never ended: the episode is truncated
+            text = tokenizer.decode(new[:-1])
+            reply = tool_reply(text)
+            if reply is None:
+                rewards[i] = check_answer(text, problems[i].answer)
+                continue
+            rows[i] += new + environment_ids(tokenizer, {"role": "tool", "content": reply})
+            still.append(i)
+        active = still
+    return rewards
+
+
+def success_rate(model: Any, tokenizer: Any, problems: list) -> float:
+    """Greedy held-out episode success of `model` (transformers) on `problems`."""
+    model.eval()
+    turns = partial(greedy_turns, model, tokenizer, max_new=40)
+    return sum(episode_rewards(turns, tokenizer, problems)) / len(problems)
+
+
+def sft(model: Any, tokenizer: Any, train: list, test: list, args: argparse.Namespace) -> SftResult:
+    """Train on ideal episodes until held-out episode success reaches the band, or steps run out."""
+    import torch
+
+    examples = [sft_example(tokenizer, ideal_messages(p)) for p in train[: args.n_sft]]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    gen = torch.Generator().manual_seed(args.seed)
+    history, start = [(0, success_rate(model, tokenizer, test))], time.perf_counter()
+    for step in range(1, args.steps_max + 1):
+        idx = torch.randint(len(examples), (args.batch_size,), generator=gen).tolist()
+        inputs, labels = zip(*(examples[i] for i in idx), strict=True)
+        loss = train_step(model, optimizer, padded_batch(inputs, labels, tokenizer.pad_token_id))
+        if step % args.eval_every == 0:
+            history.append((step, success_rate(model, tokenizer, test)))
+            log.info("step %d loss %.3f success %.3f", step, loss, history[-1][1])
+            if history[-1][1] >= args.target_low:
+                break
+    return SftResult(history[-1][0], history[-1][1], time.perf_counter() - start, history)
+
+
+def load_split(path: Path) -> list:
+    return [from_verl_record(json.loads(line)) for line in path.open(encoding="utf-8")]
+
+
+def model_card(args: argparse.Namespace, result: SftResult, n_params: int, full: float) -> str:
+    """The README saved next to the weights: what it is, how it was built, what it measured."""
+    curve = ", ".join(f"{s}: {a:.3f}" for s, a in result.history)
+    return f"""# tiny-qwen2-agent
+
+A {n_params:,}-parameter Qwen2-architecture causal LM that solves sums of 3 or 4 two-digit
+numbers (`12+34+56=`) by calling an `add(a, b)` tool over several turns: the starting policy
+of rlfleet's agent job (task `rlfleet.tasks.calc`). Built by
+`python scripts/build_tiny_agent_model.py` (seed {args.seed}).
+
+- Tokenizer: `tokenizers` WordLevel, {len(SPECIAL + WORDS + CHARS)} tokens. Special:
+  `<pad> <unk> <|im_start|> <|im_end|> <tool_call> </tool_call>`; added words: `system user
+  assistant tool "name" "arguments" "add" "a" "b"`; characters `0-9 + = {{ }} : , "`, space
+  and newline (stored as the byte-level `Ġ`, `Ċ`). Any other character is `<unk>`; no BOS;
+  eos = `<|im_end|>`.
+- Chat template: ChatML (`<|im_start|>role\\ncontent<|im_end|>\\n`), an assistant's tool calls
+  as `<tool_call>{{"name":"add","arguments":{{"a":12,"b":34}}}}</tool_call>` after its content,
+  `tool` messages with role `tool`; a `tools` argument is accepted and not rendered.
+- Model: hidden {args.hidden}, {args.layers} layers, {args.hidden // 32} heads (head size 32),
+  {max(1, args.hidden // 64)} KV heads, intermediate {2 * args.hidden}, tied embeddings,
+  512 positions, float32.
+- Warm start: supervised on ideal episodes of {args.n_sft} problems from
+  `{args.data}/train.jsonl` (AdamW lr {args.lr}, batch {args.batch_size}, loss on assistant
+  tokens only), stopped once greedy held-out episode success on {args.eval_n} problems of
+  `{args.data}/test.jsonl` reached {args.target_low:.2f}-{args.target_high:.2f}, so that
+  RL has room to improve it. Success = whole greedy episodes, `add` run for each call, final
+  answer right within 5 assistant turns.
+- Result: **{result.steps} steps, {result.seconds:.0f} s, held-out episode success
+  {result.accuracy:.3f}** ({full:.3f} on all of `test.jsonl`).
+- Success by step: {curve}.
+- Decode sampled turns with `skip_special_tokens=False`: `<tool_call>` is a special token.
+  AutoTokenizer (and so vLLM) loads this directory as Qwen2Tokenizer: same ids for the
+  alphabet above, but unknown characters are dropped instead of becoming `<unk>`.
+"""
+
+
+def save(model: Any, tokenizer: Any, out: Path, card: str) -> None:
+    from transformers import GenerationConfig
+
+    out.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=40,
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "README.md").write_text(card, encoding="utf-8")
+    for path in out.iterdir():  # safetensors writes 0600; containers run as another user
+        path.chmod(0o644)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, args)
+    train, test = load_split(Path(args.data) / "train.jsonl"), load_split(
+        Path(args.data) / "test.jsonl"
+    )
+    log.info("training %d parameters on %d episodes", model.num_parameters(), args.n_sft)
+    result = sft(model, tokenizer, train, test[: args.eval_n], args)
+    if not args.target_low <= result.accuracy <= args.target_high:
+        log.warning("success %.3f is outside the target band", result.accuracy)
+    full = success_rate(model, tokenizer, test)
+    log.info("success %.3f (all %d: %.3f) after %d steps, %.1f s", result.accuracy, len(test),
+             full, result.steps, result.seconds)  # fmt: skip
+    print("history:", " ".join(f"{s}:{a:.3f}" for s, a in result.history))
+    save(model, tokenizer, Path(args.out), model_card(args, result, model.num_parameters(), full))
+    log.info("saved to %s", args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Users' environments in other frameworks' conventions, run unchanged as text environments.
+
+Why adapters and not one more protocol: people already have environments written for TRL,
+OpenEnv or skyrl-gym, and tools for verl; each adapter maps one convention onto the loop's
+``TextEnv`` protocol (``reset(**task) -> messages``, ``step(message) -> (messages, reward,
+done, info)``), so the loop's checks (bad shapes, exceptions, timeouts, size) hold for all.
+
+``agent.env = "module:attr"`` is recognised by what it names (``ENV_ADAPTERS``, first match):
+a skyrl-gym ``Env`` subclass (``skyrl_env``), an OpenEnv ``EnvClient``/``SyncEnvClient``
+subclass (``openenv_client``), a TRL ``environment_factory`` class (``reset`` and no ``step``,
+``trl_env``); any other class is a TextEnv. A function is a factory: what it returns is
+recognised by its class the same way, each episode. The checks look only at modules already
+imported, so an optional package loads only when the user's code imports it. verl's tools YAML
+(``verl_tools``) is for ``agent.tools``, not ``agent.env``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rlfleet.agent.adapters import openenv_client, skyrl_env, trl_env
+
+Maker = Callable[[], Any]
+Recognises = Callable[[type], bool]
+FromClass = Callable[[type, dict[str, Any]], Maker]
+Wrap = Callable[[Any], Any]
+ENV_ADAPTERS: tuple[tuple[Recognises, FromClass, Wrap], ...] = (
+    (skyrl_env.is_skyrl_env, skyrl_env.from_class, skyrl_env.SkyRLTextEnv),
+    (openenv_client.is_openenv_client, openenv_client.from_class, openenv_client.OpenEnvTextEnv),
+    (trl_env.is_trl_environment, trl_env.from_class, trl_env.TRLEnv),
+)
+"""(recognises a class, makes per-episode envs from the class and kwargs, wraps an instance)."""
+
+
+def env_factory(target: Callable[..., Any], kwargs: dict[str, Any]) -> Maker:
+    """A maker of one TextEnv per episode from what ``agent.env`` names, called with
+    ``kwargs`` (a class by its kind; a factory's result by its class, each episode)."""
+    if not isinstance(target, type):
+        return lambda: adapt(target(**kwargs))
+    for recognises, from_class, _ in ENV_ADAPTERS:
+        if recognises(target):
+            return from_class(target, kwargs)
+    return lambda: target(**kwargs)
+
+
+def adapt(made: Any) -> Any:
+    """An object a factory made, wrapped for its convention (a TextEnv as it is)."""
+    for recognises, _, wrap in ENV_ADAPTERS:
+        if recognises(type(made)):
+            return wrap(made)
+    return made

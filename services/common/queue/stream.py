@@ -1,0 +1,177 @@
+"""One stream and its consumer group: what every side of the queue stands on.
+
+Why a shared base: the producer, the consumer and the backlog of one stream must agree on its
+settings (group, deliveries before dead-lettering, answer TTL) and on how an answer is stored.
+Storing an answer (``_finish``: one Lua step) and giving up on an entry (``dead_letter``) are
+here because a consumer reading a poison entry and a mover bouncing one both need them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from rlfleet.common.errors import ErrorCode
+from rlfleet.common.keys import Keys
+from rlfleet.common.queue.entries import Entry, Job, job_of, text
+from rlfleet.common.queue.scripts import Scripts
+from rlfleet.common.results import Failure, Result, decode_result, encode_result
+
+log = logging.getLogger(__name__)
+
+NOTIFY_TTL_S = 60  # only waiters blocked right now need the token; later ones read the result
+SCAN_BATCH = 500  # entries read per XRANGE when walking a stream
+
+
+class QueueStream:
+    """One stream read by one consumer group, and the answers to its requests."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        stream: str,
+        group: str,
+        max_deliveries: int = 3,
+        result_ttl_s: int = 3600,
+        poll_s: float = 0.5,
+    ) -> None:
+        if redis.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("WorkQueue needs a Redis client with decode_responses=False")
+        if max_deliveries < 1 or result_ttl_s < 1 or poll_s <= 0:
+            raise ValueError("max_deliveries, result_ttl_s and poll_s must be positive")
+        self._redis, self.keys, self.stream, self.group = redis, keys, stream, group
+        self.max_deliveries, self.result_ttl_s, self.poll_s = max_deliveries, result_ttl_s, poll_s
+        self.dead_stream = keys.dead_letter(stream)
+        self._scripts = Scripts(redis)
+        self._notify_ttl_s = min(NOTIFY_TTL_S, result_ttl_s)
+        self.fence: tuple[str, str] | None = None
+        """(key, token): answers are stored only while ``key`` holds ``token`` (a consumer's
+        lease) and the job's entry is still in this stream; else they are discarded."""
+
+    async def ensure_group(self) -> None:
+        """Create the group (and stream); from id 0 so entries queued before it are served."""
+        try:
+            await self._redis.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def ping(self) -> bool:
+        """Whether Redis answers (a health check for the role holding the queue)."""
+        return bool(await self._redis.ping())
+
+    async def length(self) -> int:
+        """Outstanding entries, delivered or not (completed ones are deleted)."""
+        return int(await self._redis.xlen(self.stream))
+
+    async def pending_count(self) -> int:
+        """Entries delivered to some consumer and not yet completed."""
+        summary = await self._group_call(lambda: self._redis.xpending(self.stream, self.group))
+        return int(summary["pending"]) if summary else 0
+
+    async def waiting_consumers(self, fresh_ms: int) -> int:
+        """Consumers of the group, in any process, waiting for work now: none pending, seen
+        within ``fresh_ms`` (a dead consumer's entry lingers but stops being seen)."""
+        try:
+            rows = await self._redis.xinfo_consumers(self.stream, self.group)
+        except ResponseError:  # no stream or group yet: nobody is waiting
+            return 0
+        return sum(int(r["pending"]) == 0 and int(r["idle"]) < fresh_ms for r in rows)
+
+    async def get_result(self, request_id: str) -> Result | None:
+        """The stored answer, if any."""
+        raw = await self._redis.get(self.keys.result(request_id))
+        return None if raw is None else decode_result(request_id, raw)
+
+    async def get_results(self, request_ids: list[str]) -> dict[str, Result]:
+        """The answers stored so far for ``request_ids`` (one MGET); absent: none yet."""
+        if not request_ids:
+            return {}
+        raws = await self._redis.mget([self.keys.result(rid) for rid in request_ids])
+        pairs = zip(request_ids, raws, strict=True)
+        return {rid: decode_result(rid, raw) for rid, raw in pairs if raw is not None}
+
+    async def dead_letter(
+        self, job: Job, reason: str, code: ErrorCode = ErrorCode.INTERNAL, queued: bool = False
+    ) -> bool:
+        """Give up on a job: error answer for its waiters, a copy in the dead-letter stream.
+        Also for a drained job, whose entry is gone already; with ``queued`` only if its
+        entry is still here (a mover racing a consumer). True if it was dead-lettered."""
+        fields = {"id": job.request_id, "payload": job.payload, "reason": reason,
+                  "stream": self.stream, "deliveries": job.deliveries}  # fmt: skip
+        what = (
+            "dead-lettered after too many deliveries" if code is ErrorCode.INTERNAL else "refused"
+        )
+        answer = encode_result(b"", Failure(code, f"{what}: {reason}"))
+        done = await self._finish(job, answer, dead=fields, queued=queued) >= 0
+        if done:
+            log.warning("dead-lettered request %s from %s: %s", job.request_id, self.stream, reason)
+        return done
+
+    async def _finish(
+        self, job: Job, answer: bytes, dead: dict[str, Any] | None = None,
+        members: dict[str, bytes] | None = None, queued: bool = False,
+    ) -> int:  # fmt: skip
+        """One step (``scripts.FINISH_LUA``): check the fence, store the answer unless one
+        exists, wake waiters, ack and delete the entry, file it as dead if asked."""
+        fence_key, token = self.fence or (self.stream, "")
+        members = members or {}
+        dead_args = [x for pair in (dead or {}).items() for x in pair]
+        keys = [
+            self.stream,
+            fence_key,
+            self.dead_stream,
+            self.keys.result(job.request_id),
+            self.keys.notify(job.request_id),
+            self.keys.waiters(job.request_id),
+            *(self.keys.result(m) for m in members),
+        ]
+        args = [self.group, job.entry_id, token, self.result_ttl_s, self._notify_ttl_s,
+                "1" if token or queued else "0", len(dead_args), *dead_args, answer,
+                *members.values()]  # fmt: skip
+        return int(await self._scripts.finish(keys=keys, args=args))
+
+    async def _entries(self) -> AsyncIterator[list[Entry]]:
+        """Every entry in the stream, in id order, in batches (no delivery counts)."""
+        start = "-"
+        while raw := await self._redis.xrange(self.stream, start, "+", count=SCAN_BATCH):
+            entries = [(text(eid), fields) for eid, fields in raw]
+            yield entries
+            start = "(" + entries[-1][0]
+
+    async def _batches(self) -> AsyncIterator[list[Job]]:
+        """Outstanding entries in id order; ``deliveries`` = deliveries so far (0 if unread)."""
+        async for entries in self._entries():
+            counts = await self._counts(entries)
+            yield [job_of(eid, fields, counts.get(eid, 0)) for eid, fields in entries]
+
+    async def _counts(self, entries: list[Entry]) -> dict[str, int]:
+        """How often each entry was delivered so far (absent: never, or no group)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for eid, _ in entries:
+                pipe.xpending_range(self.stream, self.group, eid, eid, 1)
+            replies = await pipe.execute(raise_on_error=False)
+        pel = [p for reply in replies if isinstance(reply, list) for p in reply]
+        return {text(p["message_id"]): int(p["times_delivered"]) for p in pel}
+
+    async def _remove(self, entry_ids: list[str]) -> None:
+        """Ack and delete (XACK fails harmlessly when the stream never had a group)."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.xack(self.stream, self.group, *entry_ids).xdel(self.stream, *entry_ids)
+            await pipe.execute(raise_on_error=False)
+
+    async def _group_call(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a group command; if the stream or group vanished, recreate it and return None."""
+        try:
+            return await call()
+        except ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            log.warning("group %s on %s missing, recreating it", self.group, self.stream)
+            await self.ensure_group()
+            return None

@@ -1,0 +1,162 @@
+"""The env process assembled: the gRPC front door, the episode workers, their Redis.
+
+``rlfleet.env.main`` parses the command line and calls ``run``; everything here is what one
+env process starts and stops. The front door queues episodes on the env stream; workers (in
+this process, ``agent.workers``, and in any ``--worker-only`` process on the same Redis) play
+them. ``Options.worker_only`` runs just workers, so episodes scale out by starting more
+processes; the front door does not need to know about them.
+
+Each worker is ``agent.concurrency`` lanes (``worker.py``) sharing one ``EpisodeRunner`` and
+its router channel; the tokenizer of ``model.path`` is loaded once per process.
+
+Standalone: with no ``redis_url`` (nor ``RLFLEET_REDIS_URL``) it starts an embedded Redis under
+``run_dir/redis`` and stops it on exit. The addresses it bound (gRPC, Redis) are printed and
+merged into ``run_dir/endpoints.json`` under ``env``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.endpoints import describe, write_endpoints
+from rlfleet.common.entry import safe_url
+from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
+from rlfleet.common.jobs import JobWorkerPool, consumer_name
+from rlfleet.common.keys import Keys
+from rlfleet.common.redis_client import connect
+from rlfleet.env.runner import EpisodeRunner, env_maker, load_renderer
+from rlfleet.env.server import registration
+from rlfleet.env.service import REDIS_CONCURRENCY, EnvService, env_queue
+from rlfleet.env.worker import EnvWorker
+from rlfleet.rollout.client import RolloutClient
+
+log = logging.getLogger(__name__)
+
+GRPC_GRACE_S = 5.0
+WORKER_STOP_S = 5.0
+REDIS_PER_LANE = 3  # a blocking read, a keep-alive touch, an answer
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the command line adds to the config (``rlfleet env --help``)."""
+
+    worker_only: bool
+
+
+def run(config: RlfleetConfig, options: Options) -> bool:
+    """Serve until SIGTERM/SIGINT; False if a worker crashed."""
+    with embedded_redis(config):
+        return asyncio.run(serve(config, options))
+
+
+@contextlib.contextmanager
+def embedded_redis(config: RlfleetConfig) -> Iterator[None]:
+    """Standalone use: no Redis configured starts one under ``run_dir/redis``, stopped on exit."""
+    if config.redis_url:
+        yield
+        return
+    from rlfleet.common.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis(Path(config.run_dir) / "redis") as server:
+        config.redis_url = server.url
+        print(f"rlfleet env: embedded Redis at {server.url}", flush=True)
+        yield
+
+
+async def serve(config: RlfleetConfig, options: Options) -> bool:
+    """Run until SIGTERM/SIGINT (or a worker crash); False if a worker crashed.
+
+    The front door stops first, so episodes in flight can still be answered by the workers."""
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    keys = Keys(config.cluster)
+    workers = start_workers(config, keys, stop.set) if config.agent.workers > 0 else None
+    front = None if options.worker_only else await start_front(config, keys)
+    if front is not None:
+        announce(config, front)
+    await stop.wait()
+    log.info("stopping env %s", "workers" if front is None else "service")
+    if front is not None:
+        await front.stop()
+    if workers is not None:
+        await workers.stop()
+    return workers is None or not workers.group.crashed
+
+
+@dataclass
+class Workers:
+    """This process's env workers, their Redis client and their router channels."""
+
+    group: JobWorkerPool
+    redis: Redis
+    clients: list[RolloutClient] = field(default_factory=list)
+
+    async def stop(self) -> None:
+        await self.group.stop()
+        for client in self.clients:
+            await client.close()
+        await self.redis.aclose()
+
+
+def start_workers(config: RlfleetConfig, keys: Keys, on_crash: Callable[[], None]) -> Workers:
+    """``agent.workers`` workers of ``agent.concurrency`` lanes each; a misnamed environment or
+    a tokenizer without a chat template fails here, before any episode is taken."""
+    agent = config.agent
+    renderer, make_env = load_renderer(config.model.path), env_maker(agent)
+    lanes = agent.workers * agent.concurrency
+    workers = Workers(JobWorkerPool(on_crash, stop_after_s=WORKER_STOP_S),
+                      connect(config.redis_url, lanes * REDIS_PER_LANE + 4))  # fmt: skip
+    for index in range(agent.workers):
+        client = RolloutClient(config.endpoints.router, config.api_key, config.max_message_mb)
+        runner = EpisodeRunner(make_env, renderer, client, agent)
+        workers.clients.append(client)
+        for lane in range(agent.concurrency):
+            name = consumer_name("env", index, lane)
+            workers.group.add(EnvWorker(env_queue(workers.redis, keys), runner, name,
+                                        agent.reclaim_idle_s))  # fmt: skip
+    log.info("%d env worker(s) x %d lanes running %r", agent.workers, agent.concurrency, agent.env)
+    return workers
+
+
+@dataclass
+class Front:
+    """The gRPC server and the Redis client of the front door."""
+
+    grpc_server: GrpcServer
+    redis: Redis
+
+    async def stop(self) -> None:
+        await self.grpc_server.stop(GRPC_GRACE_S)
+        await self.redis.aclose()
+
+
+async def start_front(config: RlfleetConfig, keys: Keys) -> Front:
+    redis = connect(config.redis_url, REDIS_CONCURRENCY + 8)
+    service = EnvService(redis, keys, config.agent)
+    await service.start()
+    agent = config.agent
+    grpc_server = GrpcServer(
+        [registration(service)], agent.host, agent.port, config.max_message_mb, config.api_key
+    )
+    await grpc_server.start()
+    return Front(grpc_server, redis)
+
+
+def announce(config: RlfleetConfig, front: Front) -> None:
+    """Print the bound addresses and merge them into ``run_dir/endpoints.json``."""
+    addresses = {"grpc": f"{config.agent.host}:{front.grpc_server.port}",
+                 "redis": safe_url(config.redis_url)}  # fmt: skip
+    try:
+        where = write_endpoints(config.run_dir, "env", addresses)
+    except OSError as exc:
+        where = f"not written: {exc}"
+    print(f"rlfleet {describe('env', addresses)} ({where})", flush=True)

@@ -1,0 +1,71 @@
+"""What ``rlfleet up --ray`` starts, and how each actor asks Ray for room: pure planning,
+no Ray import at module level (``actor_options`` imports it when called)."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.config.ray import RayConfig, demand
+from rlfleet.launch.ray_actors import RoleSpec
+
+SERVER_ROLES = ("router", "reward", "refcritic")
+"""Started first: their addresses (node IP + port) go into every other role's endpoints."""
+
+
+def replica_spec(index: int) -> RoleSpec:
+    """Replica ``index``: a stable id (a restart resumes its stream), any free port (several
+    replicas may share a node)."""
+    name = f"rollout-{index}"
+    return RoleSpec(name, "rollout", (f"rollout.replica_id={name}", "rollout.port=0"))
+
+
+def server_specs(config: RlfleetConfig, ports: dict[str, int], http_port: int) -> list[RoleSpec]:
+    roles = ["router", "reward"] + (["refcritic"] if config.needs_refcritic else [])
+    extra = {"router": (f"router.http_port={http_port}",)}
+    return [RoleSpec(role, role, extra.get(role, ()), ports[role]) for role in roles]
+
+
+def trainer_spec(port: int, replicas: int) -> RoleSpec:
+    return RoleSpec("trainer", "trainer", (f"trainer.min_replicas={replicas}",), port, True)
+
+
+def endpoint_overrides(addresses: dict[str, str]) -> list[str]:
+    """``endpoints.*`` for the roles that call the servers (the trainer)."""
+    return [f"endpoints.{role}={address}" for role, address in addresses.items() if address]
+
+
+def local_cpus(ray: RayConfig, actors: dict[str, int]) -> int:
+    """CPUs a local cluster advertises: ``ray.num_cpus``, else the larger of this machine's
+    cores and what the fleet asks for (``actors``: role -> count; pools counted whole)."""
+    if ray.num_cpus is not None:
+        return ray.num_cpus
+    asked = sum(b.get("CPU", 0.0) for pool in ray.pools.values() for b in pool.bundles)
+    asked += sum(
+        count * ray.role(role).num_cpus
+        for role, count in actors.items()
+        if ray.role(role).pool is None
+    )
+    return max(os.cpu_count() or 1, math.ceil(asked))
+
+
+def actor_options(ray_config: RayConfig, role: str, name: str, groups: dict) -> dict[str, Any]:
+    """``ActorClass.options(...)`` for one actor of ``role``: resources, restarts, and its
+    pool's placement group when it has one (any bundle with room)."""
+    spec = ray_config.role(role)
+    options: dict[str, Any] = {
+        "num_cpus": spec.num_cpus,
+        "num_gpus": spec.num_gpus,
+        "resources": {k: v for k, v in demand(spec).items() if k not in ("CPU", "GPU")},
+        "max_restarts": ray_config.restarts(role),
+        "max_task_retries": -1,  # a status call in flight when it crashed waits for the restart
+    }
+    if spec.pool is not None:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            groups[spec.pool], placement_group_bundle_index=-1
+        )
+    return options

@@ -1,0 +1,301 @@
+"""``rlfleet up --ray [ADDRESS]``: the same fleet as ``rlfleet up``, each role a Ray actor.
+
+Order: join the cluster (or start a local one), reserve the pools, start Redis (embedded,
+on this machine, unless ``redis_url`` is set), start the server roles (router, reward,
+refcritic) and learn where Ray put them, then the replicas and the trainer with those
+addresses. While the trainer runs, the launcher watches every actor (a role that crashes is
+restarted by Ray up to ``max_restarts``; one that is out of restarts stops the fleet) and
+follows ``rlfleet scale`` through the named ``FleetControl`` actor. At the end, on a failure
+or on Ctrl-C, every actor is stopped (SIGTERM to its role, then killed), the pools are
+released, and a local cluster is shut down with all its processes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.config.ray import demand, fits
+from rlfleet.common.ray_cluster import (
+    Cluster,
+    PlacementError,
+    connect,
+    one_machine,
+    reserve_pools,
+)
+from rlfleet.launch.process import free_port
+from rlfleet.launch.ray_actors import STOP_GRACE_S, FleetControl, Launch, RoleActor, RoleSpec
+from rlfleet.launch.ray_plan import (
+    actor_options,
+    endpoint_overrides,
+    local_cpus,
+    replica_spec,
+    server_specs,
+    trainer_spec,
+)
+from rlfleet.launch.session import print_run_summary, start_redis
+
+POLL_S = 1.0
+PLACEMENT_FILE = "ray_placement.json"
+"""``run_dir/ray_placement.json``: where each actor was placed (node, pids), for tools and tests."""
+
+
+def control_name(cluster: str) -> str:
+    """The named actor ``rlfleet scale`` looks up, one per fleet (``cluster``) on a Ray cluster."""
+    return f"rlfleet-control-{cluster}"
+
+
+class RayFleet:
+    """The role actors of one fleet, started, watched, scaled and stopped from the driver."""
+
+    def __init__(self, config: RlfleetConfig, args, launch: Launch, groups: dict, address: str):
+        self.config, self.args, self.launch, self.groups = config, args, launch, groups
+        self.address = address
+        """The Ray cluster's address, recorded for ``rlfleet scale``."""
+        self.actors: dict[str, object] = {}
+        self.roles: dict[str, str] = {}
+        self.placed: dict[str, dict] = {}
+        self.pending: dict = {}
+        self.control = None
+
+    def start_actor(self, spec: RoleSpec, launch: Launch):
+        import ray
+
+        options = actor_options(self.config.ray, spec.role, spec.name, self.groups)
+        handle = ray.remote(RoleActor).options(**options).remote(spec, launch)
+        self.actors[spec.name] = handle
+        self.roles[spec.name] = spec.role
+        return handle
+
+    def start(self) -> None:
+        """Servers first (their addresses go to everyone else), then replicas and trainer."""
+        self.start_control()  # first: a fleet of the same name already there fails here
+        config, ports = self.config, {r: free_port() for r in ("router", "reward", "refcritic")}
+        http_port = config.router.http_port or free_port()
+        for spec in server_specs(config, ports, http_port):
+            self.start_actor(spec, self.launch)
+        addresses = {name: info["address"] for name, info in self.wait_placed().items()}
+        router_host = addresses["router"].rsplit(":", 1)[0]
+        print(f"rlfleet up: router HTTP at http://{router_host}:{http_port}/v1", flush=True)
+        trainer = trainer_spec(free_port(), self.args.rollout_replicas)
+        common = (*endpoint_overrides(addresses), *self.launch.common)
+        self.launch = replace(self.launch, common=common)
+        for index in range(self.args.rollout_replicas):
+            self.start_actor(replica_spec(index), self.launch)
+        if not self.args.no_trainer:
+            self.start_actor(trainer, self.launch)
+        self.wait_placed()
+        self.record(http_port)
+
+    def start_control(self) -> None:
+        import ray
+
+        name = control_name(self.config.cluster)
+        remote = ray.remote(FleetControl).options(name=name, num_cpus=0)
+        self.control = remote.remote({"rollout": self.args.rollout_replicas})
+        ray.get(self.control.wanted_counts.remote())
+
+    def wait_placed(self) -> dict[str, dict]:
+        """``info()`` of every actor not yet placed; fails if Ray cannot place one in time."""
+        import ray
+
+        waiting = {
+            name: h.info.remote() for name, h in self.actors.items() if name not in self.placed
+        }
+        ready, _ = ray.wait(list(waiting.values()), num_returns=len(waiting),
+                            timeout=self.config.ray.start_timeout_s)  # fmt: skip
+        stuck = [name for name, ref in waiting.items() if ref not in ready]
+        if stuck:
+            raise PlacementError(self.placement_failure(stuck))
+        nodes = {n["NodeID"]: sorted(n["Resources"]) for n in ray.nodes() if n["Alive"]}
+        for name, ref in waiting.items():
+            info = ray.get(ref)
+            self.placed[name] = {**info, "node_resources": nodes.get(info["node_id"], [])}
+        return {name: self.placed[name] for name in waiting}
+
+    def placement_failure(self, stuck: list[str]) -> str:
+        """Why ``stuck`` actors did not start: those whose demand no live node could ever
+        hold are named apart from those that were only slow (a busy machine)."""
+        import ray
+
+        totals = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+        unplaceable = [name for name in stuck
+                       if not any(fits(self.config.ray.role(self.roles[name]), node)
+                                  for node in totals)]  # fmt: skip
+        why = f"Ray did not place {stuck} within {self.config.ray.start_timeout_s:.0f} s"
+        if unplaceable:
+            asks = {name: demand(self.config.ray.role(self.roles[name])) for name in unplaceable}
+            why += f"; no node can hold {unplaceable} (they ask for {asks})"
+        return f"{why}: free resources {ray.available_resources()}"
+
+    def record(self, http_port: int) -> None:
+        """``endpoints.json`` (addresses, and how to reach this launcher) and the placement."""
+        from rlfleet.common.endpoints import describe, write_endpoints
+        from rlfleet.common.entry import safe_url
+
+        run_dir = self.config.run_dir
+        for name, info in self.placed.items():
+            if info["address"]:
+                addresses = {"grpc": info["address"]}
+                if name == "router":
+                    addresses["http"] = f"http://{info['address'].rsplit(':', 1)[0]}:{http_port}/v1"
+                write_endpoints(run_dir, name, addresses)
+                print(f"rlfleet up: {describe(name, addresses)} (node {info['node_ip']})")
+        write_endpoints(run_dir, "redis", {"url": safe_url(self.launch.redis_url)})
+        ray_entry = {"address": self.address,
+                     "namespace": self.config.ray.namespace,
+                     "control": control_name(self.config.cluster)}  # fmt: skip
+        write_endpoints(run_dir, "ray", ray_entry)
+        self.write_placement()
+
+    def write_placement(self) -> None:
+        path = Path(self.config.run_dir) / PLACEMENT_FILE
+        path.write_text(json.dumps(self.placed, indent=2, sort_keys=True) + "\n")
+
+    def supervise(self) -> int:
+        """Until the trainer is done (its exit code) or an actor is out of restarts (1)."""
+        import ray
+
+        while True:
+            for name, handle in self.actors.items():
+                self.pending.setdefault(name, handle.exit_code.remote())
+            refs = list(self.pending.values())
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+            for name in [n for n, ref in self.pending.items() if ref in ready]:
+                code = self.outcome(name, self.pending.pop(name))
+                if code is not None:
+                    return code
+            self.follow_scale()
+
+    def outcome(self, name: str, ref) -> int | None:
+        """The launcher's exit code if actor ``name`` ended the run, else None."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        try:
+            code = ray.get(ref)
+        except RayActorError as exc:
+            self.report_death(name, exc)
+            return 1
+        return code if name == "trainer" and code is not None else None
+
+    def report_death(self, name: str, exc: Exception) -> None:
+        log = Path(self.launch.log_dir) / f"{name}.log"
+        lines = log.read_text(errors="replace").splitlines()[-10:] if log.is_file() else []
+        tail = "\n".join(f"    {line}" for line in lines)
+        print(f"\nrlfleet up: service '{name}' died and Ray will not restart it "
+              f"(ray.max_restarts); stopping the fleet. {type(exc).__name__}. Last output:\n"
+              f"{tail}\n(full log: {log})", file=sys.stderr)  # fmt: skip
+
+    def follow_scale(self) -> None:
+        """Start or stop replicas until their count is what ``rlfleet scale`` asked for."""
+        import ray
+
+        wanted = ray.get(self.control.wanted_counts.remote())["rollout"]
+        replicas = sorted((n for n in self.actors if n.startswith("rollout-")),
+                          key=lambda n: int(n.split("-")[1]))  # fmt: skip
+        if len(replicas) == wanted:
+            return
+        for _ in range(wanted - len(replicas)):
+            free = next(
+                i for i in range(wanted + len(replicas)) if f"rollout-{i}" not in self.actors
+            )
+            self.start_actor(replica_spec(free), self.launch)
+        for name in replicas[wanted:]:
+            self.stop_actors([name])
+        print(f"rlfleet up: rollout replicas {len(replicas)} -> {wanted}", flush=True)
+        self.wait_placed()
+        self.write_placement()
+
+    def stop_actors(self, names: list[str]) -> None:
+        """SIGTERM their roles (in parallel), wait, then kill the actors for good."""
+        import ray
+
+        handles = [self.actors.pop(name) for name in names]
+        placed = [h for name, h in zip(names, handles, strict=True) if self.placed.pop(name, None)]
+        for name in names:
+            self.pending.pop(name, None)
+        stops = [h.stop.remote() for h in placed]  # one never placed has no role to stop
+        ray.wait(stops, num_returns=len(stops), timeout=STOP_GRACE_S + 5)
+        for handle in handles:
+            ray.kill(handle, no_restart=True)
+
+    def stop(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        self.stop_actors(list(reversed(self.actors)))
+        if self.control is not None:
+            ray.kill(self.control, no_restart=True)
+        for group in self.groups.values():
+            remove_placement_group(group)
+
+
+def launch_settings(config: RlfleetConfig, args, redis_url: str, host: str | None) -> Launch:
+    """What every role shares. Paths are made absolute: a role may start in another folder."""
+    run_dir = Path(config.run_dir).resolve()
+    common = (f"redis_url={redis_url}", *args.overrides, f"run_dir={run_dir}")
+    config_path = str(Path(args.config).resolve()) if args.config else None
+    return Launch(config_path, common, redis_url, str(run_dir / "logs"), str(Path.cwd()), host)
+
+
+def run_on_ray(config: RlfleetConfig, args) -> int:
+    """``rlfleet up --ray``'s whole life; returns its exit code (130 when interrupted)."""
+    actors = {"router": 1, "reward": 1, "rollout": args.rollout_replicas,
+              "refcritic": int(config.needs_refcritic), "trainer": int(not args.no_trainer)}  # fmt: skip
+    cluster: Cluster | None = None
+    fleet: RayFleet | None = None
+    redis = None
+    previous = signal.getsignal(signal.SIGTERM)
+    code = 1
+    try:
+        cluster = connect(config.ray, args.ray or None, local_cpus(config.ray, actors))
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        what = "started a local" if cluster.local else "joined the"
+        print(f"rlfleet up: {what} Ray cluster at {cluster.address}", flush=True)
+        host = "127.0.0.1" if one_machine() else None
+        if host is None and not config.redis_url:
+            raise SystemExit("rlfleet up --ray: the cluster spans several machines; set "
+                             "redis_url (RLFLEET_REDIS_URL) to a Redis every node reaches")  # fmt: skip
+        groups = reserve_pools(config.ray, config.cluster, config.ray.start_timeout_s)
+        run_dir = Path(config.run_dir)
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        redis = start_redis(config, run_dir)
+        redis_url = redis.url if redis else config.redis_url
+        launch = launch_settings(config, args, redis_url, host)
+        fleet = RayFleet(config, args, launch, groups, cluster.address)
+        fleet.start()
+        code = fleet.supervise()
+        if code == 0 and not args.no_trainer:
+            print_run_summary(run_dir / "summary.json")
+        return code
+    except PlacementError as exc:
+        print(f"rlfleet up: {exc}; stopping the fleet", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        print("\nrlfleet up: interrupted, stopping the fleet", file=sys.stderr)
+        code = 130
+        return code
+    finally:
+        shut_down(fleet, cluster, redis, keep_temp=code not in (0, 130))
+        signal.signal(signal.SIGTERM, previous)
+
+
+def shut_down(fleet: RayFleet | None, cluster: Cluster | None, redis, keep_temp: bool) -> None:
+    """Everything we started, in reverse; each step runs even if an earlier one failed."""
+    try:
+        if fleet is not None:
+            fleet.stop()
+    finally:
+        try:
+            if cluster is not None:
+                cluster.shutdown(keep_temp=keep_temp)
+                if keep_temp and cluster.temp_dir is not None:
+                    print(f"rlfleet up: Ray's logs kept in {cluster.temp_dir}", file=sys.stderr)
+        finally:
+            if redis is not None:
+                redis.stop()

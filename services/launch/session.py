@@ -1,0 +1,39 @@
+"""What an ``rlfleet up`` run does around its roles, whatever the backend (local processes or
+Ray actors): the embedded Redis it starts first, and the summary it prints last."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlfleet.common.config import RlfleetConfig
+
+
+def print_run_summary(path: Path) -> None:
+    """The job's headline numbers, unprefixed, as the last lines ``rlfleet up`` prints."""
+    import json
+
+    if not path.is_file():
+        return
+    summary = json.loads(path.read_text())
+    reached = summary.get("time_to_target_s")
+    target = summary.get("target_accuracy", 0.85)
+    before, after = summary.get("val_before", {}), summary.get("val_after", {})
+    for name, value in after.items():
+        start = f"{before[name]:.3f}" if name in before else "n/a"
+        print(f"held-out {name}: {start} -> {value:.3f}")
+    print(f"time_to_{target:g}_s: {'never' if reached is None else reached}")
+    print(
+        f"training_time_s: {summary.get('training_time_s')}  wall_time_s: {summary['wall_time_s']}"
+    )
+
+
+def start_redis(config: RlfleetConfig, run_dir: Path):
+    """Embedded Valkey when no Redis URL is configured; None otherwise."""
+    if config.redis_url:
+        return None
+    from rlfleet.common.redis_server import EmbeddedRedis
+
+    server = EmbeddedRedis(run_dir / "redis")
+    server.start()
+    print(f"rlfleet up: embedded Redis at {server.url}", flush=True)
+    return server

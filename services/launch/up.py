@@ -1,0 +1,46 @@
+"""``rlfleet up``: parse the command line, then run the fleet with the local backend
+(``rlfleet.launch.local``: one process per role) or the Ray one (``rlfleet.launch.ray_up``:
+one actor per role, with ``--ray`` or ``launcher: ray``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rlfleet.common.config import load_config
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="rlfleet up", description="Run the whole fleet (and the training job) locally."
+    )
+    parser.add_argument("--config", help="YAML config shared by every role")
+    parser.add_argument("--rollout-replicas", type=int, default=2, help="replicas (default 2)")
+    parser.add_argument("--no-trainer", action="store_true", help="serve only, until Ctrl-C")
+    parser.add_argument(
+        "--ray", nargs="?", const="", metavar="ADDRESS",
+        help="run the roles as Ray actors, on the cluster at ADDRESS or a local one",
+    )  # fmt: skip
+    parser.add_argument("overrides", nargs="*", help="dotted overrides for every role")
+    args = parser.parse_args(argv)
+    if args.ray and "=" in args.ray:  # `--ray a.b=c`: an override, not an address
+        args.overrides, args.ray = [args.ray, *args.overrides], ""
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rollout_replicas < 1:
+        raise SystemExit("rlfleet up: --rollout-replicas must be >= 1")
+    config = load_config(args.config, args.overrides)
+    if args.ray is not None or config.launcher == "ray":
+        from rlfleet.launch.ray_up import run_on_ray
+
+        return run_on_ray(config, args)
+    from rlfleet.launch.local import run_local
+
+    return run_local(config, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

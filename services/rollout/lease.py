@@ -1,0 +1,107 @@
+"""A replica's registry entry, its heartbeat lease, and the two ways its process ends itself.
+
+Leases fence answers: the heartbeat key holds a token new to each registration, and an answer
+is stored only while the key still holds ours and the entry is still in our stream (one Lua
+step, ``WorkQueue.fence``). A replica stalled past ``heartbeat_ttl_s`` (SIGSTOP, a long GC)
+has lost its lease, and the janitor may have moved its work: its late answers are discarded,
+and at its next beat it drops the jobs it held, registers again with a new token and re-reads
+whatever of its stream is still there.
+
+The heartbeat loop also ends the process: when the engine dies it stops beating and sets
+``failed`` (the TTL lapses, the janitor moves the unanswered entries); when a router drained
+the replica (``DrainReplica``) and nothing is left to answer, it sets ``drained``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from rlfleet.common.workqueue import WorkQueue
+from rlfleet.rollout.engines.base import Engine
+from rlfleet.rollout.inflight import InFlight
+from rlfleet.rollout.job_loop import Backlog
+from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
+
+log = logging.getLogger(__name__)
+
+
+class Lease:
+    """Registers, renews and re-takes the replica's lease; watches for death and drain."""
+
+    def __init__(
+        self, registry: ReplicaRegistry, queue: WorkQueue, replica_id: str,
+        inflight: InFlight, backlog: Backlog, describe: Callable[[], ReplicaInfo],
+    ) -> None:  # fmt: skip
+        self.registry, self.queue, self.replica_id = registry, queue, replica_id
+        self._inflight, self._backlog, self._describe = inflight, backlog, describe
+        self._token = ""  # our token in the heartbeat key; "" until the first registration
+        self.last_beat = 0.0  # time.time() of the last successful beat; 0 = none yet
+        self.failed = asyncio.Event()  # the engine died: stop, let the heartbeat TTL lapse
+        self.drained = asyncio.Event()  # a router drained us and our work is done: exit
+
+    @property
+    def held(self) -> bool:
+        """True once registered, until a lapse is noticed (then jobs are not retried)."""
+        return bool(self._token)
+
+    async def beat(self) -> None:
+        """Renew our lease with the whole entry; if it lapsed, drop the jobs we held and
+        register again under a new lease (re-adding the entry if a janitor removed it)."""
+        info = self._describe()
+        try:
+            if not self._token or not await self.registry.renew(info, self._token):
+                await self._relet(info)
+            self.last_beat = time.time()
+        except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
+            log.warning("heartbeat for %s failed: %s", self.replica_id, exc)
+
+    async def _relet(self, info: ReplicaInfo) -> None:
+        """Take a new lease. After a lapse (not at start): our work may have moved, so the jobs
+        we hold are cancelled (their answers would be fenced anyway) and forgotten, and the
+        next read starts again with whatever of our stream is still pending for us."""
+        if self._token:
+            log.warning("replica %s lost its lease (no heartbeat for %.1f s): dropping %d jobs "
+                        "and registering again", self.replica_id, time.time() - self.last_beat,
+                        len(self._inflight.jobs()))  # fmt: skip
+            self._token = ""  # cancelled jobs are not queued for a retry
+            await self._inflight.cancel_jobs()
+            self._backlog.clear()
+            self.queue.replay(self.replica_id)
+        token = uuid.uuid4().hex
+        self.queue.fence = (self.registry.lease_key(self.replica_id), token)
+        await self.registry.register(info, token)
+        self._token = token
+
+    async def run(self, engine: Engine, interval_s: float) -> None:
+        """Beat every ``interval_s`` while the engine lives; then set ``failed``."""
+        while engine.is_alive():
+            await asyncio.sleep(interval_s)
+            await self.beat()
+            await self._check_drained()
+        log.error("%s engine died; %s stops heartbeating", engine.name, self.replica_id)
+        self.failed.set()
+
+    async def _check_drained(self) -> None:
+        """Drained by a router (``DrainReplica``): keep answering what is queued here, and
+        once nothing is left (running, to retry, or in our stream) set ``drained`` so the
+        process deregisters and exits 0."""
+        if self.drained.is_set() or len(self._inflight) or self._backlog:
+            return
+        try:
+            if not await self.registry.is_draining(self.replica_id) or await self.queue.length():
+                return
+        except Exception as exc:  # noqa: BLE001 - checked again at the next beat
+            log.warning("checking whether %s is drained failed: %s", self.replica_id, exc)
+            return
+        log.info("replica %s is drained and has no work left: exiting", self.replica_id)
+        self.drained.set()
+
+    async def leave(self) -> None:
+        """Deregister (best effort: the TTL ends the entry anyway)."""
+        with contextlib.suppress(Exception):
+            await self.registry.deregister(self.replica_id)

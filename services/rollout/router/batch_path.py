@@ -1,0 +1,123 @@
+"""One routed GenerateBatch: every request placed from one registry snapshot, one queue entry
+per replica, all entries awaited together, the in-flight counts released at the end.
+
+Why: a training step is dozens of prompts, and routed one by one each costs its own round
+trips while the replica sees them trickle in. The helpers (``batch.py``: ``assign``,
+``wait_entries``) keep it to a few round trips a step, and each replica
+runs its share as one engine batch. Idempotent per request id, like a single Generate: ids
+already answered are served from their stored answers and not queued again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from rlfleet.common.config import RouterConfig
+from rlfleet.common.errors import InvalidArgument, Unavailable
+from rlfleet.common.workqueue import Result, WorkQueue
+from rlfleet.rollout.registry import ReplicaRegistry
+from rlfleet.rollout.router.admission import admit
+from rlfleet.rollout.router.batch import Assignment, assign, wait_entries
+from rlfleet.rollout.router.outcomes import Outcome, missing, outcome, raise_or_return
+from rlfleet.rollout.router.request_path import ROUTE_POLL_S
+from rlfleet.rollout.router.routing import RoundRobin
+from rlfleet.rollout.types import GenerateRequest, GenerateResult, pack_requests
+
+
+class BatchPath:
+    """Answers a batch of requests, in order; the first failure in order fails the call."""
+
+    def __init__(
+        self, cfg: RouterConfig, registry: ReplicaRegistry, rng: random.Random,
+        round_robin: RoundRobin | None, queue: Callable[[str], WorkQueue],
+        answers: Callable[[], WorkQueue],
+    ) -> None:  # fmt: skip
+        self._cfg, self.registry, self._rng, self._round_robin = cfg, registry, rng, round_robin
+        self._queue, self._answers = queue, answers  # a replica's queue; one for answers only
+        self._route_wait_s = cfg.route_wait_s
+
+    async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Answers for ``requests``, in order (stored ones first looked up in one MGET)."""
+        _validate_batch(requests)
+        ids = [r.request_id for r in requests]
+        stored = await self._answers().get_results(ids)
+        outcomes = {rid: outcome(rid, result) for rid, result in stored.items()}
+        if todo := [r for r in requests if r.request_id not in stored]:
+            outcomes |= await self._run_batch(todo)
+        return [raise_or_return(outcomes[rid]) for rid in ids]
+
+    async def _run_batch(self, requests: list[GenerateRequest]) -> dict[str, Outcome]:
+        """Route, claim, queue one entry per replica, wait for them all, release."""
+        loop = asyncio.get_running_loop()
+        timeout_s = max(r.timeout_s for r in requests) or self._cfg.request_timeout_s
+        deadline = loop.time() + timeout_s
+        plan = await self._route_batch(requests, deadline)
+        entries = {f"batch-{uuid.uuid4().hex}-{rid}": rid for rid in plan.groups}
+        served = plan.counts  # released as routed unless answers say who served
+        try:
+            await asyncio.gather(*(self._queue(rid).submit(eid, pack_requests(plan.groups[rid]))
+                                   for eid, rid in entries.items()))  # fmt: skip
+            done = await wait_entries(self._answers(), list(entries), deadline,
+                                      lambda pending: _batch_timeout(pending, entries))  # fmt: skip
+            outcomes, served = await self._collect(entries, plan, done)
+            return outcomes
+        finally:
+            await self.registry.release_many(served)
+
+    async def _route_batch(self, requests: list[GenerateRequest], deadline: float) -> Assignment:
+        """Place every request from one snapshot (waiting briefly, like a single request); claim."""
+        loop = asyncio.get_running_loop()
+        give_up = min(deadline, loop.time() + self._route_wait_s)
+        sessions = sorted({r.session_id for r in requests if r.session_id})
+        cap = self._cfg.max_inflight_per_replica
+        while True:
+            snap = admit(await self.registry.snapshot(sessions=sessions),
+                         min(r.min_weight_version for r in requests),
+                         self._cfg.max_queue_per_replica, len(requests))  # fmt: skip
+            try:
+                plan = assign(requests, snap, cap, self._rng, self._round_robin)
+                break
+            except Unavailable:
+                if loop.time() + ROUTE_POLL_S > give_up:
+                    raise
+                await asyncio.sleep(ROUTE_POLL_S)
+        await self.registry.claim_many(plan.counts, plan.pins, self._cfg.sticky_ttl_s)
+        return plan
+
+    async def _collect(
+        self, entries: dict[str, str], plan: Assignment, done: dict[str, Result]
+    ) -> tuple[dict[str, Outcome], dict[str, int]]:
+        """Each member's outcome (its stored answer, or its entry's failure), and how many
+        requests each serving replica held (a migrated entry counts where it was served)."""
+        answered = [r.request_id for eid, rid in entries.items() if done[eid].ok
+                    for r in plan.groups[rid]]  # fmt: skip
+        stored = await self._answers().get_results(answered)
+        outcomes: dict[str, Outcome] = {}
+        served: Counter[str] = Counter()
+        for eid, rid in entries.items():
+            group = [r.request_id for r in plan.groups[rid]]
+            for member in group:
+                result = stored.get(member, missing(member)) if done[eid].ok else done[eid]
+                outcomes[member] = outcome(member, result)
+            by = [o.replica_id for m in group if isinstance(o := outcomes[m], GenerateResult)]
+            served[next((b for b in by if b), rid)] += len(group)
+        return outcomes, served
+
+
+def _batch_timeout(pending: list[str], entries: dict[str, str]) -> TimeoutError:
+    where = ", ".join(sorted(entries[eid] for eid in pending))
+    return TimeoutError(f"{len(pending)} of {len(entries)} batch entries (routed to {where}) "
+                        "got no answer in time")  # fmt: skip
+
+
+def _validate_batch(requests: Sequence[GenerateRequest]) -> None:
+    for request in requests:
+        request.validate()
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+        dup = next(rid for rid in ids if ids.count(rid) > 1)
+        raise InvalidArgument(f"request id {dup!r} appears more than once in the batch")

@@ -1,0 +1,82 @@
+"""The weights a replica serves: their version, whether they are intact, and how they change.
+
+Why apart from the replica's other work: every refusal rule of an update lives here, before
+anything changes. A header is checked before its bytes arrive (malformed, not newer than ours
+unless ``force``, bigger than this model can take); the payload is verified (size, checksum,
+finite values) in a worker thread while the replica still serves; the engine checks names
+and shapes and refuses a mismatch before any parameter changes. So a bad update leaves the
+old weights serving. A load that fails midway (weights possibly half replaced) leaves
+``intact`` False, and the replica out of routing (``update_failed``), until an update
+succeeds. After a load the KV/prefix cache is flushed (``rollout.flush_cache_on_update`` and
+the header's ``flush_cache``), so no answer mixes new weights with old cache.
+
+The replica (``replica.py``) runs the steps around this: stop taking work, let in-flight
+requests finish or cancel them, then ``load``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import FailedPrecondition, InvalidArgument
+from rlfleet.model import weights
+from rlfleet.rollout.engines.base import Engine
+from rlfleet.rollout.types import UpdateOutcome
+
+log = logging.getLogger(__name__)
+
+
+class WeightUpdater:
+    """Checks and loads weight updates into one engine; holds the version it serves."""
+
+    def __init__(
+        self, config: RlfleetConfig, engine: Engine, on_new_version: Callable[[int], None]
+    ) -> None:
+        self.config, self.engine = config, engine
+        self._on_new_version = on_new_version  # told the version just loaded (unparks jobs)
+        self.version = 0
+        self.intact = True  # False after a load that failed midway
+        self.lock = asyncio.Lock()  # one update at a time
+
+    def check(self, header: weights.WeightHeader) -> None:
+        """Refuse an update before its bytes arrive: a malformed header (InvalidArgument), a
+        version not newer than ours unless forced (FailedPrecondition), or a payload bigger
+        than this model can take (InvalidArgument; checked before anything is allocated)."""
+        weights.validate_header(header)
+        if header.version <= self.version and not header.force:
+            raise FailedPrecondition(f"weight version {header.version} is not newer than "
+                                     f"{self.version} (set force to roll back)")  # fmt: skip
+        numel = self.engine.weight_numel()
+        if numel and header.total_bytes > weights.max_bytes_for(numel):
+            raise InvalidArgument(f"weight update of {header.total_bytes} bytes is larger than "
+                                  f"this model ({numel} parameters) can take")  # fmt: skip
+
+    async def load(self, header: weights.WeightHeader, state_dict: dict) -> UpdateOutcome:
+        """Load in one step, bump the version, flush the cache (nothing may be running)."""
+        started = time.perf_counter()
+        intact, self.intact = self.intact, False
+        try:
+            await self.engine.load_weights(state_dict)
+        except InvalidArgument:
+            self.intact = intact  # engines refuse a mismatch before changing anything
+            raise
+        old, self.version, self.intact = self.version, header.version, True
+        self._on_new_version(self.version)
+        flushed = False
+        if header.flush_cache and self.config.rollout.flush_cache_on_update:
+            flushed = await self.engine.flush_cache()
+        seconds = time.perf_counter() - started
+        log.info("weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
+                 old, self.version, seconds, flushed)  # fmt: skip
+        return UpdateOutcome(self.version, seconds, flushed)
+
+
+def verified(header: weights.WeightHeader, payload: weights.BytesLike) -> dict:
+    """Tensors viewing the payload once size, checksum and finiteness hold (a worker thread)."""
+    state_dict = weights.decode(header, payload)
+    weights.check_finite(state_dict)
+    return state_dict

@@ -1,0 +1,121 @@
+"""The trainer's weight pushes: when a version goes out, and what it knows of it landing.
+
+Why a room of its own: a push is retried through transient failures, in async mode it runs in
+the background while the next batch trains (one in flight at a time, so versions arrive in
+order), the async producer waits on the newest version the replicas acknowledged, and a
+rollout that runs late brings stale replicas up to date. ``Trainer`` decides *which* version
+to push; this decides how it gets there. The transport itself is ``Fleet.weight_sync``
+(``rlfleet.trainer.weight_sync``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import RlfleetError
+from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.retry import retry_transient
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+CATCH_UP_POLL_S = 3.0
+"""How long a rollout may run before the trainer checks for replicas behind its weights."""
+
+
+class WeightPushes:
+    """Pushes of the actor's weights through ``fleet.weight_sync``; ``landed_version`` is the
+    newest version the replicas acknowledged (async rollouts wait on it)."""
+
+    def __init__(self, config: RlfleetConfig, fleet: Fleet, actor) -> None:
+        self.config, self.fleet, self.actor = config, fleet, actor
+        self.landed_version = 0
+        self._landed = asyncio.Condition()
+        self._task: asyncio.Task | None = None
+
+    async def push(self, version: int, only_stale: bool = False) -> dict[str, float]:
+        """Send the actor's weights as ``version`` to replicas, and wait for them."""
+        state = self.actor.state_dict_for_rollout()
+        flush = self.config.rollout.flush_cache_on_update
+        metrics = await self._push_retrying(state, version, flush, only_stale)
+        if not only_stale:
+            await self._mark_landed(version)
+        return metrics
+
+    async def publish(self, version: int) -> dict[str, float]:
+        """Push a new version. Sync mode waits for it; async mode lets it land while the
+        next batch trains (one push in flight at a time, so versions arrive in order)."""
+        if self.config.trainer.mode == "sync":
+            return await self.push(version)
+        previous = await self.finish()
+        state = {
+            name: tensor.clone() for name, tensor in self.actor.state_dict_for_rollout().items()
+        }
+        flush = self.config.rollout.flush_cache_on_update
+        self._task = asyncio.create_task(self._push_snapshot(state, version, flush))
+        return previous
+
+    async def finish(self) -> dict[str, float]:
+        """Wait for the push in flight (async mode); its metrics, or {} if none."""
+        task, self._task = self._task, None
+        return await task if task is not None else {}
+
+    async def wait_for_landed(self, version: int) -> None:
+        """Block until replicas hold weights of at least ``version``."""
+        async with self._landed:
+            await self._landed.wait_for(lambda: self.landed_version >= version)
+
+    async def catching_up_while(self, waiting: Awaitable[T], version: int) -> T:
+        """Await ``waiting`` (a rollout; the actor stands still meanwhile); every
+        ``CATCH_UP_POLL_S`` until it is done, replicas behind ``version`` get it.
+
+        Why: a replica restarted under its old id parks the work it held, which needs the
+        weights it lost, until a push brings them; the trainer's next regular push comes only
+        after this rollout, so without this the two would wait for each other until the
+        rollout timed out."""
+        task = asyncio.ensure_future(waiting)
+        try:
+            while not (await asyncio.wait({task}, timeout=CATCH_UP_POLL_S))[0]:
+                await self._catch_up_stale_replicas(version)
+            return task.result()
+        finally:
+            task.cancel()
+
+    async def _push_retrying(
+        self, state: dict, version: int, flush: bool, only_stale: bool
+    ) -> dict[str, float]:
+        """A push that a transient failure (router or Redis down) retries, for up to
+        ``trainer.step_retry_s``. A retry goes only to replicas still behind ``version``: those
+        that took it already would refuse it again as not newer."""
+
+        async def attempt(n: int) -> dict[str, float]:
+            return await self.fleet.weight_sync.push(state, version, flush, only_stale or n > 0)
+
+        budget = self.config.trainer.step_retry_s
+        return await retry_transient(attempt, budget, f"push of weight version {version}")
+
+    async def _push_snapshot(self, state: dict, version: int, flush: bool) -> dict[str, float]:
+        metrics = await self._push_retrying(state, version, flush, False)
+        await self._mark_landed(version)
+        return metrics
+
+    async def _mark_landed(self, version: int) -> None:
+        async with self._landed:
+            self.landed_version = max(self.landed_version, version)
+            self._landed.notify_all()
+
+    async def _catch_up_stale_replicas(self, version: int) -> None:
+        if self._task is not None:  # its version first; its outcome is finish's
+            await asyncio.wait({self._task})
+        try:
+            pushed = await self.push(version, only_stale=True)
+        except RlfleetError as exc:
+            log.warning("could not bring stale replicas to version %d: %s", version, exc)
+            return
+        if pushed.get("weight_sync/replicas"):
+            log.info("rollout running late: brought %d stale replica(s) to version %d",
+                     int(pushed["weight_sync/replicas"]), version)  # fmt: skip

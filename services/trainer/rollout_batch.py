@@ -1,0 +1,166 @@
+"""The batch one training step works on: sampled sequences, their scores, and tensors.
+
+``RolloutBatch`` is filled in stages (``Collector``: generate -> score -> reference log-probs
+and values; ``Trainer.learn``: old log-probs) and keeps ragged per-sequence lists;
+``response_mask`` and ``token_level_rewards`` build the padded ``[B, R]`` tensors, the layout
+every function in ``rlfleet.rl`` expects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from rlfleet.trainer.data import PromptRecord
+
+
+@dataclass
+class RolloutBatch:
+    records: list[PromptRecord] = field(default_factory=list)
+    """One entry per sequence (a prompt repeated n times)."""
+    prompts: list[list[int]] = field(default_factory=list)
+    responses: list[list[int]] = field(default_factory=list)
+    group_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    weight_versions: list[int] = field(default_factory=list)
+    replica_ids: list[str] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)
+    scores: list[float] = field(default_factory=list)
+    score_errors: int = 0
+    data_batches: int = 1
+    """Batches of prompts drawn from the data to build this one (DAPO may draw several)."""
+    sampling_metrics: dict[str, float] = field(default_factory=dict)
+    """How the batch was assembled (DAPO's dynamic sampling rounds, dropped groups)."""
+    behaviour_logprobs: list[list[float]] = field(default_factory=list)
+    """Log-probs the sampling engine reported (async mode's off-policy correction)."""
+    old_logprobs: list[list[float]] = field(default_factory=list)
+    ref_logprobs: list[list[float]] = field(default_factory=list)
+    values: list[list[float]] = field(default_factory=list)
+    baseline_scores: list[float] = field(default_factory=list)
+    """ReMax: the score of the greedy response to each sequence's prompt."""
+    baseline_texts: list[str] = field(default_factory=list)
+    """ReMax: the greedy response per group, in group order (not per sequence)."""
+    engine_logprobs: list[list[float]] = field(default_factory=list)
+    """Per-token log-probs of every completion as the engine sampled it (kept, not trained on
+    unless copied to ``behaviour_logprobs`` for an off-policy update)."""
+    loss_masks: list[list[int]] = field(default_factory=list)
+    """Agent mode: per response token, 1 = sampled by the policy (trained), 0 = a token the
+    environment or the chat template added between turns. Empty in single-turn mode (every
+    response token is sampled)."""
+    token_versions: list[list[int]] = field(default_factory=list)
+    """Agent mode: the weight version of every response token (-1 where the mask is 0)."""
+    agent_metrics: dict[str, float] = field(default_factory=dict)
+    """Agent mode: ``agent/*`` metrics of the batch's episodes (turns, tool calls, ends)."""
+
+    def __len__(self) -> int:
+        return len(self.responses)
+
+    def add_group(self, record: PromptRecord, group_id: int, result) -> None:
+        """Append the n completions of one GenerateResult as one group."""
+        for completion in result.completions:
+            self.records.append(record)
+            self.prompts.append(list(record.token_ids))
+            self.responses.append(list(completion.token_ids))
+            self.group_ids.append(group_id)
+            self.weight_versions.append(result.weight_version)
+            self.replica_ids.append(result.replica_id)
+            self.finish_reasons.append(completion.finish_reason)
+            self.engine_logprobs.append(list(completion.logprobs))
+
+    def add_episode_group(self, record: PromptRecord, group_id: int, results) -> None:
+        """Append the episodes of one task (``rlfleet.env`` results) as one group: each row's
+        prompt is the episode's prompt ids, its response every token after them, its loss mask
+        the episode's response mask, its version the oldest sampled token's."""
+        for result in results:
+            episode = result.episode
+            self.records.append(record)
+            self.prompts.append(list(episode.prompt_ids))
+            self.responses.append(list(episode.response_ids))
+            self.loss_masks.append(list(episode.response_mask))
+            self.token_versions.append(list(episode.response_versions))
+            self.group_ids.append(group_id)
+            self.weight_versions.append(max(0, episode.oldest_version))
+            self.replica_ids.append("+".join(sorted(set(result.replica_ids))))
+            self.finish_reasons.append(str(episode.end_reason))
+            self.engine_logprobs.append(list(episode.response_logprobs))
+            self.scores.append(float(episode.reward))
+
+    def select(self, rows: list[int]) -> RolloutBatch:
+        """A batch of only ``rows`` (every per-sequence list filtered the same way)."""
+        picked = replace(self)  # counters and metrics carry over; per-sequence lists below
+        for name, value in vars(self).items():
+            if isinstance(value, list) and len(value) == len(self):
+                setattr(picked, name, [value[i] for i in rows])
+        return picked
+
+    def extend(self, other: RolloutBatch, group_offset: int) -> RolloutBatch:
+        """A batch of this one's rows then ``other``'s (its group ids shifted by the offset)."""
+        merged = replace(self, score_errors=self.score_errors + other.score_errors)
+        for name, mine in vars(self).items():
+            theirs = getattr(other, name)
+            if isinstance(mine, list) and len(mine) == len(self) and len(theirs) == len(other):
+                setattr(merged, name, mine + theirs)
+        merged.group_ids = self.group_ids + [g + group_offset for g in other.group_ids]
+        return merged
+
+    def engine_logprobs_complete(self) -> bool:
+        """Whether the engine reported a log-prob for every sampled token."""
+        return len(self.engine_logprobs) == len(self) and all(
+            len(lp) == len(r) for lp, r in zip(self.engine_logprobs, self.responses, strict=True)
+        )
+
+    def use_engine_logprobs_as_behaviour(self) -> bool:
+        """Train with the engine's log-probs as the behaviour policy, if every token has one."""
+        complete = self.engine_logprobs_complete()
+        if complete:
+            self.behaviour_logprobs = self.engine_logprobs
+        return complete
+
+    def response_lengths(self) -> list[int]:
+        """Tokens after each prompt (in agent mode environment tokens included)."""
+        return [len(r) for r in self.responses]
+
+    def sampled_lengths(self) -> list[int]:
+        """Tokens the policy sampled per row (all of them in single-turn mode)."""
+        if len(self.loss_masks) != len(self):
+            return self.response_lengths()
+        return [sum(mask) for mask in self.loss_masks]
+
+    def row_loss_masks(self) -> list[list[int]] | None:
+        """The loss masks when every row has one (agent mode), else None."""
+        return self.loss_masks if self.loss_masks and len(self.loss_masks) == len(self) else None
+
+
+def response_mask(lengths: list[int], loss_masks: list[list[int]] | None = None):
+    """``[B, R]`` float mask, 1 on response tokens; with ``loss_masks`` (agent mode) 1 only on
+    the tokens the policy sampled, so losses, entropy and KL skip environment tokens."""
+    import torch
+
+    width = max(lengths)
+    positions = torch.arange(width).unsqueeze(0)
+    mask = (positions < torch.tensor(lengths).unsqueeze(1)).float()
+    if loss_masks is not None:
+        for row, row_mask in enumerate(loss_masks):
+            mask[row, : len(row_mask)] *= torch.tensor(row_mask, dtype=mask.dtype)
+    return mask
+
+
+def token_level_rewards(
+    scores: list[float], lengths: list[int], loss_masks: list[list[int]] | None = None
+):
+    """Outcome reward placed on each sequence's last response token: ``[B, R]``. In agent
+    mode on the last token the policy sampled, which the response mask keeps."""
+    import torch
+
+    rewards = torch.zeros(len(scores), max(lengths))
+    for i, (score, length) in enumerate(zip(scores, lengths, strict=True)):
+        last = length - 1 if loss_masks is None else last_sampled(loss_masks[i])
+        rewards[i, last] = score
+    return rewards
+
+
+def last_sampled(mask: list[int]) -> int:
+    """Index of the last sampled (mask 1) token; the last token when none was sampled."""
+    for index in range(len(mask) - 1, -1, -1):
+        if mask[index]:
+            return index
+    return max(0, len(mask) - 1)

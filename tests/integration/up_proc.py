@@ -1,0 +1,51 @@
+"""Run a short training job through the whole fleet, started the way users start it.
+
+``run_up`` runs ``python -m rlfleet.cli up`` (embedded Redis, router, two rollout replicas,
+reward, refcritic when the config needs it, trainer) to the end, on the default config with a
+small batch, and ``read_metrics`` reads the ``metrics.jsonl`` it left in its run directory.
+Shared by the end-to-end tests (``test_fleet_e2e``, ``test_lora_fleet``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from procs import ROOT
+
+
+def run_up(
+    run_dir: Path, backend: str, steps: int = 3, extra: list[str] | None = None
+) -> subprocess.CompletedProcess:
+    argv = up_argv(run_dir, backend, steps, extra)
+    env = {k: v for k, v in os.environ.items() if k != "RLFLEET_REDIS_URL"}
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def up_argv(run_dir: Path, backend: str, steps: int, extra: list[str] | None) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "default.yaml"),
+        "--rollout-replicas",
+        "2",
+        f"run_dir={run_dir}",
+        f"cluster=e2e{backend}",
+        f"rollout.backend={backend}",
+        f"trainer.total_steps={steps}",
+        "data.val_size=16",
+        "data.train_batch_size=4",
+        "trainer.replica_wait_s=240",
+        *(extra or []),
+    ]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]

@@ -1,0 +1,144 @@
+"""Agent mode in the trainer: episodes become rows whose loss mask keeps environment tokens
+out of the loss, the advantages and the length metrics (hand-computed cases, then one step
+through a real ``Trainer`` with an in-process episode source)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from trainer_fakes import GOOD_TOKEN, make_trainer, prompts
+
+from rlfleet.agent.episode import Episode
+from rlfleet.common.config import load_config
+from rlfleet.trainer.episodes import episode_jobs, episode_metrics
+from rlfleet.trainer.pipeline import staleness_metrics
+from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
+
+SAMPLED, ENV = 1, 0
+PATTERN = [SAMPLED, SAMPLED, ENV, ENV, SAMPLED, SAMPLED]  # turn, observation, turn
+
+
+def test_response_mask_keeps_only_sampled_tokens():
+    mask = response_mask([4, 2], [[1, 0, 0, 1], [1, 1]])
+    assert mask.tolist() == [[1, 0, 0, 1], [1, 1, 0, 0]]
+    assert response_mask([3, 1]).tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_outcome_reward_sits_on_the_last_sampled_token():
+    rewards = token_level_rewards([1.0, 2.0], [4, 3], [[1, 1, 0, 0], [0, 1, 1]])
+    assert rewards.tolist() == [[0, 1.0, 0, 0], [0, 0, 2.0, 0]]
+
+
+@dataclass
+class Result:
+    episode: Episode
+    error: str = ""
+    restarts: int = 0
+    replica_ids: list[str] = field(default_factory=lambda: ["r0"])
+
+
+def scripted_episode(job: dict, version: int, rng: random.Random) -> Episode:
+    """Two sampled turns around two environment tokens; reward counts GOOD_TOKEN sampled."""
+    episode = Episode(job["episode_id"], prompt_ids=[1, 2, 3])
+    for flag in PATTERN:
+        token = rng.choice([GOOD_TOKEN, 7, 8])
+        if flag:
+            episode.extend_sampled([token], [-1.0], [version])
+        else:
+            episode.extend_environment([9])
+    episode.reward = episode.sampled_ids().count(GOOD_TOKEN) / 4
+    episode.num_turns, episode.tool_calls = 2, 1
+    return episode
+
+
+class ScriptedEpisodes:
+    """An env service stand-in: answers every job with a scripted episode."""
+
+    def __init__(self, version_offset: int = 0) -> None:
+        self.calls: list[tuple[list[dict], object]] = []
+        self.version_offset = version_offset
+        self.rng = random.Random(0)
+
+    async def run_episodes(self, jobs, sampling=None, max_turns=0, max_episode_tokens=0):
+        self.calls.append((list(jobs), sampling))
+        return [
+            Result(scripted_episode(j, j["min_weight_version"] + self.version_offset, self.rng))
+            for j in jobs
+        ]
+
+    async def wait_ready(self, timeout_s):
+        pass
+
+    async def close(self):
+        pass
+
+
+def agent_trainer(**overrides):
+    trainer = make_trainer(**{"agent.env": "calc", "agent.max_episode_tokens": 64, **overrides})
+    trainer.fleet.env = ScriptedEpisodes()
+    seen = {}
+    update = trainer.actor.update
+
+    def recording_update(batch, advantages, mask):
+        seen.update(advantages=advantages.clone(), mask=mask.clone(), batch=batch)
+        return update(batch, advantages, mask)
+
+    trainer.actor.update = recording_update
+    return trainer, seen
+
+
+def test_an_agent_step_trains_sampled_tokens_only_and_reports_agent_metrics():
+    trainer, seen = agent_trainer()
+    asyncio.run(trainer.start(1, 1.0))
+    metrics = asyncio.run(trainer.train_step(prompts(4)))
+    jobs, sampling = trainer.fleet.env.calls[0]
+    assert len(jobs) == 4 * 8 and sampling.n == 1  # rollout.n episodes per prompt
+    assert len({j["group_id"] for j in jobs}) == 4
+    assert trainer.fleet.rollout.requests == []  # generation went through the env service
+    mask = seen["mask"]
+    assert mask.shape == (32, len(PATTERN))
+    assert (mask == torch.tensor(PATTERN, dtype=mask.dtype)).all()
+    assert (seen["advantages"][:, 2:4] == 0).all()  # no advantage on environment tokens
+    assert metrics["response_length/mean"] == sum(PATTERN)  # sampled tokens only
+    assert metrics["agent/turns/mean"] == 2 and metrics["agent/tool_calls/mean"] == 1
+    assert metrics["critic/score/mean"] == pytest.approx(
+        sum(seen["batch"].scores) / len(seen["batch"].scores)
+    )
+
+
+def test_episode_jobs_are_deterministic_groups_of_n():
+    records = prompts(2)
+    jobs = episode_jobs(records, "run-s3", 3, min_version=5)
+    assert [j["episode_id"] for j in jobs[:3]] == ["run-s3-p0-e0", "run-s3-p0-e1", "run-s3-p0-e2"]
+    assert {j["group_id"] for j in jobs} == {"run-s3-g0", "run-s3-g1"}
+    assert all(j["min_weight_version"] == 5 for j in jobs)
+    assert jobs == episode_jobs(records, "run-s3", 3, min_version=5)  # a retry asks the same
+
+
+def test_episode_metrics_count_ends_and_parts():
+    done = Episode("a", [1], num_turns=3, tool_calls=2, reward_parts={"format": 1.0})
+    cut = Episode("b", [1], num_turns=1, tool_errors=1)
+    cut.end_reason = "token_budget"
+    metrics = episode_metrics([Result(done), Result(cut, restarts=1)])
+    assert metrics["agent/turns/mean"] == 2.0
+    assert metrics["agent/tool_errors"] == 1.0
+    assert metrics["agent/truncated"] == 0.5
+    assert metrics["agent/restarts"] == 1.0
+    assert metrics["agent/reward/format/mean"] == 0.5
+
+
+def test_token_staleness_is_per_sampled_token():
+    batch = RolloutBatch(weight_versions=[3, 5], token_versions=[[3, -1, 5], [5, 5]])
+    metrics = staleness_metrics(batch, version=5, dropped=0)
+    assert metrics["async/staleness/max"] == 2.0
+    assert metrics["async/staleness/token_mean"] == pytest.approx(2 / 4)
+    assert metrics["async/staleness/token_max"] == 2.0
+
+
+def test_agent_mode_refuses_what_it_cannot_train_yet():
+    with pytest.raises(Exception, match="gae"):
+        load_config(None, ["agent.env=calc", "algorithm.adv_estimator=gae"], env={})

@@ -13,16 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import re
 import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-# Run from a clean checkout (no `pip install -e .`): put the repo root on the import path.
-from build_tiny_model import SftResult, padded_batch, train_step
+# `python scripts/...` puts scripts/ on the import path: reuse the arith build's training pieces.
+from build_tiny_model import SftResult, padded_batch, save, train_step
 
+from rlfleet.agent.render import ChatRenderer
+from rlfleet.agent.tool_calls import ParsedTurn, parse_tool_calls
 from rlfleet.tasks.calc import add, check_answer, from_verl_record, ideal_messages, prompt_messages
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,6 @@ CHAT_TEMPLATE = (
 """ChatML; tool calls as compact `<tool_call>{"name":..,"arguments":{..}}</tool_call>` after the
 content (arguments given as an object or as OpenAI's JSON string); `tools` is accepted and not
 rendered (the policy knows its one tool from training)."""
-
-_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,41 +125,28 @@ def build_model(tokenizer: Any, args: argparse.Namespace) -> Any:
     return Qwen2ForCausalLM(config).float()
 
 
-def render(tokenizer: Any, messages: list[dict], generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt
-    )
-
-
-def encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
-
-
-def environment_ids(tokenizer: Any, message: dict) -> list[int]:
-    """Tokens the environment appends after a sampled turn (which ends at `<|im_end|>`): the
-    template's newline, the rendered `message`, and the opening of the next assistant turn."""
-    return encode(tokenizer, "\n" + render(tokenizer, [message], generation_prompt=True))
-
-
 def assistant_ids(tokenizer: Any, message: dict) -> list[int]:
     """The tokens the policy samples for an assistant `message`, up to and with `<|im_end|>`."""
-    text = render(tokenizer, [message])
-    return encode(tokenizer, text.removeprefix("<|im_start|>assistant\n").removesuffix("\n"))
+    text = tokenizer.apply_chat_template([message], tokenize=False)
+    body = text.removeprefix("<|im_start|>assistant\n").removesuffix("\n")
+    return list(tokenizer(body, add_special_tokens=False).input_ids)
 
 
-def sft_example(tokenizer: Any, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Token-native ids of an ideal episode, and labels that keep only the assistant's tokens."""
+def sft_example(renderer: Any, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Token-native ids of an ideal episode, as the episode runner builds them (prompt, sampled
+    turns, `environment_ids` between them), and labels that keep only the assistant's tokens."""
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    ids = encode(tokenizer, render(tokenizer, messages[:first], generation_prompt=True))
-    labels = [-100] * len(ids)
+    ids = renderer.initial_prompt_ids(messages[:first])
+    labels, pending = [-100] * len(ids), []
     for message in messages[first:]:
-        if message["role"] == "assistant":
-            part = assistant_ids(tokenizer, message)
-            labels += part
-        else:
-            part = environment_ids(tokenizer, message)
-            labels += [-100] * len(part)
-        ids += part
+        if message["role"] != "assistant":
+            pending.append(message)
+            continue
+        if pending:
+            env = renderer.environment_ids(pending)
+            ids, labels, pending = ids + env, labels + [-100] * len(env), []
+        turn = assistant_ids(renderer.tokenizer, message)
+        ids, labels = ids + turn, labels + turn
     return ids, labels
 
 
@@ -181,68 +167,70 @@ def greedy_turns(model: Any, tokenizer: Any, rows: list[list[int]], max_new: int
     return [row[: row.index(eos) + 1] if eos in row else row for row in new]
 
 
-def tool_reply(text: str) -> str | None:
-    """What `add` returns for the first tool call in `text` (an error text for a malformed
-    call); None when the turn calls no tool, i.e. it is the final answer."""
-    match = _CALL.search(text)
-    if match is None:
-        return None
+def call_add(call: dict) -> str:
+    """The tool reply to one parsed call: `add`'s result, or an error observation."""
     try:
-        call = json.loads(match.group(1))
-        assert call["name"] == "add"
-        return str(add(int(call["arguments"]["a"]), int(call["arguments"]["b"])))
-    except (AssertionError, KeyError, TypeError, ValueError):
-        return "error: malformed tool call"
+        if call["function"]["name"] != "add":
+            return "error: unknown tool"
+        arguments = json.loads(call["function"]["arguments"])
+        return str(add(int(arguments["a"]), int(arguments["b"])))
+    except (KeyError, TypeError, ValueError):
+        return "error: add takes integers a and b"
 
 
-def episode_rewards(turns: Callable, tokenizer: Any, problems: list, max_turns: int = 5) -> list:
-    """Whole episodes, batched over problems: `turns(rows)` generates each turn until `<|im_end|>`,
-    its tool call runs, the tool reply is appended as template tokens, and so on; reward 1.0
-    when the final answer is right within `max_turns` assistant turns.
+def tool_messages(turn: ParsedTurn) -> list[dict]:
+    """One `role: tool` reply per call the turn attempted (malformed ones too), in call order."""
+    good = [(c["id"], call_add(c)) for c in turn.tool_calls]
+    bad = [(e.id, f"error: {e.reason}") for e in turn.errors]
+    in_order = sorted(good + bad, key=lambda pair: int(pair[0].removeprefix("call_")))
+    return [{"role": "tool", "tool_call_id": i, "content": c} for i, c in in_order]
+
+
+def episode_rewards(turns: Callable, renderer: Any, problems: list, max_turns: int = 5) -> list:
+    """Whole episodes, batched over problems: `turns(rows)` samples each turn until
+    `<|im_end|>`, its tool calls run, the replies are appended as template tokens, and so on;
+    reward 1.0 when the final answer (a turn without calls) is right within `max_turns`.
 
     Small on purpose: the agent work of issue 17 replaces it with its episode runner.
     """
-    rows = [encode(tokenizer, render(tokenizer, prompt_messages(p), True)) for p in problems]
+    rows = [renderer.initial_prompt_ids(prompt_messages(p)) for p in problems]
     rewards, active = [0.0] * len(problems), list(range(len(problems)))
     for _ in range(max_turns):
-        if not active:
-            break
         still = []
-        for i, new in zip(active, turns([rows[i] for i in active]), strict=True):
-            if new[-1:] != [tokenizer.eos_token_id]:
+        for i, new in zip(active, turns([rows[i] for i in active]) if active else [], strict=True):
+            if new[-1:] != [renderer.end_of_turn_id]:
                 continue  # the turn never ended: the episode is truncated
-            text = tokenizer.decode(new[:-1])
-            reply = tool_reply(text)
-            if reply is None:
-                rewards[i] = check_answer(text, problems[i].answer)
+            turn = parse_tool_calls(renderer.decode_turn(new))
+            if not turn.attempted:
+                rewards[i] = check_answer(turn.content, problems[i].answer)
                 continue
-            rows[i] += new + environment_ids(tokenizer, {"role": "tool", "content": reply})
+            rows[i] += new + renderer.environment_ids(tool_messages(turn))
             still.append(i)
         active = still
     return rewards
 
 
-def success_rate(model: Any, tokenizer: Any, problems: list) -> float:
+def success_rate(model: Any, renderer: Any, problems: list) -> float:
     """Greedy held-out episode success of `model` (transformers) on `problems`."""
     model.eval()
-    turns = partial(greedy_turns, model, tokenizer, max_new=40)
-    return sum(episode_rewards(turns, tokenizer, problems)) / len(problems)
+    turns = partial(greedy_turns, model, renderer.tokenizer, max_new=40)
+    return sum(episode_rewards(turns, renderer, problems)) / len(problems)
 
 
-def sft(model: Any, tokenizer: Any, train: list, test: list, args: argparse.Namespace) -> SftResult:
+def sft(model: Any, renderer: Any, train: list, test: list, args: argparse.Namespace) -> SftResult:
     """Train on ideal episodes until held-out episode success reaches the band, or steps run out."""
     import torch
 
-    examples = [sft_example(tokenizer, ideal_messages(p)) for p in train[: args.n_sft]]
+    examples = [sft_example(renderer, ideal_messages(p)) for p in train[: args.n_sft]]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)
-    history, start = [(0, success_rate(model, tokenizer, test))], time.perf_counter()
+    history, start = [(0, success_rate(model, renderer, test))], time.perf_counter()
     for step in range(1, args.steps_max + 1):
         idx = torch.randint(len(examples), (args.batch_size,), generator=gen).tolist()
         inputs, labels = zip(*(examples[i] for i in idx), strict=True)
-        loss = train_step(model, optimizer, padded_batch(inputs, labels, tokenizer.pad_token_id))
+        loss = train_step(model, optimizer, padded_batch(inputs, labels, model.config.pad_token_id))
         if step % args.eval_every == 0:
-            history.append((step, success_rate(model, tokenizer, test)))
+            history.append((step, success_rate(model, renderer, test)))
             log.info("step %d loss %.3f success %.3f", step, loss, history[-1][1])
             if history[-1][1] >= args.target_low:
                 break
@@ -255,7 +243,9 @@ def load_split(path: Path) -> list:
 
 def model_card(args: argparse.Namespace, result: SftResult, n_params: int, full: float) -> str:
     """The README saved next to the weights: what it is, how it was built, what it measured."""
-    curve = ", ".join(f"{s}: {a:.3f}" for s, a in result.history)
+    shown = [(s, a) for s, a in result.history if s % 50 == 0 or s >= result.steps - 20]
+    curve = ", ".join(f"{s}: {a:.3f}" for s, a in shown)
+    heads, kv_heads = args.hidden // 32, max(1, args.hidden // 64)
     return f"""# tiny-qwen2-agent
 
 A {n_params:,}-parameter Qwen2-architecture causal LM that solves sums of 3 or 4 two-digit
@@ -268,61 +258,53 @@ of rlfleet's agent job (task `rlfleet.tasks.calc`). Built by
   assistant tool "name" "arguments" "add" "a" "b"`; characters `0-9 + = {{ }} : , "`, space
   and newline (stored as the byte-level `Ġ`, `Ċ`). Any other character is `<unk>`; no BOS;
   eos = `<|im_end|>`.
-- Chat template: ChatML (`<|im_start|>role\\ncontent<|im_end|>\\n`), an assistant's tool calls
-  as `<tool_call>{{"name":"add","arguments":{{"a":12,"b":34}}}}</tool_call>` after its content,
-  `tool` messages with role `tool`; a `tools` argument is accepted and not rendered.
-- Model: hidden {args.hidden}, {args.layers} layers, {args.hidden // 32} heads (head size 32),
-  {max(1, args.hidden // 64)} KV heads, intermediate {2 * args.hidden}, tied embeddings,
-  512 positions, float32.
-- Warm start: supervised on ideal episodes of {args.n_sft} problems from
+- Chat template: ChatML (`<|im_start|>role\\ncontent<|im_end|>\\n`), an assistant's tool
+  calls as `<tool_call>{{"name":"add","arguments":{{"a":12,"b":34}}}}</tool_call>` after its
+  content, `tool` messages with role `tool`; a `tools` argument is accepted, not rendered.
+- Model: hidden {args.hidden}, {args.layers} layers, {heads} heads (head size 32), {kv_heads} KV
+  heads, intermediate {2 * args.hidden}, tied embeddings, 512 positions, float32.
+- Warm start: supervised on the ideal episodes of {args.n_sft} problems of
   `{args.data}/train.jsonl` (AdamW lr {args.lr}, batch {args.batch_size}, loss on assistant
-  tokens only), stopped once greedy held-out episode success on {args.eval_n} problems of
-  `{args.data}/test.jsonl` reached {args.target_low:.2f}-{args.target_high:.2f}, so that
-  RL has room to improve it. Success = whole greedy episodes, `add` run for each call, final
-  answer right within 5 assistant turns.
-- Result: **{result.steps} steps, {result.seconds:.0f} s, held-out episode success
-  {result.accuracy:.3f}** ({full:.3f} on all of `test.jsonl`).
+  tokens only), stopped once greedy held-out episode success on the first {args.eval_n}
+  problems of `{args.data}/test.jsonl` reached {args.target_low:.2f}-{args.target_high:.2f},
+  so that RL has room to improve it. An episode: greedy turns until `<|im_end|>`, `add` run
+  for each call, success when the final answer is right within 5 assistant turns.
+- Result: **{result.steps} steps, {result.seconds:.0f} s (wall, shared 2-core CPU), held-out
+  episode success {result.accuracy:.3f}** ({full:.3f} on all of `test.jsonl`).
 - Success by step: {curve}.
 - Decode sampled turns with `skip_special_tokens=False`: `<tool_call>` is a special token.
-  AutoTokenizer (and so vLLM) loads this directory as Qwen2Tokenizer: same ids for the
-  alphabet above, but unknown characters are dropped instead of becoming `<unk>`.
+  AutoTokenizer (and so vLLM) loads this directory as Qwen2Tokenizer: same ids and the same
+  chat template for the alphabet above, but unknown characters are dropped, not `<unk>`.
 """
 
 
-def save(model: Any, tokenizer: Any, out: Path, card: str) -> None:
-    from transformers import GenerationConfig
-
-    out.mkdir(parents=True, exist_ok=True)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=False,
-        max_new_tokens=40,
-    )
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    (out / "README.md").write_text(card, encoding="utf-8")
-    for path in out.iterdir():  # safetensors writes 0600; containers run as another user
-        path.chmod(0o644)
+def save_policy(model: Any, tokenizer: Any, out: Path, card: str) -> None:
+    """build_tiny_model's `save`, with a default length that holds a whole tool-call turn."""
+    save(model, tokenizer, out, card)
+    model.generation_config.max_new_tokens = 40
+    model.generation_config.save_pretrained(out)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, args)
-    train, test = load_split(Path(args.data) / "train.jsonl"), load_split(
-        Path(args.data) / "test.jsonl"
+    model, renderer = build_model(tokenizer, args), ChatRenderer(tokenizer)
+    train, test = (
+        load_split(Path(args.data) / "train.jsonl"),
+        load_split(Path(args.data) / "test.jsonl"),
     )
     log.info("training %d parameters on %d episodes", model.num_parameters(), args.n_sft)
-    result = sft(model, tokenizer, train, test[: args.eval_n], args)
+    result = sft(model, renderer, train, test[: args.eval_n], args)
     if not args.target_low <= result.accuracy <= args.target_high:
         log.warning("success %.3f is outside the target band", result.accuracy)
-    full = success_rate(model, tokenizer, test)
+    full = success_rate(model, renderer, test)
     log.info("success %.3f (all %d: %.3f) after %d steps, %.1f s", result.accuracy, len(test),
              full, result.steps, result.seconds)  # fmt: skip
     print("history:", " ".join(f"{s}:{a:.3f}" for s, a in result.history))
-    save(model, tokenizer, Path(args.out), model_card(args, result, model.num_parameters(), full))
+    save_policy(
+        model, tokenizer, Path(args.out), model_card(args, result, model.num_parameters(), full)
+    )
     log.info("saved to %s", args.out)
 
 

@@ -12,9 +12,12 @@ The rules, checked on the packages under ``services/`` (installed as ``rlfleet``
    within a layer only the pairs in ``PEER_IMPORTS`` (roles: rule 2).
 2. A role imports another role only through its public modules (``ROLE_PUBLIC``: the client,
    the plain types, the proto conversions), save the ``ROLE_EXCEPTIONS`` listed with a reason.
-3. No cycle: none between packages (counting every import), and none between modules among
-   the imports that run at import time (module level, not in a function, not under
-   ``if TYPE_CHECKING``), the ones that break start-up.
+3. No cycle: none between packages (counting every import), none between modules among the
+   imports that run at import time (module level, not in a function, not under
+   ``if TYPE_CHECKING``), the ones that break start-up, and none among the imports that run
+   at all (lazy ones inside functions too; only ``if TYPE_CHECKING`` ones never run), save
+   the ``LAZY_CYCLES`` listed with a reason: a lazy import that closes a circle hides two
+   modules that need each other, where what both need belongs in a third below them.
 4. ``FORBIDDEN`` third-party imports, anywhere in a package (``common``: no torch, transformers,
    safetensors or vLLM, so every process can import it cheaply).
 
@@ -61,6 +64,13 @@ ROLE_EXCEPTIONS: dict[tuple[str, str], str] = {
 """Role-internal imports allowed anyway, (importer, imported) as module prefixes: reason. One
 that no import uses any more is reported, so the list only holds what is still true."""
 
+LAZY_CYCLES: dict[tuple[str, ...], str] = {
+    ("rlfleet.agent.sandboxed", "rlfleet.agent.tools"): "being untangled by the sandbox move "
+    "(issue 16); remove this entry with it",
+}
+"""Module cycles through lazy imports allowed anyway (the modules, sorted): reason. One that
+is no cycle any more is reported, so the list only holds what is still true."""
+
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "common": ("torch", "transformers", "safetensors", "vllm"),
 }
@@ -79,6 +89,8 @@ class Import:
     """The imported module's dotted name, resolved (``rlfleet.common.ray_cluster``)."""
     at_import: bool
     """Runs when the importer is imported (not inside a function, not for type checkers)."""
+    for_types: bool = False
+    """Only type checkers read it (under ``if TYPE_CHECKING``): it never runs."""
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -102,20 +114,23 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _walk(node: ast.AST, at_import: bool) -> Iterator[tuple[ast.AST, bool]]:
-    """Every import statement under ``node``, with whether it runs at import time."""
+def _walk(
+    node: ast.AST, at_import: bool, for_types: bool = False
+) -> Iterator[tuple[ast.AST, bool, bool]]:
+    """Every import statement under ``node``, with whether it runs at import time and whether
+    only type checkers read it."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.Import | ast.ImportFrom):
-            yield child, at_import
+            yield child, at_import, for_types
         elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield from _walk(child, False)
+            yield from _walk(child, False, for_types)
         elif isinstance(child, ast.If) and _is_type_checking(child.test):
             for stmt in child.body:
-                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), False)
+                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), False, True)
             for stmt in child.orelse:
-                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), at_import)
+                yield from _walk(ast.Module(body=[stmt], type_ignores=[]), at_import, for_types)
         else:
-            yield from _walk(child, at_import)
+            yield from _walk(child, at_import, for_types)
 
 
 def _resolve_from(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
@@ -133,16 +148,16 @@ def imports_of(root: Path, path: Path, modules: set[str]) -> Iterator[Import]:
     ``pkg.name`` when that is one of our modules, else ``pkg``."""
     importer = module_name(root, path)
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    for node, at_import in _walk(tree, True):
+    for node, at_import, for_types in _walk(tree, True):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Import(path, node.lineno, importer, alias.name, at_import)
+                yield Import(path, node.lineno, importer, alias.name, at_import, for_types)
             continue
         base = _resolve_from(node, importer, path.name == "__init__.py")
         for alias in node.names:
             target = f"{base}.{alias.name}"
             yield Import(path, node.lineno, importer, target if target in modules else base,
-                         at_import)  # fmt: skip
+                         at_import, for_types)  # fmt: skip
 
 
 def package_of(module: str) -> str | None:
@@ -264,12 +279,26 @@ def stale_exceptions(imports: list[Import], modules: set[str]) -> list[str]:
             for pair in sorted(present - used)]  # fmt: skip
 
 
+def lazy_cycle_problems(
+    root: Path, runs: dict[str, set[str]], start_up: list[list[str]]
+) -> list[str]:
+    """Rule 3 for the imports that run at all: cycles beyond the start-up ones reported
+    already, save ``LAZY_CYCLES``, and entries of ``LAZY_CYCLES`` that are no cycle."""
+    found = [tuple(c) for c in cycles(runs) if c not in start_up]
+    problems = [f"{root.name}/: import cycle through lazy imports among {', '.join(c)}; move "
+                "what both need below both" for c in found if c not in LAZY_CYCLES]  # fmt: skip
+    present = {pair for pair in LAZY_CYCLES if all(m in runs for m in pair)}
+    return problems + [f"scripts/check_layers.py: LAZY_CYCLES entry {pair} is no cycle; remove it"
+                       for pair in sorted(present - set(found))]  # fmt: skip
+
+
 def check(root: Path) -> list[str]:
     """Every violation under ``root`` (the folder installed as ``rlfleet``), one line each."""
     files = list(source_files(root))
     modules = {module_name(root, path) for path in files}
     problems: list[str] = []
     graph: dict[str, set[str]] = {m: set() for m in modules}
+    runs: dict[str, set[str]] = {m: set() for m in modules}
     packages: dict[str, set[str]] = {}
     all_imports: list[Import] = []
     for path in files:
@@ -280,14 +309,18 @@ def check(root: Path) -> list[str]:
         for imp in imports_of(root, path, modules):
             all_imports.append(imp)
             problems += filter(None, [layer_violation(imp, root), forbidden_violation(imp, root)])
-            if imp.at_import and imp.target in modules and imp.target != imp.importer:
-                graph[imp.importer].add(imp.target)
+            if not imp.for_types and imp.target in modules and imp.target != imp.importer:
+                runs[imp.importer].add(imp.target)
+                if imp.at_import:
+                    graph[imp.importer].add(imp.target)
             src, dst = package_of(imp.importer), package_of(imp.target)
             if src and dst and src != dst:
                 packages.setdefault(src, set()).add(dst)
     problems += stale_exceptions(all_imports, modules)
-    for component in cycles(graph):
+    start_up = cycles(graph)
+    for component in start_up:
         problems.append(f"{root.name}/: import cycle at import time among {', '.join(component)}")
+    problems += lazy_cycle_problems(root, runs, start_up)
     for component in cycles(packages):
         problems.append(f"{root.name}/: packages import each other: {', '.join(component)}")
     return sorted(set(problems))

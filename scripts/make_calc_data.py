@@ -11,7 +11,7 @@ import argparse
 import logging
 from pathlib import Path
 
-# Run from a clean checkout (no `pip install -e .`): put the repo root on the import path.
+# `python scripts/...` puts scripts/ on the import path: reuse the arith data script's writer.
 from make_arith_data import write_jsonl
 
 from rlfleet.tasks.calc import split_problems, to_verl_record

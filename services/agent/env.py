@@ -16,7 +16,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-from rlfleet.agent.tools import ToolBox, load_object
+from rlfleet.agent.tools import ToolBox
 
 Message = dict[str, Any]
 StepResult = tuple[list[Message], float, bool, dict[str, Any]]
@@ -125,18 +125,3 @@ def calc_env_factory(**toolbox_kwargs: Any) -> Callable[[], ToolEnv]:
 
 BUILTIN_ENVS: dict[str, Callable[..., Callable[[], Any]]] = {"calc": calc_env_factory}
 """Built-in environment names (``agent.env``) -> factory of per-episode environments."""
-
-
-def load_env_factory(spec: str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
-    """A maker of one environment per episode from ``agent.env``: a built-in name, or
-    ``module:attr`` naming a class or factory (called with ``env_kwargs``): a TextEnv, or one
-    that ``rlfleet.agent.adapters`` recognises (TRL, OpenEnv, skyrl-gym) and wraps."""
-    kwargs = dict(env_kwargs or {})
-    if spec in BUILTIN_ENVS:
-        return BUILTIN_ENVS[spec](**kwargs)
-    target = load_object(spec)
-    if not callable(target):
-        raise ValueError(f"agent.env {spec!r} is not a class or a factory")
-    from rlfleet.agent.adapters import env_factory  # the adapters build on this module
-
-    return env_factory(target, kwargs)

@@ -22,7 +22,7 @@ from rlfleet.common.config import RlfleetConfig, describe_fields, load_config
 
 log = logging.getLogger(__name__)
 
-SERVICE_ROLES = frozenset({"rollout", "router", "reward", "refcritic", "trainer"})
+SERVICE_ROLES = frozenset({"rollout", "router", "reward", "refcritic", "trainer", "env"})
 """Roles that record their resolved config; client verbs (``status``) only read one."""
 
 
@@ -46,6 +46,20 @@ def setup_logging(level: str, role: str) -> None:
     )
 
 
+def quiet_libraries(level: str) -> None:
+    """Keep libraries' own chatter out of the fleet's output unless DEBUG is asked for: the
+    Hugging Face progress bars ("Loading weights", "Writing model shards": a set per role that
+    loads a model) and vLLM's INFO lines (tens per replica at start). Environment variables,
+    because both libraries read them when imported (after this, in every role) and vLLM's
+    engine process inherits them; one the user set is left as it is."""
+    numeric = logging.getLevelName(level.upper())
+    if numeric == logging.DEBUG:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG")
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", logging.getLevelName(max(numeric, logging.WARNING)))
+
+
 def resolve(
     parser: argparse.ArgumentParser, role: str, argv: list[str] | None
 ) -> tuple[RlfleetConfig, argparse.Namespace]:
@@ -59,6 +73,7 @@ def resolve(
     except (ValueError, OSError) as exc:
         parser.error(f"bad config: {exc}")
     setup_logging(config.log_level, role)
+    quiet_libraries(config.log_level)
     tls.use(config.tls)  # every server and client of this process
     where = record_config(config, role) if role in SERVICE_ROLES else None
     log.info("%s (resolved config: %s)", config_summary(config, role), where or "not written")

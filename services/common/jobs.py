@@ -91,6 +91,10 @@ class JobWorker:
     out of ``handle``) becomes that job's answer with the exception's ``ErrorCode``.
     """
 
+    LIFECYCLE_LEVEL = logging.INFO
+    """Level of the "started" / "stopped after N jobs" lines (a subclass whose process logs
+    them for all its workers at once logs each worker's at DEBUG)."""
+
     def __init__(
         self,
         queue: Consumer,
@@ -117,7 +121,7 @@ class JobWorker:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve jobs until ``stop``; Redis errors (an outage longer than the client's own
         retries, see ``redis_client``) are logged and retried, never fatal."""
-        log.info("worker %s started on %s", self.consumer, self.queue.stream)
+        log.log(self.LIFECYCLE_LEVEL, "worker %s started on %s", self.consumer, self.queue.stream)
         self._stop = stop
         try:
             while not stop.is_set() and not await self._survive(self.queue.ensure_group()):
@@ -126,7 +130,8 @@ class JobWorker:
                 await self._step_or_pause()
         finally:
             self.close()
-            log.info("worker %s stopped after %d jobs", self.consumer, self.answered)
+            log.log(self.LIFECYCLE_LEVEL, "worker %s stopped after %d jobs", self.consumer,
+                    self.answered)  # fmt: skip
 
     async def _step_or_pause(self) -> None:
         await self._survive(self.step())

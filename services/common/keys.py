@@ -14,6 +14,7 @@ Layout (``P`` = ``rlfleet:<cluster>``)::
     P:stream:rollout:<id>          stream  one replica's generation requests
     P:stream:reward                stream  scoring jobs
     P:stream:refcritic             stream  reference log-prob / value jobs
+    P:stream:env                   stream  episode jobs
     P:result:<request id>          str   the one answer to a request (with TTL)
     P:notify:<request id>          list  wake-up tokens for waiters on that result
     P:request:<request id>         str   fingerprint the request id is bound to (with TTL)
@@ -34,6 +35,7 @@ _FORBIDDEN = set(": \t\r\n{}")
 ROLLOUT_GROUP = "rollout"  # each replica's request stream, read by that replica
 REWARD_GROUP = "reward"  # the scoring stream, read by every reward worker
 REFCRITIC_GROUP = "refcritic"  # both refcritic streams (ref, values)
+ENV_GROUP = "env"  # the episode stream, read by every env worker
 
 HEARTBEAT_SUFFIX = ":heartbeat"  # ``Keys.heartbeat`` is the replica's key plus this
 
@@ -125,6 +127,11 @@ class Keys:
     def refcritic_values_stream(self) -> str:
         """Value jobs, read only by the process holding the trained critic (one writer)."""
         return f"{self.prefix}:stream:refcritic:values"
+
+    @property
+    def env_stream(self) -> str:
+        """Episode jobs, shared by every env worker (one entry per episode)."""
+        return f"{self.prefix}:stream:env"
 
     def result(self, request_id: str) -> str:
         """The stored answer to a request; request ids must be unique within the cluster."""

@@ -21,6 +21,7 @@ the server lives and dies with the fleet that started it) a restart starts empty
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import os
@@ -30,12 +31,16 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+if TYPE_CHECKING:
+    from rlfleet.common.config import RlfleetConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,20 @@ DEFAULT_MAXMEMORY = "1gb"
 def resolve_redis_url(env: Mapping[str, str] = os.environ) -> str | None:
     """The Redis URL the user configured, or None when an embedded server should be started."""
     return env.get(ENV_URL) or None
+
+
+@contextlib.contextmanager
+def standalone_redis(config: RlfleetConfig, role: str) -> Iterator[None]:
+    """A role run on its own (``rlfleet reward``, ``rlfleet env``) with no Redis configured
+    starts one under ``run_dir/redis`` and sets ``config.redis_url`` to it, stopped on exit;
+    with one configured it does nothing. Roles started by ``rlfleet up`` always get one."""
+    if config.redis_url:
+        yield
+        return
+    with EmbeddedRedis(Path(config.run_dir) / "redis") as server:
+        config.redis_url = server.url
+        print(f"rlfleet {role}: embedded Redis at {server.url}", flush=True)
+        yield
 
 
 def find_server_binary() -> str:

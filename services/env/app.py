@@ -17,11 +17,9 @@ merged into ``run_dir/endpoints.json`` under ``env``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from redis.asyncio import Redis
 
@@ -32,6 +30,7 @@ from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
 from rlfleet.common.jobs import JobWorkerPool, consumer_name
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_client import connect
+from rlfleet.common.redis_server import standalone_redis
 from rlfleet.env.runner import EpisodeRunner, env_maker, load_renderer
 from rlfleet.env.server import registration
 from rlfleet.env.service import REDIS_CONCURRENCY, EnvService, env_queue
@@ -54,22 +53,8 @@ class Options:
 
 def run(config: RlfleetConfig, options: Options) -> bool:
     """Serve until SIGTERM/SIGINT; False if a worker crashed."""
-    with embedded_redis(config):
+    with standalone_redis(config, "env"):
         return asyncio.run(serve(config, options))
-
-
-@contextlib.contextmanager
-def embedded_redis(config: RlfleetConfig) -> Iterator[None]:
-    """Standalone use: no Redis configured starts one under ``run_dir/redis``, stopped on exit."""
-    if config.redis_url:
-        yield
-        return
-    from rlfleet.common.redis_server import EmbeddedRedis
-
-    with EmbeddedRedis(Path(config.run_dir) / "redis") as server:
-        config.redis_url = server.url
-        print(f"rlfleet env: embedded Redis at {server.url}", flush=True)
-        yield
 
 
 async def serve(config: RlfleetConfig, options: Options) -> bool:
@@ -99,9 +84,12 @@ class Workers:
     group: JobWorkerPool
     redis: Redis
     clients: list[RolloutClient] = field(default_factory=list)
+    lanes: list[EnvWorker] = field(default_factory=list)
 
     async def stop(self) -> None:
         await self.group.stop()
+        answered = sum(lane.answered for lane in self.lanes)
+        log.info("env workers stopped after %d episodes (%d lanes)", answered, len(self.lanes))
         for client in self.clients:
             await client.close()
         await self.redis.aclose()
@@ -121,9 +109,11 @@ def start_workers(config: RlfleetConfig, keys: Keys, on_crash: Callable[[], None
         workers.clients.append(client)
         for lane in range(agent.concurrency):
             name = consumer_name("env", index, lane)
-            workers.group.add(EnvWorker(env_queue(workers.redis, keys), runner, name,
-                                        agent.reclaim_idle_s))  # fmt: skip
-    log.info("%d env worker(s) x %d lanes running %r", agent.workers, agent.concurrency, agent.env)
+            workers.lanes.append(EnvWorker(env_queue(workers.redis, keys), runner, name,
+                                           agent.reclaim_idle_s))  # fmt: skip
+            workers.group.add(workers.lanes[-1])
+    log.info("%d env worker(s) x %d lanes started on %s, running %r", agent.workers,
+             agent.concurrency, keys.env_stream, agent.env)  # fmt: skip
     return workers
 
 
@@ -159,4 +149,5 @@ def announce(config: RlfleetConfig, front: Front) -> None:
         where = write_endpoints(config.run_dir, "env", addresses)
     except OSError as exc:
         where = f"not written: {exc}"
-    print(f"rlfleet {describe('env', addresses)} ({where})", flush=True)
+    if log.isEnabledFor(logging.INFO):  # quiet (log_level WARNING): warnings only
+        print(f"rlfleet {describe('env', addresses)} ({where})", flush=True)

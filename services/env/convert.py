@@ -12,12 +12,9 @@ bytes ``Episode.encode()`` wrote: the front door never decodes it, the client do
 
 from __future__ import annotations
 
-from typing import Any
-
-from google.protobuf import json_format, struct_pb2
-
 from rlfleet.agent.episode import Episode, EpisodeError
 from rlfleet.common.errors import Internal, InvalidArgument
+from rlfleet.common.proto_struct import struct_to_dict
 from rlfleet.env.types import (
     EnvironmentInfo,
     EpisodeJob,
@@ -28,8 +25,6 @@ from rlfleet.env.types import (
 from rlfleet.proto import env_pb2
 from rlfleet.rollout.convert import sampling_from_proto, sampling_to_proto
 from rlfleet.rollout.types import SamplingParams
-
-_MAX_EXACT_INT = 2**53
 
 
 def request_from_proto(msg: env_pb2.RunEpisodesRequest) -> tuple[list[EpisodeJob], EpisodeSettings]:
@@ -85,17 +80,3 @@ def info_to_proto(info: EnvironmentInfo) -> env_pb2.EnvironmentInfo:
 
 def info_from_proto(msg: env_pb2.EnvironmentInfo) -> EnvironmentInfo:
     return EnvironmentInfo(msg.name, msg.kind, msg.active)
-
-
-def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
-    return _restore_ints(json_format.MessageToDict(struct))
-
-
-def _restore_ints(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _restore_ints(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_restore_ints(item) for item in value]
-    if isinstance(value, float) and value.is_integer() and abs(value) < _MAX_EXACT_INT:
-        return int(value)
-    return value

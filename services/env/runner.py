@@ -21,8 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from rlfleet.agent.adapters import load_env_factory
 from rlfleet.agent.adapters.verl_tools import load_toolbox
-from rlfleet.agent.env import BUILTIN_ENVS, load_env_factory
+from rlfleet.agent.env import BUILTIN_ENVS
 from rlfleet.agent.episode import Episode
 from rlfleet.agent.invoke import invoke
 from rlfleet.agent.loop import RouterTurnGenerator, run_episode

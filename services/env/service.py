@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from rlfleet.agent.env import BUILTIN_ENVS
 from rlfleet.common.config.agent import AgentConfig
 from rlfleet.common.jobs import ScatterGather
-from rlfleet.common.keys import Keys
+from rlfleet.common.keys import ENV_GROUP, Keys
 from rlfleet.common.queue.consumer import Consumer
 from rlfleet.common.queue.producer import Producer
 from rlfleet.common.queue.stream import QueueStream
@@ -41,23 +41,16 @@ from rlfleet.env.types import (
     validate_request,
 )
 
-ENV_GROUP = "env"  # the consumer group every env worker reads the episode stream with
 MAX_DELIVERIES = 3  # an episode that killed this many workers is dead-lettered (an error)
 RESULT_TTL_S = 900
 REDIS_CONCURRENCY = 32  # submits in flight per service
 Side = TypeVar("Side", bound=QueueStream)
 
 
-def env_stream(keys: Keys) -> str:
-    """``P:stream:env``: episode jobs, shared by every env worker (a name of ``Keys``'s
-    layout; kept here until ``rlfleet.common.keys`` has it)."""
-    return f"{keys.prefix}:stream:env"
-
-
 def env_queue(redis: Redis, keys: Keys, side: type[Side] = Consumer) -> Side:
     """One side (a worker's ``Consumer``, the service's ``Producer``) of the one queue the
     service produces to and every env worker consumes from."""
-    return side(redis, keys, env_stream(keys), ENV_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
+    return side(redis, keys, keys.env_stream, ENV_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
 
 
 class EnvService:

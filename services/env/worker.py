@@ -17,6 +17,7 @@ others' places idle; a lane that finishes takes the next episode at once.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from rlfleet.common.jobs import JobWorker
 from rlfleet.common.queue.consumer import Consumer
@@ -29,6 +30,8 @@ WATCH_EVERY_S = 1.0  # how often a playing lane checks whether its episode was w
 
 class EnvWorker(JobWorker):
     """One lane of a worker: one consumer of the env stream, one episode at a time."""
+
+    LIFECYCLE_LEVEL = logging.DEBUG  # the env role logs its lanes' start and stop in one line
 
     def __init__(
         self, queue: Consumer, runner: EpisodeRunner, consumer: str, reclaim_idle_s: float = 10.0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.launch.process import Child, free_port, role_argv, role_env
-from rlfleet.launch.session import print_run_summary, start_redis
+from rlfleet.launch.session import print_run_summary, say, start_redis
 
 STOP_GRACE_S = 10.0
 
@@ -42,7 +42,7 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
 
     cores = os.cpu_count() or 1
     http_port = config.router.http_port or free_port()  # the OpenAI-compatible API
-    print(f"rlfleet up: router HTTP at http://127.0.0.1:{http_port}/v1", flush=True)
+    say(config, f"rlfleet up: router HTTP at http://127.0.0.1:{http_port}/v1")
     record_endpoints(config, args, ports, http_port, redis_url)
     children = [child("router", "router", f"router.port={ports['router']}",
                       f"router.http_port={http_port}")]  # fmt: skip
@@ -93,7 +93,7 @@ def record_endpoints(config, args, ports: dict, http_port: int, redis_url: str) 
         roles["trainer"] = {"grpc": f"127.0.0.1:{ports['trainer']}"}
     for role, addresses in roles.items():
         write_endpoints(config.run_dir, role, addresses)
-        print(f"rlfleet up: {describe(role, addresses)}", flush=True)
+        say(config, f"rlfleet up: {describe(role, addresses)}")
 
 
 def stop_all(children: list[Child]) -> None:
@@ -146,7 +146,7 @@ def is_replica(child: Child) -> bool:
 def restart_replica(child: Child, code: int, attempt: int, limit: int) -> None:
     print(
         f"rlfleet up: replica '{child.name}' exited with code {code}; restarting it "
-        f"({attempt}/{limit}), the run goes on",
+        f"({attempt}/{limit}), the run goes on (its log: {child.log_path})",
         file=sys.stderr,
         flush=True,
     )

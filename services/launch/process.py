@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlfleet.launch.screen import SCREEN
+
 
 @dataclass
 class Child:
@@ -36,15 +38,27 @@ class Child:
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
-        """Copy output to our stdout with a prefix; keep the last lines for error reports."""
+        """Copy output to our stdout with a prefix (through ``SCREEN``, which keeps a progress
+        bar apart from the lines) and into the log file, a bar's redraws as lines there; keep
+        the last lines for error reports. Blank redraws (a bar being wiped) go nowhere."""
         prefix = f"[{self.name}] ".encode()
         with self.log_path.open("ab") as log:
-            for piece in _pieces(self.proc.stdout):
-                log.write(piece)
-                log.flush()
-                sys.stdout.buffer.write(prefix + piece)
-                sys.stdout.buffer.flush()
-                self.tail = (self.tail + [piece.decode(errors="replace").rstrip()])[-15:]
+            for text, end in _pieces(self.proc.stdout):
+                if self._show(prefix, text, end):
+                    log.write(text + b"\n")
+                    log.flush()
+                    self.tail = (self.tail + [text.decode(errors="replace").rstrip()])[-15:]
+
+    def _show(self, prefix: bytes, text: bytes, end: bytes) -> bool:
+        """Hand one piece to the screen; True for what the log file and the tail keep: a
+        line, or a finished redraw of a bar that is not blank."""
+        if end == b"\n":
+            SCREEN.line(self.name, prefix + text + b"\n")
+            return True
+        if not text.strip():  # a bar being wiped (tqdm, before a line is written above it)
+            return False
+        SCREEN.bar(self.name, prefix + text, finished=end == b"\r")
+        return end == b"\r"
 
     def exited(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
@@ -58,15 +72,20 @@ class Child:
 
 
 def _pieces(stream):
-    """Lines split on \\n or \\r, so progress bars come through line by line."""
-    buffer = b""
+    """``(text, end)`` pairs: text ended by ``\\n`` (a line) or ``\\r`` (a progress bar's
+    redraw, finished once the next one begins); and, where a read stops inside a redraw, the
+    redraw so far with end ``b""``, so a bar shows when drawn, not at its next redraw."""
+    buffer, end = b"", b"\n"
     while chunk := stream.read1(4096):
         buffer += chunk
         while (cut := _first_break(buffer)) >= 0:
-            yield buffer[: cut + 1].replace(b"\r", b"\n")
+            end = buffer[cut : cut + 1]
+            yield buffer[:cut], end
             buffer = buffer[cut + 1 :]
+        if buffer and end == b"\r":
+            yield buffer, b""
     if buffer:
-        yield buffer + b"\n"
+        yield buffer, b"\n"
 
 
 def _first_break(buffer: bytes) -> int:

@@ -37,7 +37,7 @@ from rlfleet.launch.ray_plan import (
     server_specs,
     trainer_spec,
 )
-from rlfleet.launch.session import print_run_summary, start_redis
+from rlfleet.launch.session import print_run_summary, say, start_redis
 
 POLL_S = 1.0
 PLACEMENT_FILE = "ray_placement.json"
@@ -80,7 +80,7 @@ class RayFleet:
             self.start_actor(spec, self.launch)
         addresses = {name: info["address"] for name, info in self.wait_placed().items()}
         router_host = addresses["router"].rsplit(":", 1)[0]
-        print(f"rlfleet up: router HTTP at http://{router_host}:{http_port}/v1", flush=True)
+        say(config, f"rlfleet up: router HTTP at http://{router_host}:{http_port}/v1")
         trainer = trainer_spec(free_port(), self.args.rollout_replicas)
         common = (*endpoint_overrides(addresses), *self.launch.common)
         self.launch = replace(self.launch, common=common)
@@ -144,7 +144,8 @@ class RayFleet:
                 if name == "router":
                     addresses["http"] = f"http://{info['address'].rsplit(':', 1)[0]}:{http_port}/v1"
                 write_endpoints(run_dir, name, addresses)
-                print(f"rlfleet up: {describe(name, addresses)} (node {info['node_ip']})")
+                where = f"(node {info['node_ip']})"
+                say(self.config, f"rlfleet up: {describe(name, addresses)} {where}")
         write_endpoints(run_dir, "redis", {"url": safe_url(self.launch.redis_url)})
         ray_entry = {"address": self.address,
                      "namespace": self.config.ray.namespace,
@@ -207,7 +208,7 @@ class RayFleet:
             self.start_actor(replica_spec(free), self.launch)
         for name in replicas[wanted:]:
             self.stop_actors([name])
-        print(f"rlfleet up: rollout replicas {len(replicas)} -> {wanted}", flush=True)
+        say(self.config, f"rlfleet up: rollout replicas {len(replicas)} -> {wanted}")
         self.wait_placed()
         self.write_placement()
 
@@ -256,7 +257,7 @@ def run_on_ray(config: RlfleetConfig, args) -> int:
         cluster = connect(config.ray, args.ray or None, local_cpus(config.ray, actors))
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         what = "started a local" if cluster.local else "joined the"
-        print(f"rlfleet up: {what} Ray cluster at {cluster.address}", flush=True)
+        say(config, f"rlfleet up: {what} Ray cluster at {cluster.address}")
         host = "127.0.0.1" if one_machine() else None
         if host is None and not config.redis_url:
             raise SystemExit("rlfleet up --ray: the cluster spans several machines; set "

@@ -3,9 +3,17 @@ Ray actors): the embedded Redis it starts first, and the summary it prints last.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
+
+
+def say(config: RlfleetConfig, message: str) -> None:
+    """A launcher line about the run (where its parts are, what changed). ``rlfleet up -q``
+    (log_level WARNING or above) keeps these to itself: warnings and the summary only."""
+    if logging.getLevelName(config.log_level) <= logging.INFO:
+        print(message, flush=True)
 
 
 def print_run_summary(path: Path) -> None:
@@ -35,5 +43,5 @@ def start_redis(config: RlfleetConfig, run_dir: Path):
 
     server = EmbeddedRedis(run_dir / "redis")
     server.start()
-    print(f"rlfleet up: embedded Redis at {server.url}", flush=True)
+    say(config, f"rlfleet up: embedded Redis at {server.url}")
     return server

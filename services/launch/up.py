@@ -21,10 +21,17 @@ def parse_args(argv):
         "--ray", nargs="?", const="", metavar="ADDRESS",
         help="run the roles as Ray actors, on the cluster at ADDRESS or a local one",
     )  # fmt: skip
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-v", "--verbose", action="store_true",
+                          help="DEBUG logs from every role (log_level=DEBUG)")  # fmt: skip
+    loudness.add_argument("-q", "--quiet", action="store_true",
+                          help="warnings and the end summary only (log_level=WARNING)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every role")
     args = parser.parse_args(argv)
     if args.ray and "=" in args.ray:  # `--ray a.b=c`: an override, not an address
         args.overrides, args.ray = [args.ray, *args.overrides], ""
+    if args.verbose or args.quiet:  # last, so the flag wins over a log_level= override
+        args.overrides.append(f"log_level={'DEBUG' if args.verbose else 'WARNING'}")
     return args
 
 

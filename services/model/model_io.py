@@ -91,7 +91,7 @@ def load_causal_lm(
         local_files_only=True,
         **({"attn_implementation": attn_implementation} if attn_implementation else {}),
     )
-    log.info("loaded %s (%s, %d parameters)", path, dtype, model.num_parameters())
+    log.debug("loaded %s (%s, %d parameters)", path, dtype, model.num_parameters())
     return model.eval()
 
 

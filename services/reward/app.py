@@ -16,11 +16,9 @@ user function runs in sandboxed processes (``sandbox_pool``), one pool per proce
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
@@ -32,6 +30,7 @@ from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
 from rlfleet.common.jobs import JobWorkerPool, WorkerSlots, consumer_name
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_client import connect
+from rlfleet.common.redis_server import standalone_redis
 from rlfleet.reward.sandbox_pool import close_scorer, sandboxed_user_scorer
 from rlfleet.reward.scorers import Scorer, ScorerRegistry, build_registry
 from rlfleet.reward.server import registration
@@ -60,22 +59,8 @@ class Options:
 
 def run(config: RlfleetConfig, options: Options) -> bool:
     """Serve until SIGTERM/SIGINT; False if a worker crashed."""
-    with embedded_redis(config):
+    with standalone_redis(config, "reward"):
         return asyncio.run(serve(config, options))
-
-
-@contextlib.contextmanager
-def embedded_redis(config: RlfleetConfig) -> Iterator[None]:
-    """Standalone use: no Redis configured starts one under ``run_dir/redis``, stopped on exit."""
-    if config.redis_url:
-        yield
-        return
-    from rlfleet.common.redis_server import EmbeddedRedis
-
-    with EmbeddedRedis(Path(config.run_dir) / "redis") as server:
-        config.redis_url = server.url
-        print(f"rlfleet reward: embedded Redis at {server.url}", flush=True)
-        yield
 
 
 async def serve(config: RlfleetConfig, options: Options) -> bool:
@@ -127,7 +112,8 @@ def announce(config: RlfleetConfig, front: FrontDoors) -> None:
         where = write_endpoints(config.run_dir, "reward", addresses)
     except OSError as exc:
         where = f"not written: {exc}"
-    print(f"rlfleet {describe('reward', addresses)} ({where})", flush=True)
+    if log.isEnabledFor(logging.INFO):  # quiet (log_level WARNING): warnings only
+        print(f"rlfleet {describe('reward', addresses)} ({where})", flush=True)
 
 
 def redis_client(url: str, max_connections: int) -> Redis:

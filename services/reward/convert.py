@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format
 
 from rlfleet.common import errors
+from rlfleet.common.proto_struct import struct_to_dict, value_to_python
 from rlfleet.proto import reward_pb2
 from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo
-
-_MAX_EXACT_INT = 2**53
 
 
 def request_from_proto(msg: reward_pb2.ScoreRequest) -> ScoreRequest:
@@ -78,7 +77,7 @@ def scorer_info_from_proto(msg: reward_pb2.ScorerInfo) -> ScorerInfo:
 def _ground_truth_from_proto(msg: reward_pb2.ScoreRequest) -> Any:
     if not msg.HasField("ground_truth_value"):
         return msg.ground_truth
-    return _restore_ints(json_format.MessageToDict(msg.ground_truth_value))
+    return value_to_python(msg.ground_truth_value)
 
 
 def _ground_truth_to_proto(request: ScoreRequest, msg: reward_pb2.ScoreRequest) -> None:
@@ -89,17 +88,3 @@ def _ground_truth_to_proto(request: ScoreRequest, msg: reward_pb2.ScoreRequest) 
         json_format.ParseDict(request.ground_truth, msg.ground_truth_value)
     except (TypeError, ValueError, json_format.ParseError) as exc:
         raise errors.InvalidArgument(f"ground_truth of {request.id!r}: {exc}") from exc
-
-
-def struct_to_dict(struct: struct_pb2.Struct) -> dict[str, Any]:
-    return _restore_ints(json_format.MessageToDict(struct))
-
-
-def _restore_ints(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _restore_ints(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_restore_ints(item) for item in value]
-    if isinstance(value, float) and value.is_integer() and abs(value) < _MAX_EXACT_INT:
-        return int(value)
-    return value

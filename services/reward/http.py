@@ -13,16 +13,16 @@ scraper needs no key), and two for other frameworks' remote reward calls
 from __future__ import annotations
 
 import logging
-import secrets
 from typing import Annotated, Any
 
-from fastapi import Body, Depends, FastAPI, Header, Query, Request
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from rlfleet.common import errors
+from rlfleet.common.http_server import api_key_checker
 from rlfleet.reward import compat
 from rlfleet.reward.service import RewardService
 from rlfleet.reward.types import ScoreRequest
@@ -73,7 +73,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
 def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
     """The FastAPI app; ``api_key`` None leaves it open (loopback use)."""
     app = FastAPI(title="rlfleet reward", version="1")
-    auth = [Depends(_auth_checker(api_key))]
+    auth = [Depends(api_key_checker(api_key))]
 
     @app.post("/v1/score", dependencies=auth, openapi_extra=documented(SCORE_SCHEMA))
     @app.post("/score", dependencies=auth, openapi_extra=documented(SCORE_SCHEMA))
@@ -131,16 +131,6 @@ def _batch_items(body: dict[str, Any]) -> list[ScoreRequest]:
     if not isinstance(items, list) or set(body) != {"requests"}:
         raise errors.InvalidArgument('body must be {"requests": [ScoreRequest, ...]}')
     return [ScoreRequest.from_dict(item) for item in items]
-
-
-def _auth_checker(api_key: str | None) -> Any:
-    async def check(authorization: str | None = Header(default=None)) -> None:
-        if api_key is None:
-            return
-        if not secrets.compare_digest(authorization or "", f"Bearer {api_key}"):
-            raise errors.Unauthenticated("missing or wrong API key (Authorization: Bearer <key>)")
-
-    return check
 
 
 async def _error_response(request: Request, exc: Exception) -> JSONResponse:

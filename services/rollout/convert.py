@@ -1,7 +1,7 @@
 """Proto <-> plain objects for the Rollout service, used by the replica's server and its client.
 
 Protobuf types stop here: the replica core and its callers pass the dataclasses of
-``rlfleet.rollout.types`` and ``rlfleet.common.weights``. Proto3 cannot tell an unset scalar
+``rlfleet.rollout.types`` and ``rlfleet.model.weights``. Proto3 cannot tell an unset scalar
 from 0, so (as ``types`` documents): a request without ``sampling`` gets the dataclass
 defaults; a present ``sampling`` is taken as sent, so ``n=0`` or ``max_tokens=0`` fail
 validation instead of silently becoming 1 and 16. Only the zeros the proto documents keep

@@ -73,7 +73,7 @@ class InFlight:
             task.cancel()
         await asyncio.gather(*stragglers.values(), return_exceptions=True)
         if stragglers:
-            log.info("cancelled %d in-flight requests; queued ones will re-run", len(stragglers))
+            log.debug("cancelled %d in-flight requests; queued ones will re-run", len(stragglers))
 
     async def cancel_jobs(self) -> None:
         """Cancel every running queue job and wait until they are done (direct calls go on)."""

@@ -54,8 +54,8 @@ class Backlog:
         return [self._retry.popleft() for _ in range(min(count, len(self._retry)))]
 
     def park(self, job: Job, needed: int, version: int) -> None:
-        log.info("request %s needs weights v%d (serving v%d): parked until they arrive",
-                 job.request_id, needed, version)  # fmt: skip
+        log.debug("request %s needs weights v%d (serving v%d): parked until they arrive",
+                  job.request_id, needed, version)  # fmt: skip
         self._parked.append((needed, job))
 
     def unpark(self, version: int) -> None:
@@ -133,7 +133,7 @@ class JobLoop:
 
     async def _drop_parked(self, abandoned: list[Job]) -> None:
         for job in abandoned:
-            log.info("parked request %s dropped: its callers gave up", job.request_id)
+            log.debug("parked request %s dropped: its callers gave up", job.request_id)
             await with_retries(job.request_id, lambda job=job: self.queue.discard(job))
         self._backlog.drop_parked(abandoned)
 

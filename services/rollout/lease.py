@@ -41,6 +41,7 @@ class Lease:
         self._inflight, self._backlog, self._describe = inflight, backlog, describe
         self._token = ""  # our token in the heartbeat key; "" until the first registration
         self.last_beat = 0.0  # time.time() of the last successful beat; 0 = none yet
+        self._renewed = False  # a lease renewed once: the engine has started, beats are due
         self.failed = asyncio.Event()  # the engine died: stop, let the heartbeat TTL lapse
         self.drained = asyncio.Event()  # a router drained us and our work is done: exit
 
@@ -56,6 +57,8 @@ class Lease:
         try:
             if not self._token or not await self.registry.renew(info, self._token):
                 await self._relet(info)
+            else:
+                self._renewed = True
             self.last_beat = time.time()
         except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
             log.warning("heartbeat for %s failed: %s", self.replica_id, exc)
@@ -64,10 +67,11 @@ class Lease:
         """Take a new lease. After a lapse (not at start): our work may have moved, so the jobs
         we hold are cancelled (their answers would be fenced anyway) and forgotten, and the
         next read starts again with whatever of our stream is still pending for us."""
-        if self._token:
-            log.warning("replica %s lost its lease (no heartbeat for %.1f s): dropping %d jobs "
-                        "and registering again", self.replica_id, time.time() - self.last_beat,
-                        len(self._inflight.jobs()))  # fmt: skip
+        if self._token:  # expected while the engine started (no beats then): not a warning
+            level = logging.WARNING if self._renewed else logging.DEBUG
+            log.log(level, "replica %s lost its lease (no heartbeat for %.1f s): dropping %d jobs "
+                    "and registering again", self.replica_id, time.time() - self.last_beat,
+                    len(self._inflight.jobs()))  # fmt: skip
             self._token = ""  # cancelled jobs are not queued for a retry
             await self._inflight.cancel_jobs()
             self._backlog.clear()

@@ -123,7 +123,7 @@ class Replica:
         await self.lease.beat()
         started = time.perf_counter()
         await self.engine.start()
-        log.info("%s engine started in %.1f s", self.engine.name, time.perf_counter() - started)
+        engine_s = time.perf_counter() - started
         await self.queue.ensure_group()
         self.phase.set(S.PAUSED if self.phase.paused else S.SERVING)
         await self.lease.beat()
@@ -131,7 +131,8 @@ class Replica:
         self._tasks = [asyncio.create_task(beats, name="heartbeat"),
                        asyncio.create_task(self.jobs.consume(), name="consume"),
                        asyncio.create_task(self.jobs.watch_cancelled(), name="cancel")]  # fmt: skip
-        log.info("replica %s serving at %s", self.replica_id, self.address)
+        log.info("replica %s serving at %s (%s engine started in %.1f s)", self.replica_id,
+                 self.address, self.engine.name, engine_s)  # fmt: skip
 
     async def shutdown(self, grace_s: float = 10.0) -> None:
         """Stop consuming, give in-flight work ``grace_s`` to finish, deregister. Routers see

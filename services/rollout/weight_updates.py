@@ -70,8 +70,9 @@ class WeightUpdater:
         if header.flush_cache and self.config.rollout.flush_cache_on_update:
             flushed = await self.engine.flush_cache()
         seconds = time.perf_counter() - started
-        log.info("weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
-                 old, self.version, seconds, flushed)  # fmt: skip
+        level = logging.INFO if old == 0 else logging.DEBUG  # a replica's first weights only
+        log.log(level, "weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
+                old, self.version, seconds, flushed)  # fmt: skip
         return UpdateOutcome(self.version, seconds, flushed)
 
 

@@ -93,8 +93,10 @@ class ConsoleBackend:
             log.info("step %d | %s", step, numbers)
 
     def log_table(self, step: int, columns: list[str], rows: list[list]) -> None:
-        for row in rows:
-            log.info("step %d validation sample | %s", step, " | ".join(map(repr, row)))
+        """One line per validation, not per row: a glimpse of what the policy answers."""
+        if rows:
+            samples = " || ".join(" | ".join(map(repr, row)) for row in rows)
+            log.info("step %d validation samples (%s): %s", step, " | ".join(columns), samples)
 
     def close(self) -> None:
         pass

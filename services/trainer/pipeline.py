@@ -8,10 +8,11 @@ at least that version (``min_weight_version``), so the router's version gating, 
 bounds the lag. ``k = 0`` therefore degenerates to the synchronous loop, step for step.
 
 Responses that still arrive older than allowed (a replica that missed a push) are dropped,
-whole groups at a time, and counted in ``async/dropped``; the rest are corrected for their
-lag: with the engine's old log-probs the PPO ratio is already against the behaviour policy;
-with the actor's, the engine's log-probs become the behaviour policy of AReaL's truncated
-importance weights (``Trainer.corrects_staleness``, ``rlfleet.rl.losses``).
+whole groups at a time, and counted in ``async/dropped`` (``rlfleet.trainer.staleness``); the
+rest are corrected for their lag: with the engine's old log-probs the PPO ratio is already
+against the behaviour policy; with the actor's, the engine's log-probs become the behaviour
+policy of AReaL's truncated importance weights (``Trainer.corrects_staleness``,
+``rlfleet.rl.losses``).
 Weight pushes land between requests on the replicas: by default a replica lets in-flight
 requests finish and then swaps (``rollout.drain_timeout_s``); with ``drain_timeout_s: 0`` it
 aborts them back onto its stream instead, and they re-run on the new weights.
@@ -112,25 +113,3 @@ class AsyncRollouts:
         waited = time.perf_counter()
         await self._ready.put((batch, timer))
         self.idle_rollout_s += time.perf_counter() - waited
-
-
-def drop_stale(batch: RolloutBatch, oldest: int) -> tuple[RolloutBatch, int]:
-    """Keep the rows generated with version >= ``oldest``; returns (kept, dropped count)."""
-    keep = [i for i, version in enumerate(batch.weight_versions) if version >= oldest]
-    if len(keep) == len(batch):
-        return batch, 0
-    return batch.select(keep), len(batch) - len(keep)
-
-
-def staleness_metrics(batch: RolloutBatch, version: int, dropped: int) -> dict[str, float]:
-    """Rows' lag behind ``version`` (a row's is its oldest token's), and per sampled token
-    when the batch records a version per token (agent mode)."""
-    lags = [version - v for v in batch.weight_versions] or [0]
-    tokens = [version - v for row in batch.token_versions for v in row if v >= 0] or lags
-    return {
-        "async/staleness/mean": sum(lags) / len(lags),
-        "async/staleness/max": float(max(lags)),
-        "async/staleness/token_mean": sum(tokens) / len(tokens),
-        "async/staleness/token_max": float(max(tokens)),
-        "async/dropped": float(dropped),
-    }

@@ -106,9 +106,11 @@ async def validate(trainer: Trainer, records, writer=None) -> dict[str, float]:
 
 
 def progress(total: int):
+    """The steps bar; off when INFO is (``rlfleet up -q``: warnings and the summary only)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="GRPO steps", unit="step", dynamic_ncols=True)
+    quiet = not log.isEnabledFor(logging.INFO)
+    return tqdm(total=total, desc="GRPO steps", unit="step", dynamic_ncols=True, disable=quiet)
 
 
 class TrainingClock:
@@ -154,6 +156,8 @@ async def validate_during_training(trainer: Trainer, val, writer, clock, rollout
 
 
 async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None) -> None:
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     from rlfleet.trainer.pipeline import AsyncRollouts
 
     cfg = trainer.config
@@ -169,14 +173,15 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
     bar.update(trainer.step)
     clock.begin()
     try:
-        while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
-            await trainer.wait_if_paused()
-            metrics = await one_step(trainer, data, rollouts)
-            await after_step(trainer, writer, bar, metrics)
-            if cfg.trainer.test_freq and trainer.step % cfg.trainer.test_freq == 0 and val:
-                await validate_during_training(trainer, val, writer, clock, rollouts)
-        clock.pause()
-        await trainer.pushes.finish()
+        with logging_redirect_tqdm():  # log lines are written above the bar, never into it
+            while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
+                await trainer.wait_if_paused()
+                metrics = await one_step(trainer, data, rollouts)
+                await after_step(trainer, writer, bar, metrics)
+                if cfg.trainer.test_freq and trainer.step % cfg.trainer.test_freq == 0 and val:
+                    await validate_during_training(trainer, val, writer, clock, rollouts)
+            clock.pause()
+            await trainer.pushes.finish()
     finally:
         if rollouts is not None:
             await rollouts.close()

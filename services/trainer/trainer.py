@@ -35,6 +35,7 @@ from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
 from rlfleet.trainer.pushes import WeightPushes
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
+from rlfleet.trainer.staleness import drop_stale, staleness_metrics
 from rlfleet.trainer.state import TrainerState
 
 if TYPE_CHECKING:
@@ -189,7 +190,9 @@ class Trainer:
         with timer.phase("adv"):
             advantages, returns, mask = self.advantages(batch)
         metrics: dict[str, float] = {
-            **self.shaping_metrics, **batch.sampling_metrics, **batch.agent_metrics
+            **self.shaping_metrics,
+            **batch.sampling_metrics,
+            **batch.agent_metrics,
         }
         if self.config.needs_critic:
             with timer.phase("update_critic"):
@@ -230,8 +233,6 @@ class Trainer:
     async def train_step_async(self, rollouts: AsyncRollouts) -> dict[str, float]:
         """One asynchronous step: take the batch produced ahead (``AsyncRollouts``), drop what
         is older than ``max_staleness``, and learn with the off-policy correction."""
-        from rlfleet.trainer.pipeline import drop_stale, staleness_metrics
-
         timer = Timer()
         with timer.phase("step"):
             with timer.phase("idle_trainer"):

@@ -38,9 +38,9 @@ from rlfleet.agent.episode import NO_VERSION, EndReason
 from rlfleet.common.endpoints import read_endpoints
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.grpc_client import make_channel
+from rlfleet.common.keys import ENV_GROUP
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
 from rlfleet.env.client import EnvClient
-from rlfleet.env.service import ENV_GROUP, env_stream
 from rlfleet.env.types import EpisodeJob, EpisodeResult
 from rlfleet.proto import common_pb2, env_pb2, env_pb2_grpc
 from rlfleet.rollout.types import SamplingParams
@@ -278,7 +278,7 @@ def freeze_when_busy(env_fleet: EnvFleet, victim: ServiceProcess) -> set[str]:
 
 def held_by(client: redis.Redis, env_fleet: EnvFleet, pid: int) -> set[str]:
     """Episode ids pending on the consumers of process ``pid``."""
-    stream = env_stream(env_fleet.fleet.keys)
+    stream = env_fleet.fleet.keys.env_stream
     names = [c["name"] for c in client.xinfo_consumers(stream, ENV_GROUP)
              if f"-{pid}-env-".encode() in c["name"] and int(c["pending"])]  # fmt: skip
     entries = [p["message_id"] for name in names

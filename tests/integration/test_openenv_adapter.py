@@ -26,8 +26,8 @@ from openenv.core.client_types import StepResult  # noqa: E402
 from openenv.core.env_server import Action, Environment, Observation, State, create_app  # noqa: E402
 from pydantic import Field  # noqa: E402
 
+from rlfleet.agent.adapters import load_env_factory  # noqa: E402
 from rlfleet.agent.adapters.openenv_client import OpenEnvTextEnv  # noqa: E402
-from rlfleet.agent.env import load_env_factory  # noqa: E402
 from rlfleet.agent.episode import EndReason, Episode  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,6 @@ say why; the last test checks that the sandbox still works when namespaces are r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import secrets
@@ -104,7 +103,9 @@ async def test_a_run_that_times_out_takes_its_processes_along(marker_sleep):
     assert processes_with(marker_sleep) == []
 
 
-USER_FUNCTION = SPAWN + """
+USER_FUNCTION = (
+    SPAWN
+    + """
 import sqlite3
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -114,6 +115,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         raise ValueError(ground_truth)
     return 1.0
 """
+)
 
 
 @pytest.fixture
@@ -227,7 +229,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 async def test_the_reward_service_hands_no_secret_to_user_code(redis_url, cluster_name, tmp_path):
     await kernel("pid")
     (function := tmp_path / "peek.py").write_text(REWARD_PEEK)
-    key, token, port = "argv-key-" + secrets.token_hex(6), "env-" + secrets.token_hex(6), free_port()
+    key, token, port = (
+        "argv-key-" + secrets.token_hex(6),
+        "env-" + secrets.token_hex(6),
+        free_port(),
+    )
     argv = [sys.executable, "-m", "rlfleet.reward.main", f"cluster={cluster_name}",
             f"redis_url={redis_url}", f"reward.custom.path={function}", f"api_key={key}",
             "--port", str(port)]  # fmt: skip
@@ -243,19 +249,43 @@ async def test_the_reward_service_hands_no_secret_to_user_code(redis_url, cluste
 
 
 FALLBACK_SCRIPT = """
-import asyncio, json, logging, sys
-from rlfleet.common.config import SandboxLimits
+import asyncio, json, logging, os, sys
+from rlfleet.common.config import SandboxLimits, UserScorerConfig
 from rlfleet.common.sandbox import isolation_report, run_program
+from rlfleet.reward.sandbox_pool import close_scorer, sandboxed_user_scorer
+from rlfleet.reward.types import ScoreRequest
+
+def alive(argv):
+    wanted, count = "\\0".join(argv).encode() + b"\\0", 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            count += open(f"/proc/{pid}/cmdline", "rb").read() == wanted
+        except OSError:
+            pass
+    return count
+
+async def served(limits, marker):
+    scorer = await sandboxed_user_scorer(UserScorerConfig(path=sys.argv[2]), limits)
+    try:
+        [result] = await scorer.ascore_many(
+            [ScoreRequest("1", "custom", "spawn", "", {"argv": marker})])
+        return result.score, alive(marker)
+    finally:
+        await close_scorer(scorer)
 
 async def main():
     limits = SandboxLimits(timeout_s=2, cpu_s=2, memory_mb=512, processes=16)
+    spawn, marker = sys.argv[1], sys.argv[3:]
     report = await isolation_report()
     plain = await run_program("print(input())", "hi\\n", limits)
     loop = await run_program("while True: pass", "", limits)
     fork = await run_program("import os\\nos.fork()", "", limits)
-    spawned = await run_program(sys.argv[1] + f"print(spawn({sys.argv[2:]!r}, 50))", "", limits)
+    spawned = await run_program(spawn + f"print(spawn({marker!r}, 50))", "", limits)
+    left_by_run = alive(marker)
+    score, left_by_call = await served(limits, marker)
     print(json.dumps({"report": report, "plain": plain.stdout, "loop": loop.reason,
-                      "fork": fork.stderr, "spawned": spawned.stdout}))
+                      "fork": fork.stderr, "spawned": spawned.stdout, "run_left": left_by_run,
+                      "served": score, "call_left": left_by_call}))
 
 logging.basicConfig(level=logging.INFO)
 asyncio.run(main())
@@ -266,15 +296,19 @@ NO_NAMESPACES = "; ".join(
 )
 
 
-def test_without_namespaces_the_sandbox_falls_back_and_still_works(marker_sleep):
+def test_without_namespaces_the_sandbox_falls_back_and_still_works(marker_sleep, tmp_path):
     """Under a user namespace that may create no namespace at all, like a locked-down
-    container: the report says so, and the rlimits, the audit hook, the keeper's group kill
-    and the cgroup (where there is one) still hold."""
-    if not shutil.which("unshare") or subprocess.run(
-        ["unshare", "--user", "--map-root-user", "true"], capture_output=True
-    ).returncode:
+    container: the report and the log say so, and the rlimits, the audit hook, the keeper's
+    group kill and the cgroup (where there is one) still hold."""
+    if (
+        not shutil.which("unshare")
+        or subprocess.run(
+            ["unshare", "--user", "--map-root-user", "true"], capture_output=True
+        ).returncode
+    ):
         pytest.skip("no unshare(1) with user namespaces here to lock namespaces away")
-    script = f"{NO_NAMESPACES}; exec \"$0\" -c \"$1\" \"$2\" {' '.join(marker_sleep)}"
+    (function := tmp_path / "escaping.py").write_text(USER_FUNCTION)
+    script = f'{NO_NAMESPACES}; exec "$0" -c "$1" "$2" {function} {" ".join(marker_sleep)}'
     done = subprocess.run(
         ["unshare", "--user", "--map-root-user", "sh", "-c", script, sys.executable,
          FALLBACK_SCRIPT, SPAWN], capture_output=True, text=True, timeout=180,
@@ -282,10 +316,10 @@ def test_without_namespaces_the_sandbox_falls_back_and_still_works(marker_sleep)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["report"]["namespaces"] == [] and seen["report"]["fallback"]
+    assert "FALLBACK" in done.stderr  # the log line says it fell back
     assert seen["plain"] == "hi\n" and "timed out" in seen["loop"]
     assert "os.fork is not allowed" in seen["fork"]
-    assert "FALLBACK" in done.stderr  # the log line says it fell back
     if seen["report"]["cgroup"]:  # the cgroup bounds and kills even the setsid'd ones
-        assert 0 < int(seen["spawned"]) <= 16
-        assert processes_with(marker_sleep) == []
-
+        assert 0 < int(seen["spawned"]) <= 16 and 0 < seen["served"] <= 16
+        assert seen["run_left"] == seen["call_left"] == 0
+    assert processes_with(marker_sleep) == []

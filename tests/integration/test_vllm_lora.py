@@ -65,7 +65,7 @@ async def test_vllm_serves_each_pushed_adapter_like_the_hf_engine():
             for (_, got), (_, want) in zip(served, merged, strict=True):
                 assert got == pytest.approx(want, abs=2e-3)
             assert [t for t, _ in served] != [t for t, _ in base], "the adapter changed nothing"
-        assert vllm._lora is not None and vllm._lora.lora_int_id == 2
+        assert vllm.lora_request is not None and vllm.lora_request.lora_int_id == 2
     finally:
         await vllm.close()
         await hf.close()

@@ -12,8 +12,8 @@ from agent_fixtures import ScriptedGenerator, agent_tokenizer
 pytest.importorskip("skyrl_gym")
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput  # noqa: E402
 
+from rlfleet.agent.adapters import load_env_factory  # noqa: E402
 from rlfleet.agent.adapters.skyrl_env import SkyRLTextEnv, extras_of, is_skyrl_env  # noqa: E402
-from rlfleet.agent.env import load_env_factory  # noqa: E402
 from rlfleet.agent.episode import EndReason, Episode  # noqa: E402
 from rlfleet.agent.loop import run_episode  # noqa: E402
 from rlfleet.agent.render import ChatRenderer  # noqa: E402

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 from agent_fixtures import ScriptedGenerator, agent_tokenizer
 
-from rlfleet.agent.adapters import adapt
+from rlfleet.agent.adapters import adapt, load_env_factory
 from rlfleet.agent.adapters.trl_env import TRLEnv, is_trl_environment
-from rlfleet.agent.env import load_env_factory
 from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.agent.loop import run_episode
 from rlfleet.agent.render import ChatRenderer

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rlfleet.agent.adapters import load_env_factory
 from rlfleet.agent.env import (
     EnvError,
     ToolEnv,
     check_step,
-    load_env_factory,
     task_prompt,
     task_truth,
 )

@@ -11,8 +11,9 @@ import torch
 from trainer_fakes import make_trainer, prompts
 
 from rlfleet.common.errors import FailedPrecondition
-from rlfleet.trainer.pipeline import AsyncRollouts, drop_stale
+from rlfleet.trainer.pipeline import AsyncRollouts
 from rlfleet.trainer.run import TrainingClock, train_loop
+from rlfleet.trainer.staleness import drop_stale
 
 
 class MemoryWriter:

@@ -76,6 +76,14 @@ VIOLATIONS = [
     ),
     (
         {
+            "model/a.py": "from rlfleet.model import b\n",
+            "model/b.py": "def f():\n    from . import a\n",
+        },
+        "rlfleet.model.a, rlfleet.model.b",
+        "import cycle through lazy imports",
+    ),
+    (
+        {
             "tasks/x.py": "from rlfleet.rl import y\n",
             "rl/y.py": "def f():\n    import rlfleet.tasks\n",
         },
@@ -114,6 +122,22 @@ def test_an_exception_no_import_needs_any_more_is_reported(tmp_path):
     services = make_tree(tmp_path, {**CLEAN, "env/worker.py": "", "agent/loop.py": ""})
     problems = check_layers.check(services)
     assert any("ROLE_EXCEPTIONS entry ('rlfleet.env', 'rlfleet.agent')" in p for p in problems)
+
+
+LAZY_PAIR = {
+    "model/a.py": "def f():\n    from rlfleet.model import b\n",
+    "model/b.py": "def g():\n    from rlfleet.model import a\n",
+}
+
+
+def test_a_listed_lazy_cycle_passes_and_one_that_is_gone_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(
+        check_layers, "LAZY_CYCLES", {("rlfleet.model.a", "rlfleet.model.b"): "why"}
+    )
+    assert check_layers.check(make_tree(tmp_path, {**CLEAN, **LAZY_PAIR})) == []
+    services = make_tree(tmp_path, {"model/b.py": "def g(): ...\n"})
+    problems = check_layers.check(services)
+    assert any("LAZY_CYCLES entry ('rlfleet.model.a', 'rlfleet.model.b')" in p for p in problems)
 
 
 def test_lazy_and_type_checking_imports_do_not_make_a_start_up_cycle(tmp_path):

@@ -139,13 +139,13 @@ async def engine() -> AsyncIterator[HFEngine]:
 @pytest.mark.asyncio(loop_scope="module")
 async def test_engine_merges_adapter_exactly(engine: HFEngine) -> None:
     ids = PROMPTS[1] + RESPONSES[1]
-    base_logits = logits(engine._model, ids)
+    base_logits = logits(engine.model, ids)
     first, second = trained_actor(1), trained_actor(2, "model.target_modules=[q_proj,v_proj]")
     for actor in (first, second, first):  # absolute updates: no drift from the previous one
         await engine.load_weights(adapter_state(actor.model))
-        assert torch.allclose(logits(engine._model, ids), logits(actor.model, ids), atol=1e-5)
+        assert torch.allclose(logits(engine.model, ids), logits(actor.model, ids), atol=1e-5)
     # the base weights second's adapter did not touch came back exactly
-    params = dict(engine._model.named_parameters())
+    params = dict(engine.model.named_parameters())
     untouched = load_causal_lm(str(MODEL)).state_dict()
     k_proj = "model.layers.0.self_attn.k_proj.weight"
     await engine.load_weights(adapter_state(second.model))
@@ -153,14 +153,14 @@ async def test_engine_merges_adapter_exactly(engine: HFEngine) -> None:
     # a full update is the new base: the adapter is forgotten
     full = {k: v for k, v in untouched.items() if k != "lm_head.weight"}
     await engine.load_weights(full)
-    assert torch.allclose(logits(engine._model, ids), base_logits, atol=0)
-    assert not engine._adapter.base
+    assert torch.allclose(logits(engine.model, ids), base_logits, atol=0)
+    assert not engine.adapter_merged
     bad = adapter_state(first.model)
     bad[lora.adapter_name("model.nope.weight", "A")] = torch.zeros(4, 128)
     bad[lora.adapter_name("model.nope.weight", "B")] = torch.zeros(128, 4)
     with pytest.raises(InvalidArgument):
         await engine.load_weights(bad)
-    assert torch.allclose(logits(engine._model, ids), base_logits, atol=0)
+    assert torch.allclose(logits(engine.model, ids), base_logits, atol=0)
 
 
 def test_wire_form_saved_as_a_peft_adapter_matches_the_actor(tmp_path: Path) -> None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 
 from rlfleet.common.config import SandboxLimits, UserScorerConfig
 from rlfleet.common.sandbox import run_program
+from rlfleet.common.sandbox.parent import describe_exit, describe_isolation
+from rlfleet.common.sandbox.scrub import scrub, scrub_tree
 from rlfleet.reward.sandbox_pool import SandboxPool, close_scorer, sandboxed_user_scorer
 from rlfleet.reward.scorers.code import code_scorer, parse_tests, solution_of
 from rlfleet.reward.types import ScoreRequest
@@ -208,3 +211,29 @@ async def test_code_scorer_counts_passed_tests():
         [ScoreRequest("d", "code", solution, asserts)]
     )
     assert result.score == 0.0
+
+
+def test_scrub_takes_every_secret_value_out(monkeypatch):
+    monkeypatch.setenv("RLFLEET_API_KEY", "k3y-value")
+    monkeypatch.setenv("CACHE_URL", "redis://user:pw@host:6379/0")
+    monkeypatch.setenv("RLFLEET_CLUSTER", "default")  # not a secret: stays
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # nor this
+    argv = ["rlfleet", "api_key=argv-value", "--auth-token", "flag-value", "reward.workers=2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    said = "k3y-value argv-value flag-value redis://user:pw@host:6379/0 default false 2"
+    assert scrub(said) == "[redacted] [redacted] [redacted] [redacted] default false 2"
+    reply = {"results": [{"error": "raised k3y-value", "score": 0.0, "metrics": {"flag-value": 1}}]}
+    assert scrub_tree(reply) == {
+        "results": [{"error": "raised [redacted]", "score": 0.0, "metrics": {"[redacted]": 1}}]
+    }
+
+
+def test_what_the_log_says_of_the_kernel_layers():
+    full = {"namespaces": ["pid", "mount", "net", "ipc", "uts"], "fallback": "", "cgroup": True,
+            "readonly": True, "proc": "own", "capabilities": False}  # fmt: skip
+    line = describe_isolation(full)
+    assert "pid+mount+net+ipc+uts" in line and "FALLBACK" not in line
+    assert "read-only filesystem: yes" in line and "capabilities dropped: yes" in line
+    bare = {"namespaces": [], "fallback": "unshare(pid+mount): Operation not permitted"}
+    assert "FALLBACK" in describe_isolation(bare) and "not permitted" in describe_isolation(bare)
+    assert describe_exit(-9).startswith("killed") and describe_exit(-99) == "ended by signal 99"

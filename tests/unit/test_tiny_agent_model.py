@@ -39,8 +39,8 @@ def test_digits_plus_equals_round_trip_one_token_per_char(tokenizer, text):
 
 def test_unknown_characters_become_unk(tokenizer):
     ids = tokenizer("7x é\t😀", add_special_tokens=False).input_ids
-    unk = tokenizer.unk_token_id
-    assert ids == [tokenizer.convert_tokens_to_ids("7"), unk, tokenizer.convert_tokens_to_ids("Ġ"), unk, unk, unk]
+    seven, space, unk = tokenizer.convert_tokens_to_ids(["7", "Ġ", "<unk>"])
+    assert ids == [seven, unk, space, unk, unk, unk]
 
 
 def test_tool_call_words_are_single_tokens(tokenizer):
@@ -56,9 +56,13 @@ def test_chat_template_renders_every_role_and_tool_calls(tokenizer):
     messages = [
         {"role": "system", "content": "0"},
         {"role": "user", "content": "12+34="},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 34}}},
-        ]},  # fmt: skip
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 34}}},
+            ],
+        },
         {"role": "tool", "content": "46"},
         {"role": "assistant", "content": "46"},
     ]
@@ -107,3 +111,12 @@ def test_model_config_is_as_documented():
     assert c.eos_token_id == 3 and c.pad_token_id == 0
     assert model.generation_config.eos_token_id == 3
     assert model.num_parameters() < 2_000_000
+
+
+def test_episode_renderer_appends_tool_replies_as_the_template_does(tokenizer):
+    from rlfleet.agent.render import ChatRenderer
+
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.end_of_turn_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    env = renderer.environment_ids([{"role": "tool", "tool_call_id": "call_0", "content": "46"}])
+    assert tokenizer.decode(env) == "\n<|im_start|>tool\n46<|im_end|>\n<|im_start|>assistant\n"

@@ -15,8 +15,8 @@ from trainer_fakes import GOOD_TOKEN, make_trainer, prompts
 from rlfleet.agent.episode import Episode
 from rlfleet.common.config import load_config
 from rlfleet.trainer.episodes import episode_jobs, episode_metrics
-from rlfleet.trainer.pipeline import staleness_metrics
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
+from rlfleet.trainer.staleness import staleness_metrics
 
 SAMPLED, ENV = 1, 0
 PATTERN = [SAMPLED, SAMPLED, ENV, ENV, SAMPLED, SAMPLED]  # turn, observation, turn

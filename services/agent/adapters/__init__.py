@@ -20,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rlfleet.agent.adapters import openenv_client, skyrl_env, trl_env
+from rlfleet.agent.env import BUILTIN_ENVS
+from rlfleet.agent.tools import load_object
 
 Maker = Callable[[], Any]
 Recognises = Callable[[type], bool]
@@ -50,3 +52,17 @@ def adapt(made: Any) -> Any:
         if recognises(type(made)):
             return wrap(made)
     return made
+
+
+def load_env_factory(spec: str, env_kwargs: dict[str, Any] | None = None) -> Maker:
+    """A maker of one environment per episode from ``agent.env``: a built-in name
+    (``rlfleet.agent.env.BUILTIN_ENVS``), or ``module:attr`` naming a class or factory (called
+    with ``env_kwargs``): a TextEnv, or one that an adapter recognises and wraps. Here, not
+    beside the built-ins, because the adapters build on ``rlfleet.agent.env``."""
+    kwargs = dict(env_kwargs or {})
+    if spec in BUILTIN_ENVS:
+        return BUILTIN_ENVS[spec](**kwargs)
+    target = load_object(spec)
+    if not callable(target):
+        raise ValueError(f"agent.env {spec!r} is not a class or a factory")
+    return env_factory(target, kwargs)

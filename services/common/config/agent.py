@@ -57,6 +57,12 @@ class AgentConfig(Section):
     """Env service gRPC port (0 = any free one)."""
     address: str = "127.0.0.1:50091"
     """Where clients (the trainer) reach the env service."""
+    gateway_url: str = ""
+    """The router's OpenAI base URL (``http://host:port/v1``) for environments that drive the
+    gateway themselves (agent workflows, verifiers environments); ``rlfleet up`` sets it."""
+    gateway_session_ttl_s: float = Field(3600.0, gt=0)
+    """Read by the router: a gateway session (``/rl/start_session``) not touched for this long
+    expires, is counted (``/rl/stats``) and its calls are dropped."""
 
     @field_validator("env")
     @classmethod

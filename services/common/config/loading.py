@@ -23,6 +23,7 @@ ENV_OVERRIDES = {
     "RLFLEET_REWARD_ADDR": "endpoints.reward",
     "RLFLEET_REFCRITIC_ADDR": "endpoints.refcritic",
     "RLFLEET_TRAINER_ADDR": "endpoints.trainer",
+    "RLFLEET_ENV_ADDR": "agent.address",
     "RLFLEET_ADVERTISE_HOST": "rollout.advertise_host",
 }
 

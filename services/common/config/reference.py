@@ -1,8 +1,8 @@
-"""The README's configuration reference, generated from the config models.
+"""docs/configuration.md's field tables ("Every field"), generated from the config models.
 
 Why generated: the field docstrings are the documentation (``--help-config`` prints them), so a
 hand-kept table would drift from them. ``scripts/config_reference.py`` writes this text into
-README.md between the markers below, and a unit test fails when the two differ.
+docs/configuration.md between the markers below, and a unit test fails when the two differ.
 """
 
 from __future__ import annotations

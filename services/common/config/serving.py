@@ -77,7 +77,8 @@ class EndpointsConfig(Section):
 class RolloutConfig(Section):
     backend: Literal["auto", "vllm", "hf"] = "auto"
     """Inference engine: vLLM (AsyncLLM), the transformers ``generate`` fallback, or ``auto``
-    (vLLM when a CUDA GPU is visible, else transformers; see README for the CPU numbers)."""
+    (vLLM when a CUDA GPU is visible, else transformers; docs/scaling_rollout.md has the CPU
+    numbers)."""
     n: int = 8
     """Samples per prompt (the GRPO group size)."""
     temperature: float = 1.0
@@ -183,8 +184,8 @@ class UserScorerConfig(Section):
 
 class SandboxLimits(Section):
     """Limits of one sandboxed child (a user-function worker, or one run of the ``code``
-    scorer). What the kernel enforces and what only a Python audit hook does is in the README
-    ("Reward service")."""
+    scorer). What the kernel enforces and what only a Python audit hook does is in
+    docs/reward_service.md ("The sandbox")."""
 
     timeout_s: float = 10.0
     """Wall clock of one call (one item, or one batch-form call) or one program run; past it

@@ -69,6 +69,8 @@ class Backlog(QueueStream):
     async def trim(self) -> int:
         """Trim entries every consumer is done with (ids below the oldest pending and unread
         entry) from the stream's memory; returns how many went."""
+        if not await self._redis.exists(self.stream):  # a replica still starting has none yet
+            return 0
         groups = await self._group_call(lambda: self._redis.xinfo_groups(self.stream))
         ours = [g for g in groups or [] if text(g["name"]) == self.group]
         if not ours:

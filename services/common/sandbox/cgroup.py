@@ -37,14 +37,26 @@ def pids_root() -> Path | None:
             return None
         root = found / GROUP
         root.mkdir(exist_ok=True)
-        if (found / "cgroup.subtree_control").exists():  # v2: the controller must reach down
-            with contextlib.suppress(OSError):  # (the root cgroup may enable it for itself)
-                (found / "cgroup.subtree_control").write_text("+pids")
-            (root / "cgroup.subtree_control").write_text("+pids")
+        _delegate_v2(found, root)
+        _remove_stale(root)
     except (OSError, ValueError, IndexError):
         return None
-    _remove_stale(root)
     return root
+
+
+def _delegate_v2(found: Path, root: Path) -> None:
+    """cgroup v2: the pids controller must reach ``root``'s children (only the root cgroup
+    may enable it for itself while it holds processes); OSError where it cannot."""
+    if not (found / "cgroup.subtree_control").exists():
+        return  # v1: every cgroup of the hierarchy has pids.max
+    with contextlib.suppress(OSError):
+        (found / "cgroup.subtree_control").write_text("+pids")
+    try:
+        (root / "cgroup.subtree_control").write_text("+pids")
+    except OSError:
+        with contextlib.suppress(OSError):
+            root.rmdir()
+        raise
 
 
 def _own_pids_cgroup() -> Path | None:
@@ -70,10 +82,11 @@ def _own_pids_cgroup() -> Path | None:
 
 
 def _remove_stale(root: Path) -> None:
-    """Empty cgroups left by services that were killed (named after their pid)."""
+    """Empty cgroups left by services that were killed (named after their pid; one that had
+    our pid before us is dead too, as we have made none yet)."""
     for entry in root.iterdir():
         owner = entry.name.split("-")[0]
-        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+        if owner.isdigit() and (owner == str(os.getpid()) or not Path(f"/proc/{owner}").exists()):
             with contextlib.suppress(OSError):
                 entry.rmdir()
 
@@ -110,8 +123,22 @@ async def remove(path: Path) -> None:
     log.warning("sandbox: cgroup %s still busy; left behind", path)
 
 
-def kill_all(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        for pid in (path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(pid), signal.SIGKILL)
+async def empty(path: Path, spare: frozenset[int]) -> None:
+    """SIGKILL every process in ``path`` but those in ``spare``, until none is left."""
+    for _ in range(REMOVE_TRIES):
+        if not kill_all(path, spare):
+            return
+        await asyncio.sleep(0.005)
+
+
+def kill_all(path: Path, spare: frozenset[int] = frozenset()) -> bool:
+    """SIGKILL every process in ``path`` but those in ``spare``; whether there was one."""
+    try:
+        listed = [int(pid) for pid in (path / "cgroup.procs").read_text().split()]
+    except OSError:
+        return False
+    doomed = [pid for pid in listed if pid not in spare]
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return bool(doomed)

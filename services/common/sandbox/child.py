@@ -22,7 +22,6 @@ after each call every other process in its pid namespace is killed. ``probe`` pr
 
 from __future__ import annotations
 
-import ctypes  # noqa: F401 - loaded before the audit hook, which refuses loading libraries
 import importlib
 import json
 import os
@@ -33,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlfleet.common.sandbox.guard import install_guard
-from rlfleet.common.sandbox.isolation import Isolation, isolate, kill_leftovers
+from rlfleet.common.sandbox.isolation import Isolation, isolate, kill_leftovers, reap_children
 
 MIB = 1 << 20
 
@@ -92,6 +91,7 @@ def serve(spec: dict[str, Any], isolation: Isolation) -> None:
     own_pids = "pid" in isolation.namespaces
     for line in sys.stdin.buffer:
         _set_cpu_budget(float(spec["limits"]["cpu_s"]), allow)
+        _privileged(allow, reap_children)  # what the service killed after the last call
         reply = answer(json.loads(line))
         if own_pids:
             _privileged(allow, kill_leftovers)  # nothing a call started outlives it
@@ -113,7 +113,9 @@ def _set_cpu_budget(cpu_s: float, allow: Callable[[bool], None]) -> None:
     """CPU accumulates over a worker's life: each call gets ``cpu_s`` more than used so far."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     soft = int(usage.ru_utime + usage.ru_stime + cpu_s + 0.999)
-    _privileged(allow, lambda: resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY)))
+    _privileged(
+        allow, lambda: resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+    )
 
 
 def _privileged(allow: Callable[[bool], None], action: Callable[[], Any]) -> None:

@@ -33,6 +33,7 @@ import os
 import resource
 import select
 import signal
+import time
 from typing import Any, NoReturn
 
 from rlfleet.common.sandbox import mounts
@@ -44,7 +45,7 @@ NAMESPACES = {CLONE_NEWUSER: "user", CLONE_NEWPID: "pid", CLONE_NEWNS: "mount",
               CLONE_NEWNET: "net", CLONE_NEWIPC: "ipc", CLONE_NEWUTS: "uts"}  # fmt: skip
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 CAPABILITY_VERSION_3 = 0x20080522
-LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before the audit hook refuses ctypes
 
 
 class Isolation:
@@ -76,8 +77,21 @@ def isolate(spec: dict[str, Any]) -> Isolation:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # also when the keeper mirrors a signal
     found = Isolation(join_cgroup(spec.get("cgroup")))
     flags, found.fallback = enter_namespaces()
-    found.namespaces = [name for bit, name in NAMESPACES.items() if flags & bit]
+    found.namespaces = _names(flags)
     own_pids = bool(flags & CLONE_NEWPID)
+    status_w = _split_off_keeper(own_pids)
+    if own_pids:
+        _become_init(found, spec["workdir"], status_w)
+    else:
+        os.setpgid(0, 0)  # the group the keeper kills
+        os.close(status_w)
+        found.capabilities = not drop_capabilities()
+    return found
+
+
+def _split_off_keeper(own_pids: bool) -> int:
+    """Fork: this process stays behind as the keeper (and never returns); the child returns
+    its end of the pipe that carries the worker's exit status to the keeper."""
     status_r, status_w = os.pipe()
     pid = _fork_with_signals_held()
     if pid:
@@ -86,13 +100,14 @@ def isolate(spec: dict[str, Any]) -> Isolation:
     os.close(status_r)
     if _keeper_gone(status_w):
         os._exit(1)
-    if not own_pids:
-        os.setpgid(0, 0)
-        os.close(status_w)
-        found.capabilities = not drop_capabilities()
-        return found
+    return status_w
+
+
+def _become_init(found: Isolation, workdir: str, status_w: int) -> None:
+    """As pid 1 of the new namespace: the mounts, no capability, then the worker; returns in
+    the worker (init itself stays in ``run_init``)."""
     try:
-        found.readonly, found.writable, found.proc = mounts.confine_filesystem(spec["workdir"])
+        found.readonly, found.writable, found.proc = mounts.confine_filesystem(workdir)
     except OSError as exc:  # the namespace is private: a half-done setup harms nobody else
         found.writable = [str(exc)]
     found.capabilities = not drop_capabilities()
@@ -100,7 +115,6 @@ def isolate(spec: dict[str, Any]) -> Isolation:
     if worker:
         run_init(worker, status_w)
     os.close(status_w)
-    return found
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -240,12 +254,43 @@ def drop_capabilities() -> bool:
     return no_new and LIBC.capset(header, (ctypes.c_uint32 * 6)()) == 0
 
 
-def kill_leftovers() -> None:
-    """SIGKILL every other process of this pid namespace but init (a serving worker's end of a
-    call). ``kill(-1)`` signals all at once, and a fork racing it is cancelled by the kernel;
-    only ever called where the worker has a pid namespace of its own."""
-    for _ in range(3):
+def kill_leftovers(timeout_s: float = 2.0) -> None:
+    """SIGKILL every other process of this pid namespace but init, and wait until they are
+    dead (a serving worker's end of a call). ``kill(-1)`` signals all at once, and a fork
+    racing it is cancelled by the kernel; only ever called where the worker has a pid
+    namespace (and /proc) of its own."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
+            nobody = True  # the usual case: the call started nothing
+        else:
+            nobody = False
+        reap_children()
+        if nobody or not _others_alive():
             return
+        time.sleep(0.001)
+
+
+def reap_children() -> None:
+    """Collect this process's dead children (a zombie still counts against the cgroup)."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+def _others_alive() -> bool:
+    """Whether a process other than init and this one is alive (not a zombie) in /proc."""
+    mine = {"1", str(os.getpid())}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or pid in mine:
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z":
+            return True
+    return False

@@ -201,7 +201,6 @@ class SandboxProcess:
                     label: str) -> SandboxProcess:  # fmt: skip
         """Start ``handler`` (a module the child imports, see ``child.serve``) on ``payload``
         and wait until it is loaded; ValueError naming ``label`` when it cannot be."""
-        await isolation_report()
         workdir = tempfile.TemporaryDirectory(prefix="rlfleet-sandbox-")
         spec = {"handler": handler, "payload": payload}
         child = cls(await spawn("serve", spec, limits, workdir.name, None), workdir, {})
@@ -215,6 +214,7 @@ class SandboxProcess:
         if "error" in child.ready:
             await child.close()
             raise ValueError(f"{label} did not load: {child.ready['error']}")
+        _note(child.ready["isolation"])  # what a probe would find: no need for one
         return child
 
     async def call(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -231,7 +231,16 @@ class SandboxProcess:
         if not line:
             await asyncio.wait_for(self.process.wait(), 5)
             raise SandboxError(describe_exit(self.process.returncode))
+        await self._end_of_call()
         return scrub_tree(json.loads(line))
+
+    async def _end_of_call(self) -> None:
+        """Without a pid namespace the worker cannot kill what its call started (it does so
+        itself inside one): the call's cgroup lists it, so kill that but keeper and worker."""
+        own_pids = "pid" in self.ready.get("isolation", {}).get("namespaces", [])
+        if self.child.cgroup is not None and not own_pids:
+            spare = frozenset({self.process.pid, int(self.ready.get("pid", 0))})
+            await cgroup.empty(self.child.cgroup, spare)
 
     async def close(self) -> None:
         await self.child.reap()
@@ -246,16 +255,21 @@ async def isolation_report() -> dict[str, Any]:
     """What the kernel enforces for a sandbox on this machine, found once per process by a
     probe child (the same path every sandbox takes) and logged: one line that says which
     layers hold and, where they fall back, why. Concurrent first callers share one probe."""
-    global _report, _probing
+    global _probing
     if _report is not None:
         return _report
     if _probing is None or _probing.get_loop() is not asyncio.get_running_loop():
         _probing = asyncio.ensure_future(_probe())
-    report = await asyncio.shield(_probing)
+    _note(await asyncio.shield(_probing))
+    return _report  # type: ignore[return-value]
+
+
+def _note(report: dict[str, Any]) -> None:
+    """Keep (and log) the first report this process gets, from a probe or a ready child."""
+    global _report
     if _report is None:
         _report = report
         log.info("sandbox: %s", describe_isolation(report))
-    return _report
 
 
 async def _probe() -> dict[str, Any]:
@@ -271,7 +285,10 @@ async def _probe() -> dict[str, Any]:
     try:
         return json.loads(out)
     except json.JSONDecodeError:
-        return {"namespaces": [], "fallback": f"probe failed: {err.decode(errors='replace')[-300:]}"}
+        return {
+            "namespaces": [],
+            "fallback": f"probe failed: {err.decode(errors='replace')[-300:]}",
+        }
 
 
 def describe_isolation(report: dict[str, Any]) -> str:

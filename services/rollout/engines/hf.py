@@ -229,7 +229,7 @@ class HFEngine(Engine):
         return Completion(tokens, logprobs, text, "stop" if hit_stop else reason)
 
     async def load_weights(self, state_dict: Mapping[str, Any]) -> None:
-        """Full weights, or a LoRA adapter (``rlfleet.common.lora``) merged over the base."""
+        """Full weights, or a LoRA adapter (``rlfleet.model.lora``) merged over the base."""
         if lora.is_adapter_update(state_dict):
             pairs = lora.adapter_pairs(state_dict)
             lora.check_pairs(pairs, self._shapes)

@@ -49,9 +49,9 @@ async def serve(config: RlfleetConfig, port: int) -> None:
     await server.start()
     core.start()
     try:
-        async with http_front(core, config):
-            log.info("router ready on %s:%d (cluster %s)", config.router.host, server.port,
-                     config.cluster)  # fmt: skip
+        async with http_front(core, config) as http_url:
+            log.info("router ready on %s:%d (cluster %s)%s", config.router.host, server.port,
+                     config.cluster, f", HTTP at {http_url}" if http_url else "")  # fmt: skip
             await stop.wait()
             log.info("router stopping")
     finally:
@@ -61,14 +61,15 @@ async def serve(config: RlfleetConfig, port: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def http_front(core: RouterCore, config: RlfleetConfig) -> AsyncIterator[None]:
-    """The HTTP server (OpenAI API + /metrics, or /metrics alone) while the block runs."""
+async def http_front(core: RouterCore, config: RlfleetConfig) -> AsyncIterator[str | None]:
+    """The HTTP server (OpenAI API + /metrics, or /metrics alone) while the block runs; the
+    block gets its URL (None: no HTTP server), which the ready line names."""
     from rlfleet.common.http_server import make_http_server
     from rlfleet.rollout.router import http
 
     cfg = config.router
     if cfg.http_port is None and cfg.metrics_port is None:
-        yield
+        yield None
         return
     if cfg.http_port is not None:
         app, port = http.create_app(core, load_policy(config), config.api_key), cfg.http_port
@@ -81,10 +82,10 @@ async def http_front(core: RouterCore, config: RlfleetConfig) -> AsyncIterator[N
     if task.done():
         task.result()
         raise OSError(f"router HTTP server on {cfg.host}:{port} did not start")
-    log.info("router HTTP at http://%s:%d%s", cfg.host, server.config.port,
-             "/v1" if cfg.http_port is not None else "/metrics")  # fmt: skip
+    url = f"http://{cfg.host}:{server.config.port}"
+    url += "/v1" if cfg.http_port is not None else "/metrics"
     try:
-        yield
+        yield url
     finally:
         server.should_exit = True
         await task

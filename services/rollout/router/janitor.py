@@ -6,7 +6,7 @@ with entries still in its stream), nobody would ever read them; the janitor move
 an eligible replica, chosen like any new request. A move is one Lua step (the entry is in
 exactly one stream at any instant), so a janitor killed mid-migration loses and duplicates
 nothing, and the next sweep (of any router) finishes the job. A stalled replica that wakes up
-cannot answer what was moved: its answers are fenced (``replica.py``). A router restart loses
+cannot answer what was moved: its answers are fenced (``lease.py``). A router restart loses
 nothing: every ``janitor_interval_s * SCAN_EVERY`` seconds, and at start, it also looks for
 rollout streams of replicas that are not registered any more.
 

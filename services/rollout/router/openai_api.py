@@ -14,6 +14,9 @@ it. Why the rules below:
   ``user`` field; ``min_weight_version`` (body) gates on the weight version as over gRPC.
 - The router answers whole completions, so a stream (``stream: true``) carries one chunk per
   choice, then the usage chunk if asked, then ``[DONE]``.
+- Agent gateway extensions (``gateway_api``): chat ``tools`` come back as ``tool_calls``;
+  ``return_token_ids`` (in the body, or in an ``extra_body`` object) adds vLLM's
+  ``prompt_token_ids`` / ``choices[i].token_ids``, the log-probs and the ``weight_version``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, S
 from rlfleet.rollout.types import InvalidField as BadField
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+TEMPLATE_KEYS = ("tool_calls", "tool_call_id", "name")  # message fields chat templates read
 
 
 class Tokenizer(Protocol):
@@ -37,7 +41,7 @@ class Tokenizer(Protocol):
 
     chat_template: str | None
 
-    def decode(self, token_ids: list[int]) -> str: ...
+    def decode(self, token_ids: list[int], **kwargs: Any) -> str: ...
 
 
 @dataclass
@@ -65,6 +69,8 @@ class Body(BaseModel):
     stream_options: dict[str, Any] | None = None
     user: str | None = None
     min_weight_version: int = 0
+    return_token_ids: bool | None = None
+    extra_body: dict[str, Any] | None = None
 
 
 class CompletionBody(Body):
@@ -85,6 +91,8 @@ class ChatBody(Body):
     logprobs: bool = False
     top_logprobs: int | None = None
     max_completion_tokens: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
 
 def prompts_of(body: CompletionBody) -> list[str | list[int]]:
@@ -97,7 +105,7 @@ def prompts_of(body: CompletionBody) -> list[str | list[int]]:
     return list(prompt)
 
 
-def completion_sampling(body: CompletionBody) -> SamplingParams:
+def completion_sampling(body: CompletionBody, need_logprobs: bool = False) -> SamplingParams:
     if body.echo:
         raise BadField("echo", "is not supported (the router returns generated tokens only)")
     if body.best_of not in (None, 1) and body.best_of != body.n:
@@ -105,16 +113,18 @@ def completion_sampling(body: CompletionBody) -> SamplingParams:
     if body.logprobs not in (None, 0, 1):
         raise BadField("logprobs", "must be 0 or 1: only the sampled token's log-prob exists")
     max_tokens = COMPLETION_MAX_TOKENS if body.max_tokens is None else body.max_tokens
-    return _sampling(body, max_tokens, body.logprobs is not None)
+    return _sampling(body, max_tokens, body.logprobs is not None or need_logprobs)
 
 
-def chat_sampling(body: ChatBody, prompt_len: int, max_model_len: int) -> SamplingParams:
+def chat_sampling(
+    body: ChatBody, prompt_len: int, max_model_len: int, need_logprobs: bool = False
+) -> SamplingParams:
     if body.top_logprobs:
         raise BadField("top_logprobs", "must be 0: only the sampled token's log-prob exists")
     max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
     if max_tokens is None:
         max_tokens = max(1, max_model_len - prompt_len)
-    return _sampling(body, max_tokens, body.logprobs)
+    return _sampling(body, max_tokens, body.logprobs or need_logprobs)
 
 
 def _sampling(body: Body, max_tokens: int, logprobs: bool) -> SamplingParams:
@@ -155,23 +165,17 @@ def usage(results: Sequence[GenerateResult]) -> dict[str, int]:
 
 
 def completion_choices(
-    results: Sequence[GenerateResult], tokenizer: Tokenizer | None, logprobs: bool
-) -> list[dict[str, Any]]:
-    """Choices in OpenAI order: prompt by prompt, each prompt's ``n`` samples in turn."""
-    flat = [c for r in results for c in r.completions]
+    results: Sequence[GenerateResult], tokenizer: Tokenizer | None, logprobs: bool,
+    token_ids: bool = False,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Choices in OpenAI order: prompt by prompt, each prompt's ``n`` samples in turn; with
+    ``token_ids`` (``return_token_ids``) each carries its prompt's and its own ids (vLLM)."""
+    flat = [(r, c) for r in results for c in r.completions]
     return [{"index": i, "text": c.text, "finish_reason": c.finish_reason,
-             "logprobs": _text_logprobs(c, tokenizer) if logprobs else None}
-            for i, c in enumerate(flat)]  # fmt: skip
-
-
-def chat_choices(
-    results: Sequence[GenerateResult], tokenizer: Tokenizer | None, logprobs: bool
-) -> list[dict[str, Any]]:
-    flat = [c for r in results for c in r.completions]
-    return [{"index": i, "message": {"role": "assistant", "content": c.text},
-             "finish_reason": c.finish_reason,
-             "logprobs": _chat_logprobs(c, tokenizer) if logprobs else None}
-            for i, c in enumerate(flat)]  # fmt: skip
+             "logprobs": _text_logprobs(c, tokenizer) if logprobs else None,
+             **({"prompt_token_ids": list(r.prompt_token_ids), "token_ids": list(c.token_ids),
+                 "weight_version": r.weight_version} if token_ids else {})}
+            for i, (r, c) in enumerate(flat)]  # fmt: skip
 
 
 def envelope(kind: str, model: str, results: Sequence[GenerateResult]) -> dict[str, Any]:
@@ -197,8 +201,13 @@ def stream_chunks(
 
 
 def _delta(choice: dict[str, Any]) -> dict[str, Any]:
+    """A choice as a stream chunk; tool calls carry their ``index``, as deltas do."""
     delta = {k: v for k, v in choice.items() if k != "message"}
-    return {**delta, "delta": choice["message"]}
+    message = dict(choice["message"])
+    if message.get("tool_calls"):
+        message["tool_calls"] = [{"index": i, **call}
+                                 for i, call in enumerate(message["tool_calls"])]  # fmt: skip
+    return {**delta, "delta": message}
 
 
 def _token_texts(completion: Completion, tokenizer: Tokenizer | None) -> list[str]:
@@ -217,17 +226,27 @@ def _text_logprobs(completion: Completion, tokenizer: Tokenizer | None) -> dict[
             "top_logprobs": None, "text_offset": offsets}  # fmt: skip
 
 
-def _chat_logprobs(completion: Completion, tokenizer: Tokenizer | None) -> dict[str, Any]:
+def chat_logprobs(completion: Completion, tokenizer: Tokenizer | None) -> dict[str, Any]:
     pairs = zip(_token_texts(completion, tokenizer), completion.logprobs, strict=False)
     return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
                          "top_logprobs": []} for t, lp in pairs]}  # fmt: skip
 
 
-def chat_messages(body: ChatBody) -> list[dict[str, str]]:
-    """Messages as the chat template takes them (content parts joined into one string)."""
+def chat_messages(body: ChatBody) -> list[dict[str, Any]]:
+    """Messages as the chat template takes them (content parts joined into one string; an
+    assistant's ``tool_calls`` and a tool reply's ``tool_call_id`` / ``name`` kept)."""
     if not body.messages:
         raise BadField("messages", "must not be empty")
-    return [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
+    return [_template_message(m) for m in body.messages]
+
+
+def _template_message(message: ChatMessage) -> dict[str, Any]:
+    rendered: dict[str, Any] = {"role": message.role, "content": _content_text(message.content)}
+    for key in TEMPLATE_KEYS:
+        value = (message.model_extra or {}).get(key)
+        if value is not None:
+            rendered[key] = value
+    return rendered
 
 
 def _content_text(content: str | list[dict[str, Any]] | None) -> str:

@@ -106,7 +106,7 @@ class RequestPath:
     async def _leave(self, rid: str) -> None:
         try:
             if await self._waiters().leave(rid):
-                log.info("request %s: every caller gave up, cancelling it", rid)
+                log.debug("request %s: every caller gave up, cancelling it", rid)
         except Exception as exc:  # noqa: BLE001 - the caller's own outcome matters more
             log.warning("request %s: could not update its waiters: %s", rid, exc)
 

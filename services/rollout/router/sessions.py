@@ -1,0 +1,229 @@
+"""Gateway sessions in Redis: AReaL's ``start_session`` / ``set_reward`` / ``end_session``.
+
+Why Redis and not the router's memory: several routers serve one cluster side by side (and a
+router may restart), so a session started through one router is recorded and ended through
+any other. Every step is one Lua script, so a call is never recorded into a session that
+another router is ending at that moment. Keys (``P`` = ``rlfleet:<cluster>``; ids are minted
+here as ``rls-<32 hex>`` so they never alias another key)::
+
+    P:session:<id>         hash   state (open | ended), reward; TTL = the session's life
+    P:session_calls:<id>   list   the recorded calls in order (CallRecord JSON); same TTL
+    P:sessions             zset   open session id -> deadline (ms), for counting expiries
+    P:sessions:stats       hash   started, ended, expired, segmented, calls (counters)
+
+A session lives ``ttl_s`` after its last touch (start, a recorded call, set_reward). One that
+never ends expires: ``sweep`` (run at each start and stats read) drops it and counts it
+``expired``. An ended session keeps its hash (state ``ended``, no calls) for another ``ttl_s``,
+so a late call or a second end is refused as ended (409), not as unknown (404).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+
+from redis.asyncio import Redis
+
+from rlfleet.common import errors
+from rlfleet.common.keys import Keys
+from rlfleet.rollout.router.trajectory import CallRecord, session_episode, segments_of
+
+SESSION_PREFIX = "rls-"
+SESSION_ID = re.compile(r"^rls-[0-9a-f]{32}$")
+MAX_CALLS = 1024
+SWEEP_LIMIT = 256
+OPEN, ENDED = "open", "ended"
+_NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
+_START = _NOW_MS + """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'open')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('HINCRBY', KEYS[3], 'started', 1)
+return 1
+"""
+_TOUCH = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return -1 end
+if state ~= 'open' then return -2 end
+"""
+_RECORD = _NOW_MS + _TOUCH + """
+local n = redis.call('LLEN', KEYS[2])
+local new = #ARGV - 3
+if n + new > tonumber(ARGV[3]) then return -3 end
+for i = 4, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[1]), ARGV[2])
+redis.call('HINCRBY', KEYS[4], 'calls', new)
+return n + new
+"""
+_REWARD = _NOW_MS + _TOUCH + """
+redis.call('HSET', KEYS[1], 'reward', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[1]), ARGV[2])
+return 1
+"""
+_END = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {-1} end
+if state ~= 'open' then return {-2} end
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'reward', ARGV[3]) end
+local reward = redis.call('HGET', KEYS[1], 'reward') or ''
+local calls = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[1], 'state', 'ended')
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+redis.call('HINCRBY', KEYS[4], 'ended', 1)
+local answer = {1, reward}
+for _, call in ipairs(calls) do table.insert(answer, call) end
+return answer
+"""
+_SWEEP = _NOW_MS + """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+for _, id in ipairs(ids) do
+  if redis.call('HGET', ARGV[1] .. id, 'state') ~= 'ended' then
+    redis.call('HINCRBY', KEYS[2], 'expired', 1)
+    redis.call('DEL', ARGV[1] .. id, ARGV[2] .. id)
+  end
+  redis.call('ZREM', KEYS[1], id)
+end
+return #ids
+"""
+
+
+class SessionError(errors.RlfleetError):
+    """A refused session id; ``param`` is the request field that carried it."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class UnknownSession(SessionError, errors.NotFound):
+    """Never started here (another cluster's, made up) or expired: HTTP 404."""
+
+
+class EndedSession(SessionError, errors.FailedPrecondition):
+    """Ended already, or full: HTTP 409."""
+
+
+class BadSessionField(SessionError, errors.InvalidArgument):
+    """A value that is not what the field takes: HTTP 400."""
+
+
+def is_session_id(value: str | None) -> bool:
+    """Whether a call's session id names a gateway session (minted ids only; any other id is
+    a plain sticky-routing id, as before the gateway)."""
+    return bool(value) and value.startswith(SESSION_PREFIX)
+
+
+def check_session_id(value: object, param: str = "session_id") -> str:
+    if not isinstance(value, str) or not SESSION_ID.match(value):
+        raise BadSessionField(f"{param} must be a session id from /rl/start_session "
+                              f"(rls-<32 hex>), got {value!r:.80}", param)  # fmt: skip
+    return value
+
+
+class SessionStore:
+    """Sessions of one cluster; ``ttl_s`` is a session's life after its last touch."""
+
+    def __init__(self, redis: Redis, keys: Keys, ttl_s: float, max_calls: int = MAX_CALLS):
+        self._redis, self._prefix = redis, keys.prefix
+        self.ttl_ms, self.max_calls = max(1, int(ttl_s * 1000)), max_calls
+        self._scripts = {name: redis.register_script(source) for name, source in (
+            ("start", _START), ("record", _RECORD), ("reward", _REWARD), ("end", _END),
+            ("sweep", _SWEEP))}  # fmt: skip
+
+    def _keys(self, session_id: str) -> list[str]:
+        return [f"{self._prefix}:session:{session_id}", f"{self._prefix}:session_calls:{session_id}",
+                self._index, self._stats]  # fmt: skip
+
+    @property
+    def _index(self) -> str:
+        return f"{self._prefix}:sessions"
+
+    @property
+    def _stats(self) -> str:
+        return f"{self._prefix}:sessions:stats"
+
+    async def start(self) -> str:
+        """A new open session's id (expired ones are swept and counted first)."""
+        await self.sweep()
+        while True:
+            session_id = SESSION_PREFIX + uuid.uuid4().hex
+            keys = self._keys(session_id)
+            if await self._scripts["start"](keys=[keys[0], keys[2], keys[3]],
+                                            args=[self.ttl_ms, session_id]):  # fmt: skip
+                return session_id
+
+    async def check_open(self, session_id: str, param: str) -> None:
+        """Raise unless ``session_id`` is an open session (before spending a generation)."""
+        state = await self._redis.hget(self._keys(session_id)[0], "state")
+        self._refuse(session_id, param, {None: -1, OPEN.encode(): 1}.get(state, -2))
+
+    async def record(self, session_id: str, calls: list[CallRecord], param: str) -> int:
+        """Append the calls; the session's call count after them."""
+        payloads = [json.dumps(call.to_dict(), separators=(",", ":")) for call in calls]
+        code = await self._scripts["record"](keys=self._keys(session_id),
+                                             args=[self.ttl_ms, session_id, self.max_calls,
+                                                   *payloads])  # fmt: skip
+        self._refuse(session_id, param, code)
+        return int(code)
+
+    async def set_reward(self, session_id: str, reward: float) -> None:
+        check_session_id(session_id)
+        code = await self._scripts["reward"](keys=self._keys(session_id)[:3],
+                                             args=[self.ttl_ms, session_id, repr(reward)])  # fmt: skip
+        self._refuse(session_id, "session_id", code)
+
+    async def end(self, session_id: str, reward: float | None = None) -> dict:
+        """The session's episode (``trajectory.session_episode``); the session is ended."""
+        check_session_id(session_id)
+        answer = await self._scripts["end"](keys=self._keys(session_id),
+                                            args=[self.ttl_ms, session_id,
+                                                  "" if reward is None else repr(reward)])  # fmt: skip
+        self._refuse(session_id, "session_id", int(answer[0]))
+        calls = [CallRecord.from_dict(json.loads(raw)) for raw in answer[2:]]
+        if len(segments_of(calls)) > 1:
+            await self._redis.hincrby(self._stats, "segmented", 1)
+        stored = answer[1].decode() if isinstance(answer[1], bytes) else answer[1]
+        return session_episode(session_id, calls, float(stored) if stored else None)
+
+    async def sweep(self) -> int:
+        """Drop the sessions past their deadline that never ended, counting them ``expired``."""
+        return int(await self._scripts["sweep"](
+            keys=[self._index, self._stats],
+            args=[f"{self._prefix}:session:", f"{self._prefix}:session_calls:", SWEEP_LIMIT],
+        ))  # fmt: skip
+
+    async def stats(self) -> dict[str, int]:
+        """The counters, and how many sessions are open now."""
+        await self.sweep()
+        raw = await self._redis.hgetall(self._stats)
+        counts = {k.decode(): int(v) for k, v in raw.items()}
+        names = ("started", "ended", "expired", "segmented", "calls")
+        return {**{name: counts.get(name, 0) for name in names},
+                "open": int(await self._redis.zcard(self._index))}  # fmt: skip
+
+    def _refuse(self, session_id: str, param: str, code: int) -> None:
+        if code == -1:
+            raise UnknownSession(f"{param} {session_id!r} is not an open session of this "
+                                 "gateway (never started here, or expired)", param)  # fmt: skip
+        if code == -2:
+            raise EndedSession(f"{param} {session_id!r} has ended", param)
+        if code == -3:
+            raise EndedSession(f"{param} {session_id!r} holds {self.max_calls} calls, the most "
+                               "one session records", param)  # fmt: skip
+
+
+def check_reward(value: object, param: str = "reward") -> float:
+    """A finite number (a bool is not a reward)."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value):
+        raise BadSessionField(f"{param} must be a finite number, got {value!r:.80}", param)
+    return float(value)

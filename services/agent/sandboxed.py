@@ -1,6 +1,6 @@
-"""Run tool calls in the reward service's sandbox: one confined child process per call.
+"""Run tool calls in the platform's sandbox: one confined child process per call.
 
-Why reuse it: ``rlfleet.reward.sandbox.run_program`` already runs a Python program in a child
+Why reuse it: ``rlfleet.common.sandbox.run_program`` already runs a Python program in a child
 that confines itself before user code runs (rlimits on CPU, memory, file size and processes,
 no network where the kernel allows, an audit hook against writes outside its directory and
 new processes) and is killed at its wall clock. A tool call becomes such a program: it imports

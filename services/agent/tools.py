@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,10 +55,15 @@ class Tool:
 
 
 def load_object(path: str) -> Any:
-    """The object an import path ``module:attr`` (attr may be dotted) names; ValueError if none."""
+    """The object an import path ``module:attr`` (attr may be dotted) names; ValueError if none.
+
+    Modules resolve from the working directory too (as uvicorn's ``module:app`` does), so a
+    user's ``my_env.py`` next to their config works without being installed."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{path!r} is not an import path of the form module:attr")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         target = importlib.import_module(module_name)
         for part in attr.split("."):

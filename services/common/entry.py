@@ -36,6 +36,11 @@ def base_parser(role: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
+CHATTY_LIBRARIES = ("asyncio", "filelock", "grpc", "httpcore", "httpx", "matplotlib", "PIL")
+"""Kept at INFO under DEBUG: their own debug output (matplotlib's font search alone is ~150
+lines in the trainer, grpc's a few per channel) would bury rlfleet's per-step lines."""
+
+
 def setup_logging(level: str, role: str) -> None:
     """Configure the root logger; an unknown level name raises ValueError (never a default)."""
     logging.basicConfig(
@@ -44,6 +49,9 @@ def setup_logging(level: str, role: str) -> None:
         stream=sys.stderr,
         force=True,
     )
+    if logging.getLogger().isEnabledFor(logging.DEBUG):
+        for name in CHATTY_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.INFO)
 
 
 def quiet_libraries(level: str) -> None:

@@ -105,7 +105,7 @@ def start_workers(config: RlfleetConfig, keys: Keys, on_crash: Callable[[], None
                       connect(config.redis_url, lanes * REDIS_PER_LANE + 4))  # fmt: skip
     for index in range(agent.workers):
         client = RolloutClient(config.endpoints.router, config.api_key, config.max_message_mb)
-        runner = EpisodeRunner(make_env, renderer, client, agent)
+        runner = EpisodeRunner(make_env, renderer, client, agent, config.api_key)
         workers.clients.append(client)
         for lane in range(agent.concurrency):
             name = consumer_name("env", index, lane)

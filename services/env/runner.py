@@ -21,8 +21,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from rlfleet.agent.adapters import load_env_factory
+from rlfleet.agent.adapters import is_gateway_env, load_env_factory
 from rlfleet.agent.adapters.verl_tools import load_toolbox
+from rlfleet.agent.adapters.workflow import GatewayRun
 from rlfleet.agent.env import BUILTIN_ENVS
 from rlfleet.agent.episode import Episode
 from rlfleet.agent.invoke import invoke
@@ -75,9 +76,10 @@ class EpisodeRunner:
 
     def __init__(
         self, make_env: Callable[[], Any], renderer: ChatRenderer, client: RolloutClient,
-        agent: AgentConfig,
+        agent: AgentConfig, api_key: str | None = None,
     ) -> None:  # fmt: skip
         self.make_env, self.renderer, self.client, self.agent = make_env, renderer, client, agent
+        self.api_key = api_key  # what a gateway-driven environment sends the gateway
         self.played = self.failed = 0
 
     async def play(self, queued: QueuedEpisode, restarts: int = 0) -> EpisodeOutcome:
@@ -107,6 +109,8 @@ class EpisodeRunner:
     async def _run(self, queued: QueuedEpisode, replicas: ReplicaLog) -> Episode:
         job, settings = queued.job, queued.settings
         env = await invoke(self.make_env, timeout_s=self.agent.step_timeout_s)
+        if is_gateway_env(env):  # a workflow or verifiers env: it samples through the gateway
+            return await env.play(job.task, self._gateway_run(queued))
         generate = RouterTurnGenerator(replicas, min_weight_version=job.min_weight_version)  # type: ignore[arg-type]
         try:
             return await run_episode(
@@ -116,6 +120,13 @@ class EpisodeRunner:
             )  # fmt: skip
         finally:
             await self._close(env)
+
+    def _gateway_run(self, queued: QueuedEpisode) -> GatewayRun:
+        if not self.agent.gateway_url:
+            raise ValueError(f"agent.env {self.agent.env!r} samples through the router's OpenAI "
+                             "gateway: set agent.gateway_url (rlfleet up sets it)")  # fmt: skip
+        return GatewayRun(self.agent.gateway_url, self.api_key, queued.job.episode_id,
+                          queued.settings.sampling, queued.settings.max_turns)  # fmt: skip
 
     async def _close(self, env: Any) -> None:
         """``env.close()`` when it has one (OpenEnv clients, sandboxes); its failure is logged."""

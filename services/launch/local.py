@@ -63,7 +63,9 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
     if config.needs_refcritic:
         children.append(child("refcritic", "refcritic", f"refcritic.port={ports['refcritic']}"))
     if config.agent.env:  # agent mode: episodes run in the env role, apart from the trainer
-        children.append(child("env", "env", f"agent.port={ports['env']}"))
+        gateway = [] if config.agent.gateway_url else [  # workflows' and verifiers' OpenAI base
+            f"agent.gateway_url=http://127.0.0.1:{http_port}/v1"]  # fmt: skip
+        children.append(child("env", "env", f"agent.port={ports['env']}", *gateway))
     if not args.no_trainer:
         children.append(
             child(

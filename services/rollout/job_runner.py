@@ -82,7 +82,7 @@ class JobRunner:
             result = await self.generate(request, key)
         except asyncio.CancelledError:
             if self._inflight.was_aborted(key):  # its callers gave up: dropped unanswered
-                log.debug("request %s aborted: its callers gave up", job.request_id)
+                log.info("request %s aborted: its callers gave up", job.request_id)
                 await with_retries(job.request_id, lambda: self.queue.discard(job))
             else:
                 self._requeue(job)  # an update (or shutdown) cancelled it: still unacked

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import FailedPrecondition
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.dynamic_sampling import fill_batch
@@ -142,9 +143,14 @@ class Collector:
             batch.add_episode_group(record, group_id, results[group_id * n : (group_id + 1) * n])
         batch.texts = self._decode(batch.responses)  # the transcript after the prompt
         batch.agent_metrics = episode_metrics(results)
-        failed = sum(1 for r in results if r.error)
+        failed = [r for r in results if r.error]
         if failed:
-            log.warning("%d of %d episodes failed (trained with reward 0)", failed, len(results))
+            log.warning("%d of %d episodes failed (reward 0; those with no sampled token are "
+                        "left out): %s", len(failed), len(results), failed[0].error)  # fmt: skip
+        if not len(batch):
+            raise FailedPrecondition(
+                f"every episode of {prefix} failed before sampling a token: {failed[0].error}"
+            )
         return batch
 
     @property

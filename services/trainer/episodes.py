@@ -36,11 +36,13 @@ class EpisodeSource(Protocol):
 
 
 def task_of(record: PromptRecord) -> dict[str, Any]:
-    """The dataset row an environment's ``reset`` gets (verl's schema)."""
+    """The dataset row an environment's ``reset`` gets, in verl's schema (``prompt``,
+    ``data_source``, ``reward_model.ground_truth``, ``extra_info``), as users' environments
+    (TRL's ``reset(**row)``, verifiers, skyrl-gym) read it."""
     return {
         "prompt": record.prompt,
         "data_source": record.data_source,
-        "ground_truth": record.ground_truth,
+        "reward_model": {"ground_truth": record.ground_truth},
         "extra_info": record.extra_info,
     }
 

@@ -110,7 +110,11 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
             config.endpoints.router, key, mb, config.trainer.weight_shared_memory
         ),  # fmt: skip
         env=EnvClient(
-            config.agent.address, api_key=key, timeout_s=config.agent.request_timeout_s,
+            config.agent.address,
+            api_key=key,
+            timeout_s=config.agent.request_timeout_s,
             max_message_mb=mb,
-        ) if config.agent.env else None,  # fmt: skip
+        )
+        if config.agent.env
+        else None,  # fmt: skip
     )

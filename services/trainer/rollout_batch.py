@@ -48,6 +48,9 @@ class RolloutBatch:
     response token is sampled)."""
     token_versions: list[list[int]] = field(default_factory=list)
     """Agent mode: the weight version of every response token (-1 where the mask is 0)."""
+    empty_episodes: int = 0
+    """Agent mode: episodes left out because the policy sampled nothing in them (an
+    environment that failed before the first turn); counted in ``agent/failed``."""
     agent_metrics: dict[str, float] = field(default_factory=dict)
     """Agent mode: ``agent/*`` metrics of the batch's episodes (turns, tool calls, ends)."""
 
@@ -72,6 +75,9 @@ class RolloutBatch:
         the episode's response mask, its version the oldest sampled token's."""
         for result in results:
             episode = result.episode
+            if not episode.num_sampled:  # failed before its first turn: nothing to train
+                self.empty_episodes += 1
+                continue
             self.records.append(record)
             self.prompts.append(list(episode.prompt_ids))
             self.responses.append(list(episode.response_ids))

@@ -18,21 +18,24 @@ from procs import ROOT
 
 
 def run_up(
-    run_dir: Path, backend: str, steps: int = 3, extra: list[str] | None = None
-) -> subprocess.CompletedProcess:
-    argv = up_argv(run_dir, backend, steps, extra)
+    run_dir: Path, backend: str, steps: int = 3, extra: list[str] | None = None,
+    config: str = "default.yaml",
+) -> subprocess.CompletedProcess:  # fmt: skip
+    argv = up_argv(run_dir, backend, steps, extra, config)
     env = {k: v for k, v in os.environ.items() if k != "RLFLEET_REDIS_URL"}
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-def up_argv(run_dir: Path, backend: str, steps: int, extra: list[str] | None) -> list[str]:
+def up_argv(
+    run_dir: Path, backend: str, steps: int, extra: list[str] | None, config: str = "default.yaml"
+) -> list[str]:
     return [
         sys.executable,
         "-m",
         "rlfleet.cli",
         "up",
         "--config",
-        str(ROOT / "configs" / "default.yaml"),
+        str(ROOT / "configs" / config),
         "--rollout-replicas",
         "2",
         f"run_dir={run_dir}",

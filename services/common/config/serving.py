@@ -189,7 +189,8 @@ class SandboxLimits(Section):
 
     timeout_s: float = 10.0
     """Wall clock of one call (one item, or one batch-form call) or one program run; past it
-    the child's whole process group is killed (a pool worker is then replaced)."""
+    every process of the call is killed (its pid namespace, or its process group where no
+    namespaces are available; a pool worker is then replaced)."""
     cpu_s: float = 10.0
     """CPU seconds per call or run (RLIMIT_CPU; SIGXCPU ends the child)."""
     memory_mb: int = 2048
@@ -197,8 +198,9 @@ class SandboxLimits(Section):
     file_size_mb: int = 16
     """Largest file the child may write (RLIMIT_FSIZE)."""
     processes: int = 256
-    """RLIMIT_NPROC (binds only for a non-root user; as root, process creation is refused by
-    the audit hook and the process group is killed after every run)."""
+    """Processes one call may have: a pids cgroup per call where the service can create one
+    (binds root too), else RLIMIT_NPROC (binds only a non-root user); every process of the
+    call is killed when it returns."""
     workers: int = 2
     """Sandboxed user-function processes per reward process, and concurrent ``code`` runs."""
     output_kb: int = 1024

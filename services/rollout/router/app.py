@@ -25,6 +25,8 @@ from rlfleet.rollout.router.core import RouterCore
 from rlfleet.rollout.router.server import registrations
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from rlfleet.rollout.router.openai_api import Policy
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ async def serve(config: RlfleetConfig, port: int) -> None:
     await server.start()
     core.start()
     try:
-        async with http_front(core, config) as http_url:
+        async with http_front(core, config, redis) as http_url:
             log.info("router ready on %s:%d (cluster %s)%s", config.router.host, server.port,
                      config.cluster, f", HTTP at {http_url}" if http_url else "")  # fmt: skip
             await stop.wait()
@@ -61,18 +63,24 @@ async def serve(config: RlfleetConfig, port: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def http_front(core: RouterCore, config: RlfleetConfig) -> AsyncIterator[str | None]:
+async def http_front(
+    core: RouterCore, config: RlfleetConfig, redis: Redis | None = None
+) -> AsyncIterator[str | None]:
     """The HTTP server (OpenAI API + /metrics, or /metrics alone) while the block runs; the
-    block gets its URL (None: no HTTP server), which the ready line names."""
+    block gets its URL (None: no HTTP server), which the ready line names. With ``redis`` the
+    OpenAI API is also the agent gateway (sessions in that Redis: ``sessions.py``)."""
     from rlfleet.common.http_server import make_http_server
     from rlfleet.rollout.router import http
+    from rlfleet.rollout.router.sessions import SessionStore
 
     cfg = config.router
     if cfg.http_port is None and cfg.metrics_port is None:
         yield None
         return
     if cfg.http_port is not None:
-        app, port = http.create_app(core, load_policy(config), config.api_key), cfg.http_port
+        sessions = None if redis is None else SessionStore.for_config(redis, config)
+        app = http.create_app(core, load_policy(config), config.api_key, sessions)
+        port = cfg.http_port
     else:
         app, port = http.metrics_app(core), cfg.metrics_port
     server = make_http_server(app, cfg.host, port or _free_port())

@@ -10,7 +10,9 @@ When the fleet has an API key, every route but ``/healthz`` and ``/metrics`` nee
 ``Authorization: Bearer <key>`` (what the ``openai`` client sends).
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
-``GET /metrics``, ``GET /healthz``.
+``GET /metrics``, ``GET /healthz``; with a session store, the agent gateway's ``/rl/*``
+(``gateway.py``: sessions that record their calls) and its chat extensions (``gateway_api``:
+``tools`` -> ``tool_calls``, ``return_token_ids``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
 from rlfleet.common import errors
+from rlfleet.rollout.router import gateway_api as gw
 from rlfleet.rollout.router import openai_api as oai
 from rlfleet.rollout.router.core import RouterCore
+from rlfleet.rollout.router.gateway import Recorder, add_session_routes
+from rlfleet.rollout.router.sessions import SessionStore
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaState
 
 log = logging.getLogger(__name__)
@@ -49,34 +54,52 @@ ERRORS: list[tuple[type[BaseException], int, str]] = [
 PARAM_NAMES = {"prompt_text": "prompt", "prompt_token_ids": "prompt", "session_id": "user"}
 
 
-def create_app(core: RouterCore, policy: oai.Policy, api_key: str | None = None) -> FastAPI:
-    """The FastAPI app over ``core``; ``api_key`` None leaves it open (loopback use)."""
+def create_app(
+    core: RouterCore, policy: oai.Policy, api_key: str | None = None,
+    sessions: SessionStore | None = None,
+) -> FastAPI:  # fmt: skip
+    """The FastAPI app over ``core``; ``api_key`` None leaves it open (loopback use);
+    ``sessions`` None serves no ``/rl/*`` routes and records nothing."""
     app = FastAPI(title="rlfleet router", version="1")
     auth = [Depends(_auth_checker(api_key))]
+    recorder = Recorder(sessions) if sessions is not None else None
 
     @app.get("/v1/models", dependencies=auth)
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [await _model_card(core, policy)]}
 
     @app.post("/v1/completions", dependencies=auth)
-    async def completions(body: oai.CompletionBody, session: SessionHeader = None) -> Any:
-        _check_model(body.model, policy)
-        sampling, session = oai.completion_sampling(body), oai.session_of(body, session)
-        results = await _generate(core, oai.requests_for(oai.prompts_of(body), sampling, body,
-                                                         session))  # fmt: skip
-        choices = oai.completion_choices(results, policy.tokenizer, body.logprobs is not None)
+    async def completions(body: oai.CompletionBody, header: SessionHeader = None) -> Any:
+        session, prompts = oai.session_of(body, header), oai.prompts_of(body)
+        param = await _before(recorder, session, header, len(prompts) * (body.n or 1))
+        if param is None:
+            _check_model(body.model, policy)
+        sampling = oai.completion_sampling(body, need_logprobs=param is not None)
+        results = await _generate(core, oai.requests_for(prompts, sampling, body, session))
+        await _after(recorder, session, param, gw.choices_of(results, None, tools_on=False))
+        choices = oai.completion_choices(results, policy.tokenizer, body.logprobs is not None,
+                                         gw.wants_token_ids(body))  # fmt: skip
         return _answer("text_completion", policy, choices, results, body)
 
     @app.post("/v1/chat/completions", dependencies=auth)
-    async def chat(body: oai.ChatBody, session: SessionHeader = None) -> Any:
-        _check_model(body.model, policy)
-        prompt = _chat_prompt(policy, oai.chat_messages(body))
-        sampling = oai.chat_sampling(body, len(prompt), policy.max_model_len)
-        requests = oai.requests_for([prompt], sampling, body, oai.session_of(body, session))
-        results = await _generate(core, requests)
-        choices = oai.chat_choices(results, policy.tokenizer, body.logprobs)
-        return _answer("chat.completion", policy, choices, results, body)
+    async def chat(body: oai.ChatBody, header: SessionHeader = None) -> Any:
+        session, tools = oai.session_of(body, header), gw.tools_of(body)
+        param = await _before(recorder, session, header, body.n or 1)
+        if param is None:  # a session's agent may name any model: the fleet serves one
+            _check_model(body.model, policy)
+        token_ids = gw.wants_token_ids(body)
+        prompt = _chat_prompt(policy, oai.chat_messages(body), tools)
+        sampling = oai.chat_sampling(body, len(prompt), policy.max_model_len,
+                                     need_logprobs=token_ids or param is not None)  # fmt: skip
+        results = await _generate(core, oai.requests_for([prompt], sampling, body, session))
+        chosen = gw.choices_of(results, policy.tokenizer, tools is not None)
+        await _after(recorder, session, param, chosen)
+        choices = gw.chat_choice_bodies(chosen, policy.tokenizer, body.logprobs, token_ids)
+        extra = gw.response_token_fields(results) if token_ids else {}
+        return _answer("chat.completion", policy, choices, results, body, extra)
 
+    if sessions is not None:
+        add_session_routes(app, sessions, auth)
     add_service_routes(app, core)
     app.add_exception_handler(RequestValidationError, _validation_response)
     app.add_exception_handler(HTTPException, _http_error_response)
@@ -111,12 +134,27 @@ async def _generate(core: RouterCore, requests: list[GenerateRequest]) -> list[G
     return await core.generate_batch(requests)
 
 
+async def _before(recorder: Recorder | None, session: str, header: str | None,
+                  samples: int) -> str | None:  # fmt: skip
+    """The field naming a recorded session (None: the call is not recorded)."""
+    if recorder is None:
+        return None
+    return await recorder.before(session, header is not None, samples)
+
+
+async def _after(recorder: Recorder | None, session: str, param: str | None,
+                 chosen: list[gw.Choice]) -> None:  # fmt: skip
+    if recorder is not None:
+        await recorder.after(session, param, [choice.record() for choice in chosen])
+
+
 def _answer(
-    kind: str, policy: oai.Policy, choices: list, results: list[GenerateResult], body: oai.Body
-) -> Any:
+    kind: str, policy: oai.Policy, choices: list, results: list[GenerateResult], body: oai.Body,
+    extra: dict[str, Any] | None = None,
+) -> Any:  # fmt: skip
     """The response body, or its server-sent-event stream when ``stream`` asked for one."""
     head = oai.envelope(kind, policy.name, results)
-    response = {**head, "choices": choices, "usage": oai.usage(results)}
+    response = {**head, **(extra or {}), "choices": choices, "usage": oai.usage(results)}
     if not body.stream:
         return response
     include_usage = bool((body.stream_options or {}).get("include_usage"))
@@ -130,15 +168,16 @@ async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-def _chat_prompt(policy: oai.Policy, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the messages through the tokenizer's chat template (clear 400 if none)."""
+def _chat_prompt(
+    policy: oai.Policy, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+) -> list[int]:
+    """Token ids of the messages (and tools) through the tokenizer's chat template (clear 400
+    if there is none)."""
     tokenizer = policy.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise oai.BadField("messages", f"the policy's tokenizer ({policy.path}) has no chat "
                            "template; use /v1/completions with a prompt string instead")  # fmt: skip
-    from rlfleet.model.model_io import encode_prompt
-
-    return encode_prompt(tokenizer, messages)
+    return gw.chat_prompt_ids(tokenizer, messages, tools)
 
 
 async def _model_card(core: RouterCore, policy: oai.Policy) -> dict[str, Any]:
@@ -175,6 +214,7 @@ async def _error_response(request: Request, exc: Exception) -> JSONResponse:
     status, kind = next(((s, k) for t, s, k in ERRORS if isinstance(exc, t)), (500, "server_error"))
     field, message = getattr(exc, "field", None), str(exc)
     param = PARAM_NAMES.get(field, field.removeprefix("sampling.")) if field else None
+    param = getattr(exc, "param", None) or param  # a gateway session error names its field
     if field and message.startswith(field):  # the body's name for it, not the proto's
         message = param + message[len(field) :]
     log.warning("HTTP %s %s -> %d: %s", request.method, request.url.path, status, message)

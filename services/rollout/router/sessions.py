@@ -27,8 +27,9 @@ import uuid
 from redis.asyncio import Redis
 
 from rlfleet.common import errors
+from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.keys import Keys
-from rlfleet.rollout.router.trajectory import CallRecord, session_episode, segments_of
+from rlfleet.rollout.router.trajectory import CallRecord, segments_of, session_episode
 
 SESSION_PREFIX = "rls-"
 SESSION_ID = re.compile(r"^rls-[0-9a-f]{32}$")
@@ -36,7 +37,9 @@ MAX_CALLS = 1024
 SWEEP_LIMIT = 256
 OPEN, ENDED = "open", "ended"
 _NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
-_START = _NOW_MS + """
+_START = (
+    _NOW_MS
+    + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'open')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
@@ -44,12 +47,16 @@ redis.call('ZADD', KEYS[2], now + tonumber(ARGV[1]), ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'started', 1)
 return 1
 """
+)
 _TOUCH = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -1 end
 if state ~= 'open' then return -2 end
 """
-_RECORD = _NOW_MS + _TOUCH + """
+_RECORD = (
+    _NOW_MS
+    + _TOUCH
+    + """
 local n = redis.call('LLEN', KEYS[2])
 local new = #ARGV - 3
 if n + new > tonumber(ARGV[3]) then return -3 end
@@ -60,13 +67,18 @@ redis.call('ZADD', KEYS[3], now + tonumber(ARGV[1]), ARGV[2])
 redis.call('HINCRBY', KEYS[4], 'calls', new)
 return n + new
 """
-_REWARD = _NOW_MS + _TOUCH + """
+)
+_REWARD = (
+    _NOW_MS
+    + _TOUCH
+    + """
 redis.call('HSET', KEYS[1], 'reward', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[1]), ARGV[2])
 return 1
 """
+)
 _END = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {-1} end
@@ -83,7 +95,9 @@ local answer = {1, reward}
 for _, call in ipairs(calls) do table.insert(answer, call) end
 return answer
 """
-_SWEEP = _NOW_MS + """
+_SWEEP = (
+    _NOW_MS
+    + """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, id in ipairs(ids) do
   if redis.call('HGET', ARGV[1] .. id, 'state') ~= 'ended' then
@@ -94,6 +108,7 @@ for _, id in ipairs(ids) do
 end
 return #ids
 """
+)
 
 
 class SessionError(errors.RlfleetError):
@@ -138,6 +153,11 @@ class SessionStore:
         self._scripts = {name: redis.register_script(source) for name, source in (
             ("start", _START), ("record", _RECORD), ("reward", _REWARD), ("end", _END),
             ("sweep", _SWEEP))}  # fmt: skip
+
+    @classmethod
+    def for_config(cls, redis: Redis, config: RlfleetConfig) -> SessionStore:
+        """The store of ``config``'s cluster, sessions living ``agent.gateway_session_ttl_s``."""
+        return cls(redis, Keys(config.cluster), config.agent.gateway_session_ttl_s)
 
     def _keys(self, session_id: str) -> list[str]:
         return [f"{self._prefix}:session:{session_id}", f"{self._prefix}:session_calls:{session_id}",

@@ -40,13 +40,14 @@ class CallRecord:
 
     @classmethod
     def of(cls, result: GenerateResult, completion: Completion, **parsed: Any) -> CallRecord:
-        """The record of one choice; per-token versions when the engine reports them."""
+        """The record of one choice (``parsed``: the gateway's finish reason, tool-call counts
+        and message); per-token versions when the engine reports them."""
         versions = getattr(completion, "weight_versions", None) or (
             [result.weight_version] * len(completion.token_ids)
         )
+        parsed.setdefault("finish_reason", completion.finish_reason)
         return cls(list(result.prompt_token_ids), list(completion.token_ids),
-                   [float(x) for x in completion.logprobs], list(versions),
-                   completion.finish_reason, **parsed)  # fmt: skip
+                   [float(x) for x in completion.logprobs], list(versions), **parsed)  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

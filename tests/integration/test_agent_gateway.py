@@ -146,7 +146,6 @@ def test_a_session_records_the_sampled_tokens_across_routers(fleet: Fleet) -> No
     seen = play_calc(fleet.a, session)  # started through B, sampled through A
     assert rl(fleet.b, "set_reward", {"session_id": session, "reward": 0.5}, KEY).status_code == 200
     episode = rl(fleet.b, "end_session", {"session_id": session}, KEY).json()
-    print("\nDEBUG", [a.choices[0].message for a in seen], episode["token_native"], episode["num_segments"])
     assert episode["num_calls"] == len(seen) and episode["reward"] == 0.5
     segments = episode["segments"]
     choices = [answer.choices[0] for answer in seen]
@@ -230,7 +229,6 @@ async def test_an_openai_agent_workflow_trains_its_sampled_tokens(fleet: Fleet) 
     runner = runner_for(fleet, "examples.agents.openai_agent:run")
     outcome, episode = await play(runner)
     assert not outcome.error and not episode.failed, outcome.error
-    print("\nDEBUGWF", episode.num_turns, episode.reward, episode.messages)
     assert episode.num_turns >= 1 and episode.reward_parts["finished"] in (0.0, 1.0)
     assert len(episode.sampled_ids()) == episode.num_sampled > 0
     assert episode.oldest_version == 0
@@ -271,7 +269,6 @@ async def test_a_verifiers_environment_runs_unchanged_through_the_gateway(
                         {"kind": kind, "max_turns": 3})  # fmt: skip
     outcome, episode = await play(runner, {"question": "12+34+56=", "answer": "102"})
     assert not outcome.error, outcome.error
-    print("\nDEBUGVF", kind, episode.num_turns, episode.reward, episode.reward_parts, episode.messages)
     assert 1 <= episode.num_turns <= (1 if kind == "single" else 3)
     assert episode.reward in (0.0, 1.0) and "exact_answer" in episode.reward_parts
     assert episode.reward == episode.reward_parts["exact_answer"]

@@ -1,0 +1,116 @@
+"""Agent workflows (``async def run(data, *, base_url, api_key, session_id)``): recognised by
+their signature, their return made a reward, and a gateway session's record made the Episode
+the trainer trains (its sampled tokens exactly the recorded ones). The end-to-end path, with a
+real router and an ``openai``-client agent, is tests/integration/test_agent_gateway.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlfleet.agent.adapters import FUNCTION_ADAPTERS, is_gateway_env, load_env_factory
+from rlfleet.agent.adapters.workflow import (
+    GatewaySessions,
+    WorkflowEnv,
+    WorkflowError,
+    episode_of,
+    is_workflow,
+    reward_of,
+)
+from rlfleet.agent.episode import NO_VERSION
+from rlfleet.rollout.router.trajectory import CallRecord, session_episode
+
+
+async def run(data, *, base_url, api_key, session_id):
+    return 1.0
+
+
+async def with_options(data, *, base_url, api_key, session_id, tries: int = 2):
+    return {"reward": 1.0}
+
+
+async def positional(data, base_url, api_key, session_id):
+    return 1.0
+
+
+def plain(data, *, base_url, api_key, session_id):
+    return 1.0
+
+
+async def no_session(data, *, base_url, api_key):
+    return 1.0
+
+
+def test_workflows_are_recognised_by_their_signature() -> None:
+    assert is_workflow(run) and is_workflow(with_options)
+    for other in (positional, plain, no_session, WorkflowEnv, 3):
+        assert not is_workflow(other)
+    assert FUNCTION_ADAPTERS[0][0] is is_workflow  # before the factory rule: never called bare
+
+
+def test_agent_env_naming_a_workflow_plays_through_the_gateway() -> None:
+    made = load_env_factory("examples.agents.openai_agent:run", {"max_turns": 3})()
+    assert isinstance(made, WorkflowEnv) and is_gateway_env(made)
+    assert made.kwargs == {"max_turns": 3}
+
+
+def test_reward_from_a_number_a_dict_or_the_session() -> None:
+    assert reward_of(1, None) == (1.0, {})
+    assert reward_of({"reward": 0.5, "format": 1, "length": 0.25}, None) == (
+        0.5, {"format": 1.0, "length": 0.25})  # fmt: skip
+    assert reward_of({"reward": 1.0, "reward_parts": {"a": 2}}, None) == (1.0, {"a": 2.0})
+    assert reward_of(None, 0.75) == (0.75, {})
+
+
+@pytest.mark.parametrize(
+    ("outcome", "recorded", "says"),
+    [(None, None, "set no reward"), (math.nan, None, "finite"), (True, None, "finite"),
+     ("1.0", None, "finite"), ({"score": 1.0}, None, "'reward'"),
+     ({"reward": 1.0, "note": "text"}, None, "note"), ({"reward": 1, "reward_parts": [1]},
+                                                        None, "reward_parts")],
+)  # fmt: skip
+def test_a_return_that_is_no_reward_is_a_clear_error(outcome, recorded, says) -> None:
+    with pytest.raises(WorkflowError, match=says):
+        reward_of(outcome, recorded)
+
+
+def call(prompt: list[int], sampled: list[int], version: int = 3) -> CallRecord:
+    return CallRecord(prompt, sampled, [-0.5] * len(sampled), [version] * len(sampled),
+                      tool_calls=1, message={"role": "assistant", "content": "x"})  # fmt: skip
+
+
+def test_a_token_native_session_is_one_episode_of_exactly_the_sampled_tokens() -> None:
+    first = call([1, 2, 3], [7, 8, 2])
+    second = call([1, 2, 3, 7, 8, 2, 9, 9], [5, 2], version=4)  # the tool reply 9 9 between
+    record = session_episode("rls-x", [first, second], None)
+    episode = episode_of("ep-1", record, {"reward": 1.0, "right": 1.0})
+    assert record["token_native"] and episode.prompt_ids == [1, 2, 3]
+    assert episode.response_ids == [7, 8, 2, 9, 9, 5, 2]
+    assert episode.response_mask == [1, 1, 1, 0, 0, 1, 1]
+    assert episode.sampled_ids() == first.token_ids + second.token_ids
+    assert episode.response_versions == [3, 3, 3, NO_VERSION, NO_VERSION, 4, 4]
+    assert (episode.num_turns, episode.tool_calls, episode.reward) == (2, 2, 1.0)
+    assert episode.reward_parts == {"right": 1.0} and len(episode.messages) == 2
+    assert episode.oldest_version == 3
+
+
+def test_a_rewritten_history_trains_the_last_segment() -> None:
+    calls = [call([1, 2], [7, 2]), call([1, 2, 9, 9], [5, 2]), call([1, 2, 9, 9, 5, 2, 4], [6])]
+    record = session_episode("rls-x", calls, 0.5)
+    assert not record["token_native"] and record["num_segments"] == 2
+    episode = episode_of("ep-2", record, None)  # the reward set through /rl/set_reward
+    assert episode.prompt_ids == [1, 2, 9, 9] and episode.sampled_ids() == [5, 2, 6]
+    assert episode.reward == 0.5 and episode.num_turns == 2
+
+
+def test_a_session_without_calls_is_no_episode() -> None:
+    with pytest.raises(WorkflowError, match="no generation call"):
+        episode_of("ep-3", session_episode("rls-x", [], None), 1.0)
+
+
+def test_the_session_routes_sit_beside_the_openai_base() -> None:
+    sessions = GatewaySessions("http://127.0.0.1:9/v1/", "key")
+    assert str(sessions._http.base_url).rstrip("/") == "http://127.0.0.1:9"
+    assert sessions._http.headers["Authorization"] == "Bearer key"

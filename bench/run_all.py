@@ -26,7 +26,7 @@ import common
 BENCHES = {
     "engines": "bench_engines", "queue": "bench_queue", "weights": "bench_weights",
     "reward_throughput": "bench_reward_throughput", "router": "bench_router",
-    "ddp": "bench_ddp", "actor_update": "bench_actor_update",
+    "ddp": "bench_ddp", "actor_update": "bench_actor_update", "agent": "bench_agent",
 }  # fmt: skip
 
 

@@ -53,6 +53,11 @@ fi
 # openenv-core (the `agents` extra's OpenEnv adapter) without its dependencies: it lists gradio,
 # used only by its web UI, and gradio would downgrade pillow; what it imports is in the extra.
 "${PIP[@]}" --no-deps openenv-core==0.3.0
+# verifiers 0.3.1 (the `agents` extra's verifiers adapter: `import verifiers as vf`) and the two
+# packages its classic API imports, without their dependencies: verifiers lists mcp<2 and
+# openai-agents websockets<17, which would downgrade fastmcp's mcp 2.x and websockets 17;
+# what they import besides is in the extra (aiolimiter, prime-sandboxes, ...).
+"${PIP[@]}" --no-deps verifiers==0.3.1 openai-agents==0.24.0 renderers==0.1.12
 "${PIP[@]}" -e ".[dev,loggers,ray,agents]"
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"

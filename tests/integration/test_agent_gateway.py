@@ -231,7 +231,7 @@ async def test_an_openai_agent_workflow_trains_its_sampled_tokens(fleet: Fleet) 
     assert not outcome.error and not episode.failed, outcome.error
     assert episode.num_turns >= 1 and episode.reward_parts["finished"] in (0.0, 1.0)
     assert len(episode.sampled_ids()) == episode.num_sampled > 0
-    assert episode.oldest_version == 0
+    assert episode.oldest_version == 0 and episode.generate_s > 0
     assert len(episode.response_ids) == len(episode.response_mask) == len(episode.response_versions)
 
 

@@ -100,3 +100,18 @@ def test_the_rubric_output_is_the_reward_and_an_error_fails_the_episode() -> Non
     failed = {"reward": 0.0, "error": {"error": "ModelError", "error_chain_repr": "ModelError()"}}
     with pytest.raises(WorkflowError, match="ModelError"):
         outcome_of(failed)
+
+
+def test_building_an_environment_keeps_the_workers_signal_handlers() -> None:
+    """verifiers installs SIGTERM/SIGINT handlers that exit; the env worker's stay in place."""
+    import signal
+
+    def mine(signum, frame) -> None:
+        return None
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        env_factory(load_environment, {})
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -25,7 +25,9 @@ dataset formatting does), ``answer`` (else ``reward_model.ground_truth``) and ``
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -57,18 +59,33 @@ def is_load_environment(target: object) -> bool:
 
 def from_class(cls: type, kwargs: dict[str, Any]) -> Callable[[], VerifiersEnv]:
     """One environment built now, shared by the episodes of this worker."""
-    shared = VerifiersEnv(cls(**kwargs))
+    shared = VerifiersEnv(keeping_signals(lambda: cls(**kwargs)))
     return lambda: shared
 
 
 def from_load_environment(load: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[[], Any]:
     """``load_environment(**env_kwargs)`` called once; ValueError when it is not verifiers'."""
-    env = load(**kwargs)
+    env = keeping_signals(lambda: load(**kwargs))
     if not is_verifiers_env(type(env)):
         raise ValueError(f"load_environment returned a {type(env).__name__}, not a verifiers "
                          "Environment (vf.SingleTurnEnv, vf.ToolEnv, vf.MultiTurnEnv, ...)")  # fmt: skip
     shared = VerifiersEnv(env)
     return lambda: shared
+
+
+def keeping_signals(build: Callable[[], Any]) -> Any:
+    """``build()`` with the process's SIGINT/SIGTERM handlers put back afterwards: a verifiers
+    ``Environment`` installs its own (teardown, then exit 143), which would replace the env
+    worker's graceful stop (finish or hand back the episodes in flight)."""
+    if threading.current_thread() is not threading.main_thread():
+        return build()
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return build()
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 class VerifiersEnv:

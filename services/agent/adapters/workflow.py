@@ -19,6 +19,8 @@ workflow's return (a number, or a dict with ``reward`` and the reward parts: a
 nothing through its session is a counted failed episode. A session whose calls did not extend
 one another (``token_native`` false: the agent rewrote its history) trains its last segment,
 the conversation that reached the reward; the earlier calls are dropped with a warning.
+The episode's ``generate_s`` is the router's time for its calls, ``env_s`` the rest of its
+wall time (the agent's own work and its tools).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,8 @@ from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
+for _chatty in ("httpx", "httpx2"):  # a line per agent call at INFO would drown the worker's log
+    logging.getLogger(_chatty).setLevel(logging.WARNING)
 
 SESSION_CALL_TIMEOUT_S = 30.0
 Workflow = Callable[..., Awaitable[Any]]
@@ -123,7 +128,7 @@ async def play_in_session(
 ) -> Episode:
     """Start a session, ``drive`` it, end it whatever happened, and the episode it recorded
     (a failed one when ``drive`` raised or broke the convention)."""
-    sessions = GatewaySessions(run.base_url, run.api_key)
+    sessions, started = GatewaySessions(run.base_url, run.api_key), time.perf_counter()
     try:
         session_id = await sessions.start()
         outcome, error = None, ""
@@ -133,7 +138,10 @@ async def play_in_session(
             error = f"{what} raised {type(exc).__name__}: {exc}"
         finally:
             record = await _end_quietly(sessions, session_id)
-        return _episode(run.episode_id, record, outcome, error)
+        episode = _episode(run.episode_id, record, outcome, error)
+        episode.generate_s = float((record or {}).get("generate_s") or 0.0)
+        episode.env_s = max(0.0, time.perf_counter() - started - episode.generate_s)
+        return episode
     finally:
         await sessions.close()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -75,8 +76,10 @@ def create_app(
         if param is None:
             _check_model(body.model, policy)
         sampling = oai.completion_sampling(body, need_logprobs=param is not None)
+        started = time.perf_counter()
         results = await _generate(core, oai.requests_for(prompts, sampling, body, session))
-        await _after(recorder, session, param, gw.choices_of(results, None, tools_on=False))
+        chosen = gw.choices_of(results, None, tools_on=False)
+        await _after(recorder, session, param, chosen, time.perf_counter() - started)
         choices = oai.completion_choices(results, policy.tokenizer, body.logprobs is not None,
                                          gw.wants_token_ids(body))  # fmt: skip
         return _answer("text_completion", policy, choices, results, body)
@@ -91,9 +94,10 @@ def create_app(
         prompt = _chat_prompt(policy, oai.chat_messages(body), tools)
         sampling = oai.chat_sampling(body, len(prompt), policy.max_model_len,
                                      need_logprobs=token_ids or param is not None)  # fmt: skip
+        started = time.perf_counter()
         results = await _generate(core, oai.requests_for([prompt], sampling, body, session))
         chosen = gw.choices_of(results, policy.tokenizer, tools is not None)
-        await _after(recorder, session, param, chosen)
+        await _after(recorder, session, param, chosen, time.perf_counter() - started)
         choices = gw.chat_choice_bodies(chosen, policy.tokenizer, body.logprobs, token_ids)
         extra = gw.response_token_fields(results) if token_ids else {}
         return _answer("chat.completion", policy, choices, results, body, extra)
@@ -143,9 +147,12 @@ async def _before(recorder: Recorder | None, session: str, header: str | None,
 
 
 async def _after(recorder: Recorder | None, session: str, param: str | None,
-                 chosen: list[gw.Choice]) -> None:  # fmt: skip
+                 chosen: list[gw.Choice], generate_s: float) -> None:  # fmt: skip
     if recorder is not None:
-        await recorder.after(session, param, [choice.record() for choice in chosen])
+        records = [choice.record() for choice in chosen]
+        for record in records:
+            record.generate_s = generate_s
+        await recorder.after(session, param, records)
 
 
 def _answer(

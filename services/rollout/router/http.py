@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -32,6 +31,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
 from rlfleet.common import errors
+from rlfleet.common.http_server import api_key_checker
 from rlfleet.rollout.router import gateway_api as gw
 from rlfleet.rollout.router import openai_api as oai
 from rlfleet.rollout.router.core import RouterCore
@@ -62,7 +62,7 @@ def create_app(
     """The FastAPI app over ``core``; ``api_key`` None leaves it open (loopback use);
     ``sessions`` None serves no ``/rl/*`` routes and records nothing."""
     app = FastAPI(title="rlfleet router", version="1")
-    auth = [Depends(_auth_checker(api_key))]
+    auth = [Depends(api_key_checker(api_key))]
     recorder = Recorder(sessions) if sessions is not None else None
 
     @app.get("/v1/models", dependencies=auth)
@@ -200,16 +200,6 @@ def _check_model(model: str | None, policy: oai.Policy) -> None:
     if model and model not in (policy.name, policy.path):
         raise errors.NotFound(f"model {model!r} is not served here; this router serves "
                               f"{policy.name!r} (GET /v1/models)")  # fmt: skip
-
-
-def _auth_checker(api_key: str | None) -> Any:
-    async def check(authorization: str | None = Header(default=None)) -> None:
-        if api_key is None:
-            return
-        if not secrets.compare_digest(authorization or "", f"Bearer {api_key}"):
-            raise errors.Unauthenticated("missing or wrong API key (Authorization: Bearer <key>)")
-
-    return check
 
 
 def openai_error(message: str, kind: str, param: str | None, status: int) -> JSONResponse:

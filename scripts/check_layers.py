@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("proto", "common")),
     ("libraries", ("model", "rl", "tasks")),
     ("roles", ("rollout", "reward", "refcritic", "trainer", "agent", "env")),
-    ("launch", ("launch", "cli", "status_cli")),
+    ("launch", ("launch", "cli", "status_cli", "dashboard")),
 ]
 """Bottom first. A package may import its own layer's packages only as rules 1 and 2 allow."""
 
@@ -48,6 +48,7 @@ ROLES = dict(LAYERS)["roles"]
 
 PEER_IMPORTS: dict[tuple[str, str], str] = {
     ("tasks", "model"): "tasks.arith_eval scores a local model's greedy completions",
+    ("status_cli", "dashboard"): "rlfleet status prints the dashboard's fleet look as a table",
 }
 """Imports allowed between two packages of the same layer (importer, imported): reason."""
 

@@ -23,6 +23,20 @@ if [[ -z "${RLFLEET_VLLM:-}" ]]; then
   fi
 fi
 
+# Headless Chromium for the dashboard's browser test (tests/integration/test_dashboard_browser.py,
+# driven by playwright, installed with the `dev` extra, pointed at this binary: no browser is
+# downloaded). A system package, so it is checked on every run, before the stamp below: only as
+# root with apt-get (otherwise the test is skipped and says why). RLFLEET_BROWSER=0 skips it.
+if [[ "${RLFLEET_BROWSER:-1}" != 0 ]] && ! command -v chromium >/dev/null 2>&1; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing chromium (the dashboard's browser test)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } \
+      >/dev/null || echo "[setup] chromium could not be installed: the browser test will be skipped"
+  else
+    echo "[setup] no chromium (needs root and apt-get): the browser test will be skipped"
+  fi
+fi
+
 STAMP="$VENV/.rlfleet-installed"
 WANT="$(cat requirements.txt pyproject.toml setup.py | sha256sum | cut -c1-16)-$RLFLEET_VLLM"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]]; then
@@ -58,6 +72,6 @@ fi
 # openai-agents websockets<17, which would downgrade fastmcp's mcp 2.x and websockets 17;
 # what they import besides is in the extra (aiolimiter, prime-sandboxes, ...).
 "${PIP[@]}" --no-deps verifiers==0.3.1 openai-agents==0.24.0 renderers==0.1.12
-"${PIP[@]}" -e ".[dev,loggers,ray,agents]"
+"${PIP[@]}" -e ".[dev,loggers,ray,agents,tasks]"
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"

@@ -21,6 +21,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "env": ("rlfleet.env.main", "agent episodes: the Env service and its episode workers"),
     "score": ("rlfleet.reward.score_cli", "score a JSONL file through the reward service"),
     "status": ("rlfleet.status_cli", "show replicas, versions and trainer state"),
+    "dashboard": ("rlfleet.dashboard.main", "the live web page of a run (rlfleet up starts it)"),
     "scale": ("rlfleet.launch.scale", "scale rollout replicas of a running `up --ray`"),
 }
 

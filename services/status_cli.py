@@ -1,98 +1,126 @@
-"""``rlfleet status``: replicas (from the router's ListReplicas) and the trainer's state.
+"""``rlfleet status``: the fleet as a table in the terminal (the dashboard's fleet look).
 
-The replica registry is the rollout role's own: status asks a router, as the trainer does. Only
-when no router answers does it read the registry in Redis directly (if ``redis_url`` is set),
-so a fleet whose router is down can still be inspected.
+Replicas (id, state, weight version, in flight, served, queue), roles' health, queue depths and
+the trainer's state, from the same probe as the dashboard (``rlfleet.dashboard.probe``): the
+router's replica list, or the registry in Redis when no router answers (with ``redis_url``).
+``--run-dir DIR`` takes the addresses from ``DIR/endpoints.json`` (what ``rlfleet up`` wrote);
+``--watch [S]`` redraws every S seconds until Ctrl-C.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
-from rlfleet.common.errors import RlfleetError
-from rlfleet.rollout.types import ReplicaState, ReplicaStatus
+from rlfleet.dashboard.probe import FleetProbe
+
+REPLICA_COLUMNS = [("replica", "replica_id"), ("state", "state"), ("version", "weight_version"),
+                   ("in_flight", "in_flight"), ("served", "served"), ("queued", "queued"),
+                   ("prefix_hit", "prefix_hit"), ("heartbeat", "heartbeat"),
+                   ("address", "address")]  # fmt: skip
 
 
-async def router_replicas(config: RlfleetConfig) -> list[ReplicaStatus]:
-    from rlfleet.rollout.client import RolloutClient
-
-    async with RolloutClient(config.endpoints.router, api_key=config.api_key) as client:
-        return await client.list_replicas(timeout_s=3.0)
-
-
-async def registry_replicas(config: RlfleetConfig) -> list[ReplicaStatus]:
-    """Fallback without a router: the registry as stored (no in-flight counts, no drains)."""
-    from rlfleet.common.keys import Keys
-    from rlfleet.common.redis_client import connect
-    from rlfleet.rollout.registry import ReplicaRegistry
-
-    client = connect(config.redis_url)
+def run_dir_overrides(run_dir: str) -> list[str]:
+    """Dotted overrides pointing this config at the fleet recorded in ``run_dir``."""
+    path = Path(run_dir) / "endpoints.json"
     try:
-        registry = ReplicaRegistry(client, Keys(config.cluster), config.rollout.heartbeat_ttl_s)
-        infos = await registry.list()
-    finally:
-        await client.aclose()
-    return [
-        ReplicaStatus(
-            r.replica_id,
-            r.address,
-            r.weight_version,
-            r.state if r.alive else ReplicaState.DEAD,
-            0,
-            r.backend,
-            r.served,
-            r.heartbeat_age_s,
-        )  # fmt: skip
-        for r in infos
-    ]
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"rlfleet status: cannot read {path}: {exc}") from exc
+    out = [f"run_dir={run_dir}"]
+    for role in ("router", "reward", "refcritic", "trainer"):
+        if "grpc" in entries.get(role, {}):
+            out.append(f"endpoints.{role}={entries[role]['grpc']}")
+    url = entries.get("redis", {}).get("url", "")
+    if url.startswith("redis") and "***" not in url:  # a masked password cannot be used
+        out.append(f"redis_url={url}")
+    return out
 
 
-async def replica_lines(config: RlfleetConfig) -> list[str]:
-    try:
-        replicas, source = await router_replicas(config), f"router {config.endpoints.router}"
-    except (RlfleetError, TimeoutError) as exc:
-        if not config.redis_url:
-            return [f"replicas: unknown (router not reachable: {type(exc).__name__})"]
-        replicas, source = await registry_replicas(config), "redis registry"
-    lines = [f"replicas ({len(replicas)}, from {source}):"]
-    for r in replicas:
-        lines.append(
-            f"  {r.replica_id:<16} {r.address:<22} v{r.weight_version:<5} {r.state:<9} "
-            f"in_flight={r.in_flight} served={r.served} backend={r.backend}"
-        )
+def table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]  # fmt: skip
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
+    return [line(headers), *(line(r) for r in rows)]
+
+
+def replica_cells(r: dict[str, Any]) -> list[str]:
+    q = r.get("queue") or {}
+    cells = {
+        **{k: str(v) for k, v in r.items()},
+        "state": r["state"] if r["up"] else f"DOWN {r['state']}",
+        "queued": depth(q),
+        "prefix_hit": "-"
+        if r.get("prefix_cache_hit_rate") is None
+        else f"{100 * r['prefix_cache_hit_rate']:.1f}%",
+        "heartbeat": "-" if r["heartbeat_age_s"] < 0 else f"{r['heartbeat_age_s']:.1f}s",
+    }
+    return [cells[key] for _, key in REPLICA_COLUMNS]
+
+
+def depth(queue: dict[str, int]) -> str:
+    return "?" if queue.get("error") else f"{queue.get('waiting', 0)}+{queue.get('pending', 0)}"
+
+
+def render(fleet: dict[str, Any]) -> list[str]:
+    """The fleet look as lines: replicas, roles, queues, trainer."""
+    replicas = fleet["replicas"]
+    lines = [f"replicas ({len(replicas)}, from {fleet['replica_source']}):"]
+    lines += ["  " + s for s in table([h for h, _ in REPLICA_COLUMNS],
+                                      [replica_cells(r) for r in replicas])]  # fmt: skip
+    lines.append("roles:")
+    lines += ["  " + s for s in table(["role", "address", "health"], [
+        [r["name"], r["address"], "up" if r["up"] else f"DOWN ({r['seen']})"]
+        for r in fleet["roles"]])]  # fmt: skip
+    queues = fleet["queues"]
+    depths = [f"{name} {depth(q)}" for name, q in queues.items()]
+    lines.append("queues (waiting + in work): " + (", ".join(depths) or "none"))
+    t = fleet["trainer"]
+    lines.append(f"trainer: {t['state']} step {t['step']}/{t['total_steps']} "
+                 f"weights v{t['weight_version']}" if t["up"]
+                 else f"trainer: not reachable ({t['seen']})")  # fmt: skip
     return lines
 
 
-async def trainer_line(config: RlfleetConfig) -> str:
-    from rlfleet.common.grpc_client import auth_metadata, make_channel
-    from rlfleet.proto import common_pb2, trainer_pb2_grpc
-
-    channel = make_channel(config.endpoints.trainer, retry=False)
-    try:
-        stub = trainer_pb2_grpc.TrainerStub(channel)
-        status = await stub.GetStatus(
-            common_pb2.Empty(), timeout=2.0, metadata=auth_metadata(config.api_key)
-        )
-        return (
-            f"trainer: {status.state} step {status.step}/{status.total_steps} "
-            f"weights v{status.weight_version} run_dir={status.run_dir}"
-        )
-    except Exception as exc:  # noqa: BLE001 - status is best effort
-        return f"trainer: not reachable at {config.endpoints.trainer} ({type(exc).__name__})"
-    finally:
-        await channel.close()
-
-
 async def collect(config: RlfleetConfig) -> list[str]:
-    return [*await replica_lines(config), await trainer_line(config)]
+    probe = FleetProbe(config)
+    try:
+        return render(await probe.fleet())
+    finally:
+        await probe.close()
+
+
+async def watch(config: RlfleetConfig, every_s: float) -> None:
+    probe = FleetProbe(config)
+    try:
+        while True:
+            lines = render(await probe.fleet())
+            sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
+            sys.stdout.flush()
+            await asyncio.sleep(every_s)
+    finally:
+        await probe.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = base_parser("status", "Show replicas, weight versions and the trainer's state.")
-    config, _ = resolve(parser, "status", ["log_level=WARNING", *(argv or [])])
+    parser = base_parser("status", "Show replicas, roles, queues and the trainer's state.")
+    parser.add_argument("--run-dir", help="take the fleet's addresses from DIR/endpoints.json")
+    parser.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="S",
+                        help="redraw every S seconds (default 2) until Ctrl-C")  # fmt: skip
+    args, _ = parser.parse_known_intermixed_args(argv)
+    extra = run_dir_overrides(args.run_dir) if args.run_dir else []
+    rest = [a for a in (argv or []) if a not in ("--watch",)]
+    config, args = resolve(parser, "status", ["log_level=WARNING", *rest, *extra])
+    if args.watch:
+        try:
+            asyncio.run(watch(config, args.watch))
+        except KeyboardInterrupt:
+            return 0
     print("\n".join(asyncio.run(collect(config))))
     return 0
 

@@ -52,6 +52,7 @@ from rlfleet.common.results import Failure, Result
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_ERROR_S = 1.0
+MARK_EVERY_S = 1.0  # a waiting worker re-marks itself this often (``IdleWorkers`` fresh_ms: 3 s)
 R = TypeVar("R")
 T = TypeVar("T")
 
@@ -109,6 +110,7 @@ class JobWorker:
         self.slots = slots or WorkerSlots(1)
         self.answered = 0
         self._next_reclaim = 0.0
+        self._marked_until = 0.0  # while marked waiting: when to re-mark (0: not marked)
         self._stop = asyncio.Event()
 
     async def handle(self, job: Job) -> bytes:
@@ -130,6 +132,8 @@ class JobWorker:
                 await self._step_or_pause()
         finally:
             self.close()
+            with contextlib.suppress(RedisError, OSError):  # a stopped worker waits no more
+                await self._say_waiting(False)
             log.log(self.LIFECYCLE_LEVEL, "worker %s stopped after %d jobs", self.consumer,
                     self.answered)  # fmt: skip
 
@@ -151,11 +155,15 @@ class JobWorker:
         """Take some jobs (reclaimed ones first), handle and answer them; returns how many.
 
         Waits first for a free slot, so local requests holding them all leave jobs to others."""
-        await self.slots.wait_idle()
+        if self.slots.idle == 0:
+            await self._say_waiting(False)
+            await self.slots.wait_idle()
         jobs = await self._reclaim_due()
         if not jobs:
+            await self._say_waiting(True)
             jobs = await self.queue.read(self.consumer, self.read_count, self.read_block_ms)
         if jobs:
+            await self._say_waiting(False)
             with self.slots.held():
                 async with kept_alive(self.queue, self.consumer, jobs, self.reclaim_idle_s):
                     answers = await asyncio.gather(*(self._answer_of(job) for job in jobs))
@@ -163,6 +171,21 @@ class JobWorker:
             await asyncio.gather(*(self.queue.complete(job, *answer) for job, answer in pairs))
             self.answered += len(jobs)
         return len(jobs)
+
+    async def _say_waiting(self, waiting: bool) -> None:
+        """Tell producers (``IdleWorkers``) whether this worker waits for work: its own mark,
+        since servers disagree on what ``XINFO CONSUMERS`` idle means. Waiting is re-marked
+        at most every ``MARK_EVERY_S``; a change is written at once."""
+        now = asyncio.get_running_loop().time()
+        if waiting and now < self._marked_until:
+            return
+        if not waiting and self._marked_until == 0.0:
+            return
+        if waiting:
+            await self.queue.mark_waiting(self.consumer)
+        else:
+            await self.queue.mark_busy(self.consumer)
+        self._marked_until = now + MARK_EVERY_S if waiting else 0.0
 
     async def _reclaim_due(self) -> list[Job]:
         """Every ``reclaim_idle_s / 2``, take over jobs a dead worker left pending."""
@@ -250,9 +273,12 @@ class ScatterGather:
         deadline = asyncio.get_running_loop().time() + self.timeout_s
         batch = uuid.uuid4().hex
         ids = [f"{self.queue.group}-{batch}-{i}" for i in range(len(payloads))]
+        by_id = dict(zip(ids, payloads, strict=True))
         try:
+            epoch = await self.queue.epoch()  # read first: a Redis that loses it is then seen
             await self._submit_all(ids, payloads)
-            answers = await self.queue.wait_all(ids, deadline)
+            resubmit = partial(self._resubmit, by_id)  # the server lost them: queue again
+            answers = await self.queue.wait_all(ids, deadline, epoch=epoch, resubmit=resubmit)
             results = self._all_answered([answers.get(i) for i in ids])
         except BaseException:
             await self._give_up(ids)
@@ -264,6 +290,9 @@ class ScatterGather:
         """Queue every job; these submits take the producer's slots."""
         pairs = zip(ids, payloads, strict=True)
         await self._bounded([partial(self.queue.submit, i, p) for i, p in pairs])
+
+    async def _resubmit(self, payloads: dict[str, bytes], lost: list[str]) -> None:
+        await self._submit_all(lost, [payloads[i] for i in lost])
 
     async def _give_up(self, ids: list[str]) -> None:
         """Drop the answers that came; with ``withdraw`` take back the jobs still unanswered

@@ -21,8 +21,10 @@ Layout (``P`` = ``rlfleet:<cluster>``)::
     P:cancel:<request id>          str   submission whose callers all gave up (with TTL)
     P:waiters:<request id>         str   callers waiting on a request now (with TTL)
     <stream>:dead                  stream  entries given up on after too many deliveries
+    <stream>:waiting               zset  consumers waiting for work (member) since (ms)
     P:lock:janitor                 str   lock held by whoever migrates dead replicas' work
     P:draining                     set   replica ids that routers no longer send new work to
+    P:epoch                        str   token set once per server data set (never expires)
 """
 
 from __future__ import annotations
@@ -160,6 +162,10 @@ class Keys:
             raise ValueError(f"stream {stream!r} is not a stream of cluster {self.cluster!r}")
         return f"{stream}:dead"
 
+    def waiting(self, stream: str) -> str:
+        """Consumers of a stream waiting for work now, each marked by itself (``WaitingBoard``)."""
+        return self.dead_letter(stream).removesuffix(":dead") + ":waiting"
+
     @property
     def janitor_lock(self) -> str:
         """Lock so only one process at a time migrates a dead replica's queued work."""
@@ -169,6 +175,12 @@ class Keys:
     def draining(self) -> str:
         """Set of replica ids being drained: routers send them no new work, they finish their queue."""
         return f"{self.prefix}:draining"
+
+    @property
+    def epoch(self) -> str:
+        """A token written once (``SET NX``) and never expired: a different value, or none,
+        means the server lost its data (an empty restart, a flush) since it was read."""
+        return f"{self.prefix}:epoch"
 
 
 def _request(request_id: str) -> str:

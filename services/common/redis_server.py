@@ -12,10 +12,13 @@ the replica registry); an eviction policy would silently drop some of it, and a 
 is a request that never gets answered. With ``noeviction`` a full server refuses writes with
 an OOM error instead: loud, and nothing already accepted is lost.
 
-Durability: ``appendonly=True`` turns on the append-only file with ``appendfsync everysec``,
-which makes a restart on the same ``data_dir`` lossless for a clean stop (the server fsyncs
-on SIGTERM) and loses at most about one second of writes on a crash. Without it (the default:
-the server lives and dies with the fleet that started it) a restart starts empty.
+Durability: ``appendonly=True`` (the default) turns on the append-only file with
+``appendfsync everysec``, which makes a restart on the same ``data_dir`` lossless for a clean
+stop (the server fsyncs on SIGTERM) and loses at most about one second of writes on a crash.
+``fresh=True`` (what ``rlfleet up`` and a standalone role use) deletes the data an earlier
+server left in ``data_dir`` at the first start, so a new fleet never inherits an old one's
+queues and answers, while a restart of the same server keeps what it had. Without AOF a restart
+starts empty; the fleet then resubmits what it lost (docs/deployment.md, "Redis restarts").
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def standalone_redis(config: RlfleetConfig, role: str) -> Iterator[None]:
     if config.redis_url:
         yield
         return
-    with EmbeddedRedis(Path(config.run_dir) / "redis") as server:
+    with EmbeddedRedis(Path(config.run_dir) / "redis", fresh=True) as server:
         config.redis_url = server.url
         print(f"rlfleet {role}: embedded Redis at {server.url}", flush=True)
         yield
@@ -98,17 +101,19 @@ class EmbeddedRedis:
 
     ``port=0`` picks a free port (retrying if another process grabs it first). With
     ``appendonly=True`` the data survives a restart on the same ``data_dir`` (AOF, fsync every
-    second). ``maxmemory`` (a Redis size like ``"512mb"``) bounds it, with ``noeviction``.
+    second); ``fresh=True`` deletes what an earlier server left there before the first start.
+    ``maxmemory`` (a Redis size like ``"512mb"``) bounds it, with ``noeviction``.
     """
 
     def __init__(
         self,
         data_dir: str | os.PathLike[str],
         port: int = 0,
-        appendonly: bool = False,
+        appendonly: bool = True,
         binary: str | None = None,
         startup_timeout_s: float = 10.0,
         maxmemory: str = DEFAULT_MAXMEMORY,
+        fresh: bool = False,
     ) -> None:
         if port == RESERVED_PORT:
             raise ValueError("port 6379 is reserved for servers rlfleet did not start")
@@ -120,6 +125,7 @@ class EmbeddedRedis:
         self.startup_timeout_s = startup_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0  # where this launch's output starts in the (appended) log
+        self._clear_first = fresh  # delete an earlier server's data before our first start
 
     @property
     def url(self) -> str:
@@ -138,6 +144,9 @@ class EmbeddedRedis:
         if self.running:
             raise RuntimeError(f"server already running on port {self.port}")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._clear_first:
+            self._clear_data()
+            self._clear_first = False
         try:
             self._start_on_some_port()
         except BaseException:  # incl. Ctrl-C while waiting: never leave the child behind
@@ -157,6 +166,15 @@ class EmbeddedRedis:
                 return
             log.warning("Redis exited at start on port %d (port taken?), retrying", self.port)
 
+    def _clear_data(self) -> None:
+        """Remove the AOF (a directory on Redis/Valkey 7+, one file before) and any RDB."""
+        for path in (self.data_dir / "appendonlydir", *self.data_dir.glob("appendonly.aof*"),
+                     self.data_dir / "dump.rdb"):  # fmt: skip
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop our own child: SIGTERM, then SIGKILL if it does not exit in time."""
         proc, self._proc = self._proc, None
@@ -174,6 +192,12 @@ class EmbeddedRedis:
                 proc.kill()
                 proc.wait()
         log.info("embedded Redis on port %d stopped", self.port)
+
+    def kill(self) -> None:
+        """SIGKILL our child (a crash: no AOF fsync on the way out), for chaos tests."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+        self.stop()
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines the server printed since its latest launch (for error messages)."""

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.launch.process import Child, free_port, role_argv, role_env
+from rlfleet.launch.process import Child, free_port, role_argv, role_env, split_secrets
 from rlfleet.launch.session import print_run_summary, say, start_redis
 
 STOP_GRACE_S = 10.0
@@ -25,32 +25,36 @@ STOP_GRACE_S = 10.0
 def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) -> list[Child]:
     """Every process to start, in start order, with ports and endpoints filled in."""
     ports = {role: free_port() for role in ("router", "reward", "refcritic", "trainer", "env")}
+    overrides, secrets = split_secrets(args.overrides)  # secrets travel in the environment
     common = [
-        f"redis_url={redis_url}",
         f"endpoints.router=127.0.0.1:{ports['router']}",
         f"endpoints.reward=127.0.0.1:{ports['reward']}",
         f"endpoints.refcritic=127.0.0.1:{ports['refcritic']}",
         f"endpoints.trainer=127.0.0.1:{ports['trainer']}",
         f"agent.address=127.0.0.1:{ports['env']}",
-        *args.overrides,
+        *overrides,
     ]
-    env = role_env(redis_url)
+    env = role_env(redis_url, secrets)  # Redis too: its URL may hold a password
 
-    def child(name, verb, *extra, env_extra=None):
-        argv = role_argv(verb, args.config, [*common, *extra])
+    def child(name, verb, *extra, env_extra=None, flags=()):
+        argv = role_argv(verb, args.config, [*common, *extra], flags)
         return Child(name, argv, {**env, **(env_extra or {})}, log_dir / f"{name}.log")
 
     cores = os.cpu_count() or 1
     http_port = config.router.http_port or free_port()  # the OpenAI-compatible API
     say(config, f"rlfleet up: router HTTP at http://127.0.0.1:{http_port}/v1")
     record_endpoints(config, args, ports, http_port, redis_url)
+    dashboard, replica_metrics = dashboard_ports(config, args.rollout_replicas)
     children = [child("router", "router", f"router.port={ports['router']}",
                       f"router.http_port={http_port}")]  # fmt: skip
+    if dashboard is not None:  # the live page (rlfleet.dashboard), up while replicas load
+        children.append(child("dashboard", "dashboard", f"dashboard.port={dashboard}"))
     children += [
         child(
             f"rollout-{i}",
             "rollout",
             f"rollout.replica_id=rollout-{i}",
+            *([f"rollout.metrics_port={replica_metrics[i]}"] if replica_metrics else []),
             env_extra={
                 "VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
                     "VLLM_CPU_OMP_THREADS_BIND", str(i % cores)
@@ -66,6 +70,8 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
         gateway = [] if config.agent.gateway_url else [  # workflows' and verifiers' OpenAI base
             f"agent.gateway_url=http://127.0.0.1:{http_port}/v1"]  # fmt: skip
         children.append(child("env", "env", f"agent.port={ports['env']}", *gateway))
+        children += [child(f"env-{i}", "env", *gateway, flags=("--worker-only",))
+                     for i in range(1, args.env_processes)]  # fmt: skip
     if not args.no_trainer:
         children.append(
             child(
@@ -96,6 +102,26 @@ def record_endpoints(config, args, ports: dict, http_port: int, redis_url: str) 
     for role, addresses in roles.items():
         write_endpoints(config.run_dir, role, addresses)
         say(config, f"rlfleet up: {describe(role, addresses)}")
+
+
+def dashboard_ports(config: RlfleetConfig, replicas: int) -> tuple[int | None, list[int]]:
+    """The dashboard's port (None: ``dashboard.enabled`` is off) and a ``/metrics`` port per
+    replica, whose prefix-cache counters the page shows (none when the user set
+    ``rollout.metrics_port``: one port for every replica would clash). Both are recorded in
+    ``run_dir/endpoints.json`` (``dashboard``, ``rollout-<i>``) and the page's URL printed."""
+    from rlfleet.common.endpoints import write_endpoints
+
+    if not config.dashboard.enabled:
+        return None, []
+    host, port = config.dashboard.host, config.dashboard.port or free_port()
+    metrics = [] if config.rollout.metrics_port else [free_port() for _ in range(replicas)]
+    for i, metrics_port in enumerate(metrics):
+        url = f"http://{config.rollout.host}:{metrics_port}/metrics"
+        write_endpoints(config.run_dir, f"rollout-{i}", {"metrics": url})
+    write_endpoints(config.run_dir, "dashboard", {"http": f"http://{host}:{port}/"})
+    key = " (open it with ?key=<api_key>)" if config.api_key else ""
+    say(config, f"rlfleet up: dashboard at http://{host}:{port}/{key}")
+    return port, metrics
 
 
 def stop_all(children: list[Child]) -> None:

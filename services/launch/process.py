@@ -107,14 +107,44 @@ the rest of the machine busy: an actor update of 256 sequences took 2.5 s with s
 threads and 0.5 s with passive ones (0.3 s with one thread)."""
 
 
-def role_argv(verb: str, config_path: str | None, overrides: list[str]) -> list[str]:
-    """The command line that starts one role: ``rlfleet VERB [--config FILE] OVERRIDES``."""
+def role_argv(
+    verb: str, config_path: str | None, overrides: list[str], flags: tuple[str, ...] = ()
+) -> list[str]:
+    """The command line that starts one role: ``rlfleet VERB [--config FILE] FLAGS OVERRIDES``
+    (flags such as ``--worker-only`` before the overrides: argparse takes no flag among them)."""
     config_args = ["--config", config_path] if config_path else []
-    return [sys.executable, "-m", "rlfleet.cli", verb, *config_args, *overrides]
+    return [sys.executable, "-m", "rlfleet.cli", verb, *config_args, *flags, *overrides]
 
 
-def role_env(redis_url: str) -> dict[str, str]:
-    """Every role's environment: ours, quiet OpenMP threads unless the user chose, Redis."""
-    env = {**os.environ, **QUIET_THREADS, "PYTHONUNBUFFERED": "1", "RLFLEET_REDIS_URL": redis_url}
+SECRET_SETTINGS = {"api_key": "RLFLEET_API_KEY", "redis_url": "RLFLEET_REDIS_URL"}
+"""Settings that never go on a role's command line, and the variable each travels in instead.
+A command line is anyone's to read (``ps``, ``/proc/<pid>/cmdline``, and a user function in
+the reward sandbox reading its parent's); a process's environment only its owner's (mode 0400).
+The API key, and the Redis URL, which may hold the server's password. The config reads both
+variables (``ENV_OVERRIDES``) below the command line and above the YAML file, so a setting
+moved here still wins over the file, as it did on the command line."""
+
+
+def split_secrets(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``overrides`` without the secret ones, and the environment that carries those. A
+    secret set to null or empty (``api_key=null``: switch it off) carries nothing and stays."""
+    from rlfleet.common.config.loading import split_override
+
+    plain, secrets = [], {}
+    for item in overrides:
+        key, value = split_override(item)
+        if key in SECRET_SETTINGS and value not in (None, ""):
+            raw = item.partition("=")[2]  # the text as typed, unless YAML unquoted it
+            secrets[SECRET_SETTINGS[key]] = value if isinstance(value, str) else raw
+        else:
+            plain.append(item)
+    return plain, secrets
+
+
+def role_env(redis_url: str, secrets: dict[str, str] | None = None) -> dict[str, str]:
+    """Every role's environment: ours, quiet OpenMP threads unless the user chose, the
+    secrets kept off its command line (``split_secrets``), Redis."""
+    env = {**os.environ, **QUIET_THREADS, "PYTHONUNBUFFERED": "1", **(secrets or {})}
     env.update({k: v for k, v in os.environ.items() if k in QUIET_THREADS})  # the user's win
+    env["RLFLEET_REDIS_URL"] = redis_url  # the launcher's (its embedded one, or the configured)
     return env

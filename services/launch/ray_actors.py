@@ -23,11 +23,13 @@ import sys
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 10.0
+CONFIG_SECTION = {"env": "agent"}
+"""The config section holding a role's ``host`` and ``port`` where it is not the role's name."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class RoleSpec:
     """The gRPC port a server role binds (the same after a restart); None = the role picks."""
     finishes: bool = False
     """Exit code 0 means done (the trainer), not a crash to restart."""
+    flags: tuple[str, ...] = ()
+    """Command-line flags of the role (``--worker-only`` for an env process without a front)."""
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,15 @@ class Launch:
 
     config_path: str | None
     common: tuple[str, ...]
-    """Overrides for every role (Redis URL, endpoints, the user's overrides, run_dir)."""
+    """Overrides for every role (endpoints, the user's overrides, run_dir); nothing secret."""
     redis_url: str
+    """Every role's ``RLFLEET_REDIS_URL`` (in its environment: the URL may hold a password)."""
     log_dir: str
     cwd: str
     host: str | None = None
     """Interface every role binds (None = its node's IP, reachable from other nodes)."""
+    secrets: dict[str, str] = field(default_factory=dict)
+    """``RLFLEET_*`` variables for settings kept off command lines (``split_secrets``)."""
 
 
 def die_with_parent() -> None:
@@ -88,9 +95,9 @@ class RoleActor:
             os.chdir(launch.cwd)
         Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
         overrides = [*launch.common, *self._bind(), *self.spec.extra]
-        argv = role_argv(self.spec.role, launch.config_path, overrides)
+        argv = role_argv(self.spec.role, launch.config_path, overrides, self.spec.flags)
         log = Path(launch.log_dir) / f"{self.spec.name}.log"
-        child = Child(self.spec.name, argv, role_env(launch.redis_url), log)
+        child = Child(self.spec.name, argv, role_env(launch.redis_url, launch.secrets), log)
         child.start(preexec_fn=die_with_parent)
         return child
 
@@ -107,8 +114,9 @@ class RoleActor:
         return self.spec.name
 
     def _bind(self) -> list[str]:
-        port = [f"{self.spec.role}.port={self.spec.port}"] if self.spec.port else []
-        return [f"{self.spec.role}.host={self.host}", *port]
+        section = CONFIG_SECTION.get(self.spec.role, self.spec.role)
+        port = [f"{section}.port={self.spec.port}"] if self.spec.port else []
+        return [f"{section}.host={self.host}", *port]
 
     def _watch(self) -> None:
         """When the role process ends: done (a finished trainer), or crash this actor so Ray

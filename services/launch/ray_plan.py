@@ -22,6 +22,31 @@ def replica_spec(index: int) -> RoleSpec:
     return RoleSpec(name, "rollout", (f"rollout.replica_id={name}", "rollout.port=0"))
 
 
+def env_spec(index: int, port: int) -> RoleSpec:
+    """Env process ``index`` of agent mode. 0 is ``env``: the front door the trainer calls
+    (a fixed port, like the servers), with its own ``agent.workers``. Every other one,
+    ``env-<index>``, runs only workers (``--worker-only``) on the same Redis stream: episodes
+    scale out with them."""
+    if index == 0:
+        return RoleSpec("env", "env", (), port)
+    return RoleSpec(f"env-{index}", "env", (), None, flags=("--worker-only",))
+
+
+def scaled_spec(role: str, index: int) -> RoleSpec:
+    """A member ``rlfleet scale`` adds: replica ``rollout-<index>``, or worker-only env
+    process ``env-<index>`` (index >= 1: the front door ``env`` is started once, and kept)."""
+    return replica_spec(index) if role == "rollout" else env_spec(index, 0)
+
+
+def member_index(name: str) -> int:
+    """``rollout-3`` -> 3, ``env-2`` -> 2, ``env`` (the env front door) -> 0."""
+    return int(name.rsplit("-", 1)[1]) if "-" in name else 0
+
+
+def member_name(role: str, index: int) -> str:
+    return "env" if (role, index) == ("env", 0) else f"{role}-{index}"
+
+
 def server_specs(config: RlfleetConfig, ports: dict[str, int], http_port: int) -> list[RoleSpec]:
     roles = ["router", "reward"] + (["refcritic"] if config.needs_refcritic else [])
     extra = {"router": (f"router.http_port={http_port}",)}

@@ -12,6 +12,7 @@ released, and a local cluster is shut down with all its processes.
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sys
@@ -27,13 +28,17 @@ from rlfleet.common.ray_cluster import (
     one_machine,
     reserve_pools,
 )
-from rlfleet.launch.process import free_port
+from rlfleet.launch.process import free_port, split_secrets
 from rlfleet.launch.ray_actors import STOP_GRACE_S, FleetControl, Launch, RoleActor, RoleSpec
 from rlfleet.launch.ray_plan import (
     actor_options,
     endpoint_overrides,
+    env_spec,
     local_cpus,
+    member_index,
+    member_name,
     replica_spec,
+    scaled_spec,
     server_specs,
     trainer_spec,
 )
@@ -86,17 +91,35 @@ class RayFleet:
         self.launch = replace(self.launch, common=common)
         for index in range(self.args.rollout_replicas):
             self.start_actor(replica_spec(index), self.launch)
+        if config.agent.env:  # agent mode: episodes run in the env role, apart from the trainer
+            self.start_env(f"http://{router_host}:{http_port}/v1")
         if not self.args.no_trainer:
             self.start_actor(trainer, self.launch)
         self.wait_placed()
         self.record(http_port)
+
+    def start_env(self, gateway: str) -> None:
+        """The env front door and ``--env-processes`` - 1 worker-only processes, all with the
+        router's OpenAI base as ``agent.gateway_url`` (for environments that drive it), unless
+        the user set one; once the front is placed, every role started later (the trainer)
+        gets its ``agent.address``."""
+        if not self.config.agent.gateway_url:
+            self.add_common(f"agent.gateway_url={gateway}")
+        self.start_actor(env_spec(0, free_port()), self.launch)
+        for index in range(1, self.args.env_processes):
+            self.start_actor(env_spec(index, 0), self.launch)
+        self.add_common(f"agent.address={self.wait_placed()['env']['address']}")
+
+    def add_common(self, override: str) -> None:
+        """An override for every role started from now on (scaled ones included)."""
+        self.launch = replace(self.launch, common=(*self.launch.common, override))
 
     def start_control(self) -> None:
         import ray
 
         name = control_name(self.config.cluster)
         remote = ray.remote(FleetControl).options(name=name, num_cpus=0)
-        self.control = remote.remote({"rollout": self.args.rollout_replicas})
+        self.control = remote.remote(scalable_counts(self.config, self.args))
         ray.get(self.control.wanted_counts.remote())
 
     def wait_placed(self) -> dict[str, dict]:
@@ -193,22 +216,24 @@ class RayFleet:
               f"{tail}\n(full log: {log})", file=sys.stderr)  # fmt: skip
 
     def follow_scale(self) -> None:
-        """Start or stop replicas until their count is what ``rlfleet scale`` asked for."""
+        """Start or stop actors until each scalable role has what ``rlfleet scale`` asked for."""
         import ray
 
-        wanted = ray.get(self.control.wanted_counts.remote())["rollout"]
-        replicas = sorted((n for n in self.actors if n.startswith("rollout-")),
-                          key=lambda n: int(n.split("-")[1]))  # fmt: skip
-        if len(replicas) == wanted:
+        for role, wanted in ray.get(self.control.wanted_counts.remote()).items():
+            self.scale_role(role, wanted)
+
+    def scale_role(self, role: str, wanted: int) -> None:
+        """The newest members go first; the lowest (``rollout-0``, the env front) stay."""
+        members = sorted((n for n in self.actors if self.roles[n] == role), key=member_index)
+        if len(members) == wanted:
             return
-        for _ in range(wanted - len(replicas)):
-            free = next(
-                i for i in range(wanted + len(replicas)) if f"rollout-{i}" not in self.actors
-            )
-            self.start_actor(replica_spec(free), self.launch)
-        for name in replicas[wanted:]:
+        for _ in range(wanted - len(members)):
+            free = next(i for i in itertools.count() if member_name(role, i) not in self.actors)
+            self.start_actor(scaled_spec(role, free), self.launch)
+        for name in members[wanted:]:
             self.stop_actors([name])
-        say(self.config, f"rlfleet up: rollout replicas {len(replicas)} -> {wanted}")
+        what = "rollout replicas" if role == "rollout" else f"{role} processes"
+        say(self.config, f"rlfleet up: {what} {len(members)} -> {wanted}")
         self.wait_placed()
         self.write_placement()
 
@@ -236,18 +261,28 @@ class RayFleet:
             remove_placement_group(group)
 
 
+def scalable_counts(config: RlfleetConfig, args) -> dict[str, int]:
+    """What ``rlfleet scale`` may change, and the counts the fleet starts with."""
+    counts = {"rollout": args.rollout_replicas}
+    if config.agent.env:
+        counts["env"] = args.env_processes
+    return counts
+
+
 def launch_settings(config: RlfleetConfig, args, redis_url: str, host: str | None) -> Launch:
     """What every role shares. Paths are made absolute: a role may start in another folder."""
     run_dir = Path(config.run_dir).resolve()
-    common = (f"redis_url={redis_url}", *args.overrides, f"run_dir={run_dir}")
+    overrides, secrets = split_secrets(args.overrides)  # secrets travel in the environment
+    common = (*overrides, f"run_dir={run_dir}")
     config_path = str(Path(args.config).resolve()) if args.config else None
-    return Launch(config_path, common, redis_url, str(run_dir / "logs"), str(Path.cwd()), host)
+    logs, cwd = str(run_dir / "logs"), str(Path.cwd())
+    return Launch(config_path, common, redis_url, logs, cwd, host, secrets)
 
 
 def run_on_ray(config: RlfleetConfig, args) -> int:
     """``rlfleet up --ray``'s whole life; returns its exit code (130 when interrupted)."""
-    actors = {"router": 1, "reward": 1, "rollout": args.rollout_replicas,
-              "refcritic": int(config.needs_refcritic), "trainer": int(not args.no_trainer)}  # fmt: skip
+    actors = {"router": 1, "reward": 1, "refcritic": int(config.needs_refcritic),
+              "trainer": int(not args.no_trainer), **scalable_counts(config, args)}  # fmt: skip
     cluster: Cluster | None = None
     fleet: RayFleet | None = None
     redis = None

@@ -1,8 +1,9 @@
-"""``rlfleet scale rollout=N``: change the number of rollout replicas of a running
-``rlfleet up --ray``. It finds the launcher's Ray cluster and control actor in the run's
-``endpoints.json`` (or ``--address``), asks for N, and returns; the launcher starts or stops
-replicas within a second or two, and new ones get the current weights from the trainer
-before the router sends them work."""
+"""``rlfleet scale rollout=N`` (or ``env=N``): change the number of rollout replicas (or of
+env processes, agent mode) of a running ``rlfleet up --ray``. It finds the launcher's Ray
+cluster and control actor in the run's ``endpoints.json`` (or ``--address``), asks for N, and
+returns; the launcher starts or stops actors within a second or two. New replicas get the
+current weights from the trainer before the router sends them work; new env processes are
+``--worker-only`` ones that take episodes from the env stream at once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import argparse
 import os
 import sys
 
-SCALABLE = ("rollout",)
+SCALABLE = ("rollout", "env")
+"""Replicas, and env processes of agent mode (``env=N``: the front door and N - 1 workers)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -41,7 +41,7 @@ def start_redis(config: RlfleetConfig, run_dir: Path):
         return None
     from rlfleet.common.redis_server import EmbeddedRedis
 
-    server = EmbeddedRedis(run_dir / "redis")
+    server = EmbeddedRedis(run_dir / "redis", fresh=True)  # AOF on: a restart keeps its data
     server.start()
     say(config, f"rlfleet up: embedded Redis at {server.url}")
     return server

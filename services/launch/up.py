@@ -17,6 +17,11 @@ def parse_args(argv):
     parser.add_argument("--config", help="YAML config shared by every role")
     parser.add_argument("--rollout-replicas", type=int, default=2, help="replicas (default 2)")
     parser.add_argument("--no-trainer", action="store_true", help="serve only, until Ctrl-C")
+    parser.add_argument("--env-processes", type=int, default=1, metavar="N",
+                        help="agent mode: env processes, the front door and N-1 worker-only "
+                             "ones (default 1)")  # fmt: skip
+    parser.add_argument("--dashboard-port", type=int, metavar="PORT",
+                        help="port of the live page (dashboard.port; default: a free one)")  # fmt: skip
     parser.add_argument(
         "--ray", nargs="?", const="", metavar="ADDRESS",
         help="run the roles as Ray actors, on the cluster at ADDRESS or a local one",
@@ -30,6 +35,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.ray and "=" in args.ray:  # `--ray a.b=c`: an override, not an address
         args.overrides, args.ray = [args.ray, *args.overrides], ""
+    if args.dashboard_port is not None:
+        args.overrides.append(f"dashboard.port={args.dashboard_port}")
     if args.verbose or args.quiet:  # last, so the flag wins over a log_level= override
         args.overrides.append(f"log_level={'DEBUG' if args.verbose else 'WARNING'}")
     return args
@@ -37,8 +44,8 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.rollout_replicas < 1:
-        raise SystemExit("rlfleet up: --rollout-replicas must be >= 1")
+    if args.rollout_replicas < 1 or args.env_processes < 1:
+        raise SystemExit("rlfleet up: --rollout-replicas and --env-processes must be >= 1")
     config = load_config(args.config, args.overrides)
     if args.ray is not None or config.launcher == "ray":
         from rlfleet.launch.ray_up import run_on_ray

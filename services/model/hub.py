@@ -112,7 +112,13 @@ def not_available(repo_id: str, cache_dir: Path, offline: bool) -> FileNotFoundE
 
 def resolve_hub_model(repo_id: str) -> Path:
     """The local snapshot directory of Hub model ``repo_id``: cached, else downloaded unless
-    offline; else FileNotFoundError saying what was tried and how to fix it."""
+    offline; else FileNotFoundError saying what was tried and how to fix it. A short name of a
+    model the project builds (``smollm2-135m-instruct``, ``rlfleet.model.local_models``) is
+    its built directory in the rlfleet cache instead, or an error naming the build command."""
+    from rlfleet.model.local_models import is_local_name, resolve_local_model
+
+    if is_local_name(repo_id):  # built by `make smollm2`, never on the Hub under this name
+        return resolve_local_model(repo_id)
     cache_dir, offline = hub_cache_dir(), hub_offline()
     found = cached_snapshot(repo_id, cache_dir)
     if found is None and not offline:

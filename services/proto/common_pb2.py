@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/common.proto\x12\nrlfleet.v1\"\x9e\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08logprobs\x18\x08 \x01(\x05\x42\x07\n\x05_seed\"V\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\"X\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\"/\n\tFloatRows\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.rlfleet.v1.FloatRow\"\x1a\n\x08\x46loatRow\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x07\n\x05\x45mptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17rlfleet/v1/common.proto\x12\nrlfleet.v1\"\x9e\x01\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x00\x88\x01\x01\x12\x10\n\x08logprobs\x18\x08 \x01(\x05\x42\x07\n\x05_seed\"o\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x17\n\x0fweight_versions\x18\x05 \x03(\x03\"X\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0e\n\x06nbytes\x18\x05 \x01(\x03\"/\n\tFloatRows\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.rlfleet.v1.FloatRow\"\x1a\n\x08\x46loatRow\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x07\n\x05\x45mptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,13 +34,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=40
   _globals['_SAMPLINGPARAMS']._serialized_end=198
   _globals['_COMPLETION']._serialized_start=200
-  _globals['_COMPLETION']._serialized_end=286
-  _globals['_TENSORSPEC']._serialized_start=288
-  _globals['_TENSORSPEC']._serialized_end=376
-  _globals['_FLOATROWS']._serialized_start=378
-  _globals['_FLOATROWS']._serialized_end=425
-  _globals['_FLOATROW']._serialized_start=427
-  _globals['_FLOATROW']._serialized_end=453
-  _globals['_EMPTY']._serialized_start=455
-  _globals['_EMPTY']._serialized_end=462
+  _globals['_COMPLETION']._serialized_end=311
+  _globals['_TENSORSPEC']._serialized_start=313
+  _globals['_TENSORSPEC']._serialized_end=401
+  _globals['_FLOATROWS']._serialized_start=403
+  _globals['_FLOATROWS']._serialized_end=450
+  _globals['_FLOATROW']._serialized_start=452
+  _globals['_FLOATROW']._serialized_end=478
+  _globals['_EMPTY']._serialized_start=480
+  _globals['_EMPTY']._serialized_end=487
 # @@protoc_insertion_point(module_scope)

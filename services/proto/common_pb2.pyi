@@ -80,6 +80,7 @@ class Completion(_message.Message):
     LOGPROBS_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSIONS_FIELD_NUMBER: _builtins.int
     text: _builtins.str
     finish_reason: _builtins.str
     """"stop" | "length" | "abort" """
@@ -89,6 +90,13 @@ class Completion(_message.Message):
     def logprobs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """one per token when requested"""
 
+    @_builtins.property
+    def weight_versions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The weight version that sampled each token (one per token, like logprobs). Tokens of a
+        request that a weight update crossed (rollout.update_policy: keep) differ; empty from a
+        peer that does not report them: then every token is the response's weight_version.
+        """
+
     def __init__(
         self,
         *,
@@ -96,10 +104,11 @@ class Completion(_message.Message):
         logprobs: _abc.Iterable[_builtins.float] | None = ...,
         text: _builtins.str = ...,
         finish_reason: _builtins.str = ...,
+        weight_versions: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "text", b"text", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "logprobs", b"logprobs", "text", b"text", "token_ids", b"token_ids", "weight_versions", b"weight_versions"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -31,6 +31,7 @@ from rlfleet.common.jobs import JobWorkerPool, WorkerSlots, consumer_name
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_client import connect
 from rlfleet.common.redis_server import standalone_redis
+from rlfleet.reward.batch_scorer import USER_THREADS, ScoringLanes
 from rlfleet.reward.sandbox_pool import close_scorer, sandboxed_user_scorer
 from rlfleet.reward.scorers import Scorer, ScorerRegistry, build_registry
 from rlfleet.reward.server import registration
@@ -73,14 +74,14 @@ async def serve(config: RlfleetConfig, options: Options) -> bool:
     keys = Keys(config.cluster)
     user = await start_sandboxed_user(config.reward)
     registry = build_registry(config.reward, user)
-    worker_redis = redis_client(config.redis_url, config.reward.workers * (READ_COUNT + 3))
-    slots = WorkerSlots(config.reward.workers)
-    pool = start_workers(worker_redis, keys, registry, options, slots, stop.set)
+    slots, lanes = WorkerSlots(worker_count(config.reward)), ScoringLanes()
+    worker_redis = redis_client(config.redis_url, slots.count * (READ_COUNT + 3))
+    pool = start_workers(worker_redis, keys, registry, options, (slots, lanes), stop.set)
     local = slots if slots.count > 0 else None
     front = (
         None
         if options.worker_only
-        else await start_front_doors(config, keys, registry, local, options)
+        else await start_front_doors(config, keys, registry, (local, lanes), options)
     )
     if front is not None:
         announce(config, front)
@@ -99,6 +100,16 @@ async def start_sandboxed_user(rc: RewardConfig) -> Scorer | None:
     if rc.custom is None or not rc.sandbox:
         return None
     return await sandboxed_user_scorer(rc.custom, rc.sandbox_limits)
+
+
+def worker_count(rc: RewardConfig) -> int:
+    """Workers (and slots) of this process: ``reward.workers``, but never fewer than the
+    lanes slow items run on (sandboxed children, or threads), so one job holding a hung item
+    never holds the only worker while a child or thread is free. 0 stays 0 (no workers)."""
+    if rc.workers <= 0:
+        return 0
+    lanes = rc.sandbox_limits.workers if rc.sandbox or rc.custom is None else USER_THREADS
+    return max(rc.workers, lanes)
 
 
 def announce(config: RlfleetConfig, front: FrontDoors) -> None:
@@ -124,14 +135,16 @@ def redis_client(url: str, max_connections: int) -> Redis:
 
 def start_workers(
     redis: Redis, keys: Keys, registry: ScorerRegistry, options: Options,
-    slots: WorkerSlots, on_crash: Callable[[], None],
+    shared: tuple[WorkerSlots, ScoringLanes], on_crash: Callable[[], None],
 ) -> JobWorkerPool:  # fmt: skip
-    """``slots.count`` RewardWorker tasks in this process, each its own consumer of the stream."""
+    """``slots.count`` RewardWorker tasks in this process, each its own consumer of the stream,
+    all on the process's ``lanes``."""
+    slots, lanes = shared
     group = JobWorkerPool(on_crash, stop_after_s=WORKER_STOP_S)
     timing = (options.item_timeout_s, options.reclaim_idle_s)
     for index in range(slots.count):
         queue, name = reward_queue(redis, keys), consumer_name("reward", index)
-        group.add(RewardWorker(queue, registry, name, *timing, slots=slots))
+        group.add(RewardWorker(queue, registry, name, *timing, slots=slots, lanes=lanes))
     log.info("%d reward worker(s) running", slots.count)
     return group
 
@@ -171,11 +184,14 @@ class FrontDoors:
 
 
 async def start_front_doors(
-    config: RlfleetConfig, keys: Keys, registry: ScorerRegistry, slots: WorkerSlots | None,
-    options: Options,
+    config: RlfleetConfig, keys: Keys, registry: ScorerRegistry,
+    shared: tuple[WorkerSlots | None, ScoringLanes], options: Options,
 ) -> FrontDoors:  # fmt: skip
     redis = redis_client(config.redis_url, REDIS_CONCURRENCY + 8)
-    service = RewardService(redis, keys, config.reward, registry, slots, options.item_timeout_s)
+    slots, lanes = shared
+    service = RewardService(
+        redis, keys, config.reward, registry, slots, options.item_timeout_s, lanes
+    )
     await service.start()
     http = await start_http(config, service)
     rc = config.reward

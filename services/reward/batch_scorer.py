@@ -2,12 +2,16 @@
 
 User code is untrusted for liveness: with ``reward.sandbox`` it runs in sandboxed processes
 (``sandbox_pool``), which time, kill and replace what hangs; without, a sync function runs in a
-thread and an ``async def`` one on the loop, each under a timeout counted from when the item
-starts running, so a hung function costs its items an error, not the process. Built-ins run
-inline. When the caller goes away (cancellation), items not started are never started and
-sandboxed ones running are killed. A function in verl's batch
-form is called once for all of a list's items that select it. One item's failure (no scorer, a
-raise, a non-number) is that item's ``error``; nothing here raises for a single bad item.
+thread of its own (``lanes.ThreadLanes``) and an ``async def`` one on the loop, each under a
+timeout counted from when the item starts running, so a hung function costs its items an
+error (and, without a sandbox, a thread left running), not the process. Pure-Python built-ins
+run inline; blocking built-ins (``math``) run on lanes of their own, so built-in scorers never
+wait for user functions. Every list scored is one owner of the process's lanes (round-robin,
+``lanes.owned_by``): its items never queue behind another caller's whole batch. When the
+caller goes away (cancellation), items not started are never started and sandboxed ones
+running are killed. A function in verl's batch form is called once for all of a list's items
+that select it. One item's failure (no scorer, a raise, a non-number) is that item's
+``error``; nothing here raises for a single bad item.
 """
 
 from __future__ import annotations
@@ -15,38 +19,59 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
 
 from rlfleet.common.errors import NotFound
+from rlfleet.reward.lanes import StuckCalls, ThreadLanes, owned_by
 from rlfleet.reward.scorers import Scorer, ScorerRegistry, error_result
 from rlfleet.reward.types import ScoreRequest, ScoreResult
 
 log = logging.getLogger(__name__)
 
 USER_THREADS = 4
+"""Blocking user-function calls at once per process without a sandbox (and ``math`` calls)."""
 Unit = tuple[Scorer, list[int]]  # a scorer and the positions of the items it scores in one go
 
 
+@dataclass
+class ScoringLanes:
+    """A process's thread lanes, shared by its front door and its workers: built-ins and
+    user functions apart, so a stuck user function never delays a built-in."""
+
+    builtin: ThreadLanes = field(default_factory=lambda: ThreadLanes(USER_THREADS))
+    user: ThreadLanes = field(default_factory=lambda: ThreadLanes(USER_THREADS))
+
+
+def waits_for_nobody(scorer: Scorer) -> bool:
+    """A built-in scored in the process that received it, never queued: inline ones, and
+    blocking ones on their own lanes. The ``code`` scorer runs programs (seconds): it is
+    spread over workers like user functions."""
+    return scorer.kind == "builtin" and not scorer.sandboxed
+
+
 class BatchScorer:
-    """Scores lists of requests with ``registry``; ``close`` releases its threads."""
+    """Scores lists of requests with ``registry`` on ``lanes`` (its own when None)."""
 
     def __init__(
-        self, registry: ScorerRegistry, item_timeout_s: float = 10.0, name: str = "score"
-    ) -> None:
-        self.registry, self.item_timeout_s = registry, item_timeout_s
+        self, registry: ScorerRegistry, item_timeout_s: float = 10.0, name: str = "score",
+        lanes: ScoringLanes | None = None,
+    ) -> None:  # fmt: skip
+        self.registry, self.item_timeout_s, self.name = registry, item_timeout_s, name
+        self.lanes = lanes or ScoringLanes()
         self.scored = 0
-        self._threads = ThreadPoolExecutor(USER_THREADS, thread_name_prefix=name)
-        self._user_slots = asyncio.Semaphore(USER_THREADS)
 
     def close(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        """Nothing to release: abandoned calls' threads are daemons and end with the process."""
 
     async def score_all(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
-        """Every item's result, in order."""
+        """Every item's result, in order; this list is one owner of the lanes."""
         results: list[ScoreResult | None] = [None] * len(requests)
         units = self._units(requests, results)
-        done = await asyncio.gather(*(self._run(s, [requests[i] for i in at]) for s, at in units))
+        with owned_by(object()):
+            runs = [self._run(s, [requests[i] for i in at]) for s, at in units]
+            done = await asyncio.gather(*runs)
         for (_, at), unit_results in zip(units, done, strict=True):
             for index, result in zip(at, unit_results, strict=True):
                 results[index] = result
@@ -80,25 +105,14 @@ class BatchScorer:
         if not scorer.blocking and not scorer.is_async:
             return scorer.score_many(requests)
         timeout_s = self.item_timeout_s * math.ceil(len(requests) / USER_THREADS)
-        if scorer.is_async:
-            return await self._timed(scorer, requests, timeout_s, scorer.ascore_many)
-        async with self._user_slots:  # so the timeout starts when the item does
-            return await self._timed(scorer, requests, timeout_s, self._in_thread(scorer))
-
-    def _in_thread(self, scorer: Scorer) -> Callable[[list[ScoreRequest]], Awaitable]:
-        def run(requests: list[ScoreRequest]) -> Awaitable[list[ScoreResult]]:
-            loop = asyncio.get_running_loop()
-            return loop.run_in_executor(self._threads, scorer.score_many, requests)
-
-        return run
-
-    async def _timed(
-        self, scorer: Scorer, requests: list[ScoreRequest], timeout_s: float,
-        call: Callable[[list[ScoreRequest]], Awaitable[list[ScoreResult]]],
-    ) -> list[ScoreResult]:  # fmt: skip
         try:
-            return await asyncio.wait_for(call(requests), timeout_s)
+            if scorer.is_async:
+                return await asyncio.wait_for(scorer.ascore_many(requests), timeout_s)
+            lanes = self.lanes.builtin if scorer.kind == "builtin" else self.lanes.user
+            return await lanes.call(partial(scorer.score_many, requests), timeout_s)
         except TimeoutError:
             log.warning("scorer %s timed out on %s", scorer.name, requests[0].id)
             message = f"scorer {scorer.name} timed out after {timeout_s:g}s"
-            return [error_result(r.id, message) for r in requests]
+        except StuckCalls as exc:
+            message = f"scorer {scorer.name} not called: {exc}"
+        return [error_result(r.id, message) for r in requests]

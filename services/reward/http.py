@@ -5,8 +5,9 @@ key, every route except ``/healthz`` needs ``Authorization: Bearer <key>``: rewa
 reachable from a network must not score for anyone who asks.
 
 Routes: ``POST /score`` and ``/score_batch`` (rlfleet's ScoreRequest JSON; ``id`` optional;
-also under ``/v1/score``, ``/v1/score/batch``), ``GET /scorers`` (``/v1/scorers``), ``GET /healthz``, ``GET /metrics`` (Prometheus; open, like ``/healthz``, so a
-scraper needs no key), and two for other frameworks' remote reward calls
+also under ``/v1/score``, ``/v1/score/batch``), ``GET /scorers`` (``/v1/scorers``),
+``GET /healthz`` (always open), ``GET /metrics`` (Prometheus; with an API key, scrapers send
+it, like ``/docs`` and ``/openapi.json`` need it), and two for other frameworks' remote reward calls
 (``compat``): ``POST /get_reward`` (OpenRLHF) and ``POST /slime/reward`` (slime).
 """
 
@@ -22,7 +23,7 @@ from pydantic import BaseModel, Field
 from redis.exceptions import RedisError
 
 from rlfleet.common import errors
-from rlfleet.common.http_server import api_key_checker
+from rlfleet.common.http_server import api_key_checker, guarded_app
 from rlfleet.reward import compat
 from rlfleet.reward.service import RewardService
 from rlfleet.reward.types import ScoreRequest
@@ -72,7 +73,7 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
 
 def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
     """The FastAPI app; ``api_key`` None leaves it open (loopback use)."""
-    app = FastAPI(title="rlfleet reward", version="1")
+    app = guarded_app("rlfleet reward", api_key)  # its schema and docs need the key too
     auth = [Depends(api_key_checker(api_key))]
 
     @app.post("/v1/score", dependencies=auth, openapi_extra=documented(SCORE_SCHEMA))
@@ -93,7 +94,7 @@ def create_app(service: RewardService, api_key: str | None = None) -> FastAPI:
 
     add_compat_routes(app, service, auth)
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=auth)
     async def metrics() -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

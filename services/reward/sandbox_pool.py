@@ -5,7 +5,9 @@ of milliseconds to seconds; a warm child answers in well under one. The price is
 may be left in a bad state, so any call that fails as a process (timed out, crashed, killed by
 a limit, or abandoned because its caller was cancelled) kills that child and starts a fresh
 one in the background; the item gets an error, the service stays up. A call that waits for a
-free child holds nothing while it waits (a cancelled waiter just leaves the queue).
+free child holds nothing while it waits (a cancelled waiter just leaves the queue), and
+children are handed out round-robin among callers (``lanes.FairLanes``): a hanging item holds
+one child, and a 1-item request gets the next free child, not a place behind a large batch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from rlfleet.common.config import SandboxLimits, UserScorerConfig
 from rlfleet.common.sandbox import SandboxError, SandboxProcess
+from rlfleet.reward.lanes import FairLanes
 from rlfleet.reward.scorers.base import Scorer, error_result
 from rlfleet.reward.types import ScoreRequest, ScoreResult
 
@@ -40,6 +43,7 @@ class SandboxPool:
         self.about: dict[str, Any] = {}
         self.replaced = self.calls = 0
         self._idle: asyncio.Queue[SandboxProcess] = asyncio.Queue()
+        self._turns = FairLanes(max(1, limits.workers))  # whose item gets the next child
         self._children: set[SandboxProcess] = set()
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -59,7 +63,11 @@ class SandboxPool:
 
     async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """Results for ``requests`` (one call of the function, or one per item inside)."""
-        child = await self._idle.get()
+        async with self._turns.lane():
+            return await self._score_on_a_child(requests)
+
+    async def _score_on_a_child(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
+        child = await self._idle.get()  # at once, unless a child is being replaced
         self.calls += 1
         try:
             reply = await child.call({"requests": [r.to_dict() for r in requests]},

@@ -2,14 +2,22 @@
 
 Front doors (gRPC, HTTP) are thin wrappers around ``RewardService``; it never imports grpc.
 
-Local first (``reward.local_first``, ``rlfleet.common.jobs.LocalFirst``): when this process
-runs reward workers and one is idle, a request is scored right here by ``BatchScorer`` (the
-workers' own scoring code), with no Redis round trip and no JSON. A 256-item arith batch is
-~1 ms of regex work; through the queue it was ~100 Redis commands. Otherwise the batch goes
-to the stream as one job, cut into a few only when ``IdleWorkers`` sees several workers waiting
-(and never into parts under ``MIN_JOB_ITEMS``), so slow user functions still spread out.
-Durability is the toolkit's story: a local request is answered by the process that accepted
-it, or its RPC fails and the caller retries it.
+Fair by construction (docs/reward_service.md, "Fairness"):
+
+- Built-in items (``waits_for_nobody``) are scored at once by the process that received them,
+  with ``reward.local_first``: never queued, never behind a user function (``math`` has
+  thread lanes of its own). A 256-item arith batch is ~1 ms of regex work. Without
+  ``local_first`` they go to the stream as one job of their own, never cut.
+- The rest (user functions, ``code``) is cut into jobs of ``CHUNK_ITEMS``; a request keeps at
+  most ``window`` of them in flight (``WINDOW_MIN``, or one per waiting worker anywhere:
+  ``IdleWorkers``), and submits the next when one is answered. So one caller's 1000 items sit
+  in the stream as a few jobs, and another caller's 1-item job is read after those few, not
+  after all 1000. Inside a process, items of different jobs take sandboxed children and
+  threads round-robin (``lanes``).
+- Each chunk runs in-process when one of this process's worker slots is idle (local first:
+  no Redis round trip), else through the stream, where any worker (``--worker-only``
+  processes too) takes it. Durability is the toolkit's story: a local chunk is answered by
+  the process that accepted it, or its RPC fails and the caller retries it.
 
 An item that could not be scored has ``error`` set and ``reward.default_score`` as its score.
 A caller that cancels or times out stops its work (``_run``): its queued jobs are withdrawn
@@ -31,20 +39,14 @@ from typing import TypeVar
 from redis.asyncio import Redis
 
 from rlfleet.common.config import RewardConfig
-from rlfleet.common.jobs import (
-    IdleWorkers,
-    LocalFirst,
-    ScatterGather,
-    WorkerSlots,
-    parts_for,
-    split_evenly,
-)
+from rlfleet.common.errors import DeadlineExceeded, NotFound
+from rlfleet.common.jobs import IdleWorkers, LocalFirst, ScatterGather, WorkerSlots
 from rlfleet.common.keys import REWARD_GROUP, Keys
 from rlfleet.common.queue.consumer import Consumer
 from rlfleet.common.queue.producer import Producer
 from rlfleet.common.queue.stream import QueueStream
 from rlfleet.common.results import Result
-from rlfleet.reward.batch_scorer import BatchScorer
+from rlfleet.reward.batch_scorer import BatchScorer, ScoringLanes, waits_for_nobody
 from rlfleet.reward.metrics import RewardMetrics
 from rlfleet.reward.scorers import ScorerRegistry
 from rlfleet.reward.types import (
@@ -59,9 +61,11 @@ from rlfleet.reward.types import (
 
 MAX_DELIVERIES = 3
 RESULT_TTL_S = 900
-MIN_JOB_ITEMS = 32  # a batch is cut to spread over idle workers, never into smaller jobs
+CHUNK_ITEMS = 16  # slow items per job: small enough that nobody waits long behind one
+WINDOW_MIN = 2  # jobs one request keeps in flight at least (one scored, one queued next)
 REDIS_CONCURRENCY = 32  # Redis round trips in flight per service
 Side = TypeVar("Side", bound=QueueStream)
+R = TypeVar("R")
 
 
 def reward_queue(redis: Redis, keys: Keys, side: type[Side] = Consumer) -> Side:
@@ -78,11 +82,13 @@ class RewardService:
     def __init__(
         self, redis: Redis, keys: Keys, config: RewardConfig, registry: ScorerRegistry,
         slots: WorkerSlots | None = None, item_timeout_s: float = 10.0,
+        lanes: ScoringLanes | None = None,
     ) -> None:  # fmt: skip
         self.queue = reward_queue(redis, keys, Producer)
         self.registry, self.default_scorer = registry, config.default_scorer
         self.default_score = config.default_score
-        timeout_s = config.request_timeout_s
+        self.timeout_s = timeout_s = config.request_timeout_s
+        self.inline = config.local_first
         self.jobs = ScatterGather(self.queue, timeout_s, "reward workers", REDIS_CONCURRENCY,
                                   withdraw=True)  # fmt: skip
         self.metrics = RewardMetrics()
@@ -90,7 +96,7 @@ class RewardService:
                            lambda: self.jobs.withdrawn)  # fmt: skip
         self.idle_workers = IdleWorkers(self.queue)
         self.route = LocalFirst(slots if config.local_first else None, timeout_s)
-        self.engine = BatchScorer(registry, item_timeout_s, name="score-local")
+        self.engine = BatchScorer(registry, item_timeout_s, "score-local", lanes)
 
     async def start(self) -> None:
         await self.jobs.start()
@@ -122,28 +128,82 @@ class RewardService:
         """Scored here or through the queue; an item that failed gets ``default_score``. A
         cancelled call (its caller gone) stops its work: local items not started never start,
         sandboxed ones running are killed, queued jobs are withdrawn."""
-        started, path = time.perf_counter(), ["queued"]
-
-        def local() -> Awaitable[list[ScoreResult]]:
-            path[0] = "local"
-            return self.engine.score_all(requests)
-
+        started, paths = time.perf_counter(), set()
         try:
-            results = await self.route.run(local, lambda: self._queued(requests))
+            results = await self._in_time(self._score(requests, paths))
         except asyncio.CancelledError:
             self.metrics.cancelled.inc()
             raise
         for result in results:
             if result.error:
                 result.score = self.default_score
-        self.metrics.observe(path[0], results, time.perf_counter() - started)
+        path = "queued" if "queued" in paths else "local"
+        self.metrics.observe(path, results, time.perf_counter() - started)
         return results
 
-    async def _queued(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
-        parts = parts_for(len(requests), await self.idle_workers.count(), MIN_JOB_ITEMS)
-        chunks = [list(chunk) for chunk in split_evenly(requests, parts)]
-        answers = await self.jobs.run([encode_requests(chunk) for chunk in chunks])
-        return [r for c, a in zip(chunks, answers, strict=True) for r in _chunk_results(c, a)]
+    async def _in_time(self, work: Awaitable[R]) -> R:
+        """One deadline for the whole request, however many jobs it became."""
+        limit = asyncio.timeout(self.timeout_s)
+        try:
+            async with limit:
+                return await work
+        except TimeoutError as exc:
+            if not limit.expired():
+                raise
+            raise DeadlineExceeded(f"not scored within {self.timeout_s:g}s") from exc
+
+    async def _score(self, requests: list[ScoreRequest], paths: set[str]) -> list[ScoreResult]:
+        """Built-ins here and now; the rest spread in chunks; results back in request order."""
+        quick, slow = self._split(requests)
+        parts = [slow[i : i + CHUNK_ITEMS] for i in range(0, len(slow), CHUNK_ITEMS)]
+        window = asyncio.Semaphore(await self._window(len(parts)))
+        runs = [self._chunk([requests[i] for i in part], window, paths) for part in parts]
+        if quick:  # microseconds an item: one part, never cut (nor queued with local_first)
+            parts.append(quick)
+            items = [requests[i] for i in quick]
+            runs.append(self.engine.score_all(items) if self.inline else self._queued(items, paths))
+        results: list[ScoreResult | None] = [None] * len(requests)
+        for at, part_results in zip(parts, await asyncio.gather(*runs), strict=True):
+            for index, result in zip(at, part_results, strict=True):
+                results[index] = result
+        return [r for r in results if r is not None]
+
+    def _split(self, requests: list[ScoreRequest]) -> tuple[list[int], list[int]]:
+        """Positions of built-in items (``waits_for_nobody``) and of the others."""
+        quick: list[int] = []
+        slow: list[int] = []
+        for index, request in enumerate(requests):
+            (quick if self._quick(request) else slow).append(index)
+        return quick, slow
+
+    def _quick(self, request: ScoreRequest) -> bool:
+        try:
+            return waits_for_nobody(self.registry.select(request))
+        except NotFound:
+            return True  # answered with its error at once
+
+    async def _window(self, chunks: int) -> int:
+        """Chunks of one request in flight: one per waiting worker anywhere, at least 2."""
+        if chunks <= WINDOW_MIN:
+            return WINDOW_MIN
+        return max(WINDOW_MIN, await self.idle_workers.count())
+
+    async def _chunk(
+        self, chunk: list[ScoreRequest], window: asyncio.Semaphore, paths: set[str]
+    ) -> list[ScoreResult]:
+        async with window:
+            return await self.route.run(
+                lambda: self._local(chunk, paths), lambda: self._queued(chunk, paths)
+            )
+
+    def _local(self, chunk: list[ScoreRequest], paths: set[str]) -> Awaitable[list[ScoreResult]]:
+        paths.add("local")
+        return self.engine.score_all(chunk)
+
+    async def _queued(self, chunk: list[ScoreRequest], paths: set[str]) -> list[ScoreResult]:
+        paths.add("queued")
+        (answer,) = await self.jobs.run([encode_requests(chunk)])
+        return _chunk_results(chunk, answer)
 
 
 def _chunk_results(chunk: list[ScoreRequest], answer: Result) -> list[ScoreResult]:

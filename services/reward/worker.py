@@ -21,11 +21,11 @@ from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.jobs import JobWorker, WorkerSlots
 from rlfleet.common.queue.consumer import Consumer
 from rlfleet.common.queue.entries import Job
-from rlfleet.reward.batch_scorer import BatchScorer
+from rlfleet.reward.batch_scorer import BatchScorer, ScoringLanes
 from rlfleet.reward.scorers import ScorerRegistry
 from rlfleet.reward.types import ScoreRequest, ScoreResult, decode_requests, encode_results
 
-READ_COUNT = 4  # jobs taken, scored and answered together
+READ_COUNT = 1  # one job per worker at a time: a job with a hung item delays no other job
 
 
 class RewardWorker(JobWorker):
@@ -39,9 +39,10 @@ class RewardWorker(JobWorker):
         item_timeout_s: float = 10.0,
         reclaim_idle_s: float = 10.0,
         slots: WorkerSlots | None = None,
+        lanes: ScoringLanes | None = None,
     ) -> None:
         super().__init__(queue, consumer, reclaim_idle_s, read_count=READ_COUNT, slots=slots)
-        self.engine = BatchScorer(registry, item_timeout_s, name=f"score-{consumer}")
+        self.engine = BatchScorer(registry, item_timeout_s, f"score-{consumer}", lanes)
         self.withdrawn = 0
 
     @property

@@ -57,7 +57,7 @@ async def serve(config: RlfleetConfig) -> None:
     await server.set_serving(False)
     replica.address = f"{advertised_host(rollout)}:{port}"
     try:
-        with metrics_server(replica, rollout):
+        with metrics_server(replica, rollout, config.api_key):
             await _run_until(stop, replica, server)
     finally:
         await _shutdown(replica, server, redis)
@@ -80,12 +80,14 @@ def advertised_host(rollout: RolloutConfig) -> str:
 
 
 @contextlib.contextmanager
-def metrics_server(replica: Replica, rollout: RolloutConfig) -> Iterator[None]:
+def metrics_server(
+    replica: Replica, rollout: RolloutConfig, api_key: str | None = None
+) -> Iterator[None]:
     """Prometheus ``/metrics`` on ``rollout.metrics_port`` while the block runs (0 = off)."""
     if not rollout.metrics_port:
         yield
         return
-    server, sampler = serve_metrics(replica, rollout.host, rollout.metrics_port)
+    server, sampler = serve_metrics(replica, rollout.host, rollout.metrics_port, api_key)
     log.info("replica metrics at http://%s:%d/metrics", rollout.host, rollout.metrics_port)
     try:
         yield

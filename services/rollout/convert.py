@@ -73,7 +73,7 @@ def result_to_proto(result: GenerateResult) -> rollout_pb2.GenerateResponse:
     # Fields by name rather than asdict(), which would deep-copy every token list first.
     completions = [
         common_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text,
-                              finish_reason=c.finish_reason)
+                              finish_reason=c.finish_reason, weight_versions=c.weight_versions)
         for c in result.completions
     ]  # fmt: skip
     return rollout_pb2.GenerateResponse(
@@ -85,7 +85,9 @@ def result_to_proto(result: GenerateResult) -> rollout_pb2.GenerateResponse:
 
 def result_from_proto(msg: rollout_pb2.GenerateResponse) -> GenerateResult:
     completions = [
-        Completion(list(c.token_ids), list(c.logprobs), c.text, c.finish_reason)
+        Completion(
+            list(c.token_ids), list(c.logprobs), c.text, c.finish_reason, list(c.weight_versions)
+        )
         for c in msg.completions
     ]
     return GenerateResult(msg.request_id, completions, msg.weight_version, msg.replica_id,

@@ -6,6 +6,9 @@ running work, and the drain check asks whether anything still runs. A cancelled 
 a request is aborted: the engine stops it (vLLM's ``generate`` on cancellation, the hf engine
 by stopping its rows). Queue jobs are remembered beside their tasks, so the cancel watcher
 (``job_loop.py``) can ask Redis about them.
+
+Before a weight update, ``make_way`` clears the engine as ``rollout.update_policy`` says
+(``continuation.py``: keep, finish or restart) and ``reopen`` lets the requests go on after.
 """
 
 from __future__ import annotations
@@ -14,10 +17,19 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from rlfleet.common.workqueue import Job
+from rlfleet.rollout.continuation import UpdateGate
+
+if TYPE_CHECKING:
+    from rlfleet.rollout.engines.base import Engine
 
 log = logging.getLogger(__name__)
+
+STOP_WAIT_S = 5.0
+"""Least time an engine gets to stop its requests for an update (it stops them at its next
+decoding step; past this, whatever still runs is cancelled and restarted)."""
 
 
 class InFlight:
@@ -29,6 +41,7 @@ class InFlight:
         self._jobs: dict[str, Job] = {}  # engine request id -> the queue job it runs
         self._aborted: set[str] = set()  # engine request ids cancelled because callers left
         self._ids = itertools.count()
+        self.gate = UpdateGate()  # requests run through it, so an update can stop them
 
     def __len__(self) -> int:
         return len(self._running)
@@ -81,3 +94,31 @@ class InFlight:
         for task in held:
             task.cancel()
         await asyncio.gather(*held, return_exceptions=True)
+
+    async def make_way(self, engine: Engine, policy: str, timeout_s: float) -> None:
+        """Clear the engine for a weight update (``rollout.update_policy``): ``finish`` waits
+        for every request; ``restart`` waits ``timeout_s``, then stops the rest (their tokens
+        counted as discarded) and cancels them back onto the stream; ``keep`` stops every
+        request where it is at once, to continue after ``reopen``."""
+        tasks = list(self._running.values())
+        if policy == "finish":
+            if tasks:
+                await asyncio.wait(tasks)
+            return
+        if policy == "restart" and tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        if policy == "restart" and not self._running:
+            return
+        self.gate.close(keep=policy == "keep")
+        await engine.interrupt()
+        idle = await self.gate.wait_idle(max(timeout_s, STOP_WAIT_S))
+        if policy != "keep" or not idle:
+            if not idle:
+                log.warning("the engine did not stop %d requests in %.0f s: restarting them",
+                            self.gate.running, max(timeout_s, STOP_WAIT_S))  # fmt: skip
+                self.gate.stats.requests_restarted += len(self._running)
+            await self.finish_or_cancel(0)
+
+    def reopen(self) -> None:
+        """After the update (loaded or refused): stopped requests go on."""
+        self.gate.open()

@@ -24,8 +24,10 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import ErrorCode, FailedPrecondition
 from rlfleet.common.results import encode_result
 from rlfleet.common.workqueue import Failure, Finish, Job, WorkQueue
+from rlfleet.rollout import continuation, tokenize
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.inflight import InFlight
+from rlfleet.rollout.limits import PromptLimits
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, unpack_requests
 
 log = logging.getLogger(__name__)
@@ -50,10 +52,15 @@ class JobRunner:
     async def generate(self, request: GenerateRequest, key: str) -> GenerateResult:
         """One request on the engine (``key``: its engine request id), tagged with the weight
         version it was generated with."""
-        prompt = request.prompt_token_ids or self.engine.encode(request.prompt_text or "")
+        limits = PromptLimits.of(self.config.rollout)  # text bounded before it is tokenized
+        limits.check(request)
+        prompt = request.prompt_token_ids or await tokenize.encode(
+            self.engine, request.prompt_text or "", limits
+        )  # off the event loop: the lease, the stream and other jobs go on meanwhile
         self._check_request(request, prompt)
-        version = self._version()
-        completions = await self.engine.generate(key, prompt, request.sampling)
+        completions = await continuation.generate(self._inflight.gate, self.engine, key, prompt,
+                                                  request.sampling, self._version)  # fmt: skip
+        version = continuation.oldest_version(completions, self._version())
         self.generated_tokens += sum(len(c.token_ids) for c in completions)
         return GenerateResult(request.request_id, completions, version, self.replica_id, prompt)
 

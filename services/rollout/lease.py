@@ -7,7 +7,10 @@ has lost its lease, and the janitor may have moved its work: its late answers ar
 and at its next beat it drops the jobs it held, registers again with a new token and re-reads
 whatever of its stream is still there.
 
-The heartbeat loop also ends the process: when the engine dies it stops beating and sets
+Renewals run in a thread of their own (``heartbeat.py``), from the first registration on, so
+a busy event loop or a loading engine does not lose the lease; a lapse the thread finds is
+handled here, on the loop. The loop beats itself at every change of state, so routers see it
+at once. This loop also ends the process: when the engine dies it stops beating and sets
 ``failed`` (the TTL lapses, the janitor moves the unanswered entries); when a router drained
 the replica (``DrainReplica``) and nothing is left to answer, it sets ``drained``.
 """
@@ -23,6 +26,7 @@ from collections.abc import Callable
 
 from rlfleet.common.workqueue import WorkQueue
 from rlfleet.rollout.engines.base import Engine
+from rlfleet.rollout.heartbeat import HeartbeatThread
 from rlfleet.rollout.inflight import InFlight
 from rlfleet.rollout.job_loop import Backlog
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
@@ -36,14 +40,23 @@ class Lease:
     def __init__(
         self, registry: ReplicaRegistry, queue: WorkQueue, replica_id: str,
         inflight: InFlight, backlog: Backlog, describe: Callable[[], ReplicaInfo],
+        pulse: HeartbeatThread,
     ) -> None:  # fmt: skip
         self.registry, self.queue, self.replica_id = registry, queue, replica_id
         self._inflight, self._backlog, self._describe = inflight, backlog, describe
+        self._pulse = pulse  # renews the lease from its own thread once we hold one
+        self._pulsing = False
+        self._lapsed = asyncio.Event()  # set (on the loop) when the thread found it lapsed
         self._token = ""  # our token in the heartbeat key; "" until the first registration
-        self.last_beat = 0.0  # time.time() of the last successful beat; 0 = none yet
+        self._last_beat = 0.0  # time.time() of the last successful beat on the loop
         self._renewed = False  # a lease renewed once: the engine has started, beats are due
         self.failed = asyncio.Event()  # the engine died: stop, let the heartbeat TTL lapse
         self.drained = asyncio.Event()  # a router drained us and our work is done: exit
+
+    @property
+    def last_beat(self) -> float:
+        """time.time() of the last successful beat, loop's or thread's; 0 = none yet."""
+        return max(self._last_beat, self._pulse.last_beat)
 
     @property
     def held(self) -> bool:
@@ -59,7 +72,8 @@ class Lease:
                 await self._relet(info)
             else:
                 self._renewed = True
-            self.last_beat = time.time()
+                self._pulse.hand(self._token)  # the thread may have let it go meanwhile
+            self._last_beat = time.time()
         except Exception as exc:  # noqa: BLE001 - a missed beat is retried next interval
             log.warning("heartbeat for %s failed: %s", self.replica_id, exc)
 
@@ -80,14 +94,24 @@ class Lease:
         self.queue.fence = (self.registry.lease_key(self.replica_id), token)
         await self.registry.register(info, token)
         self._token = token
+        self._pulse.hand(token)
+        if not self._pulsing:  # from the first registration on, the engine loading too
+            self._pulse.start(token, self._lapsed.set)
+            self._pulsing = True
 
     async def run(self, engine: Engine, interval_s: float) -> None:
-        """Beat every ``interval_s`` while the engine lives; then set ``failed``."""
+        """While the engine lives: show the heartbeat thread the loop is alive, re-take a
+        lease it found lapsed, check for drain, every ``interval_s``; then set ``failed``."""
         while engine.is_alive():
-            await asyncio.sleep(interval_s)
-            await self.beat()
+            self._pulse.tick()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lapsed.wait(), interval_s)
+            if self._lapsed.is_set():
+                self._lapsed.clear()
+                await self.beat()  # finds the lease gone: drops our jobs, registers again
             await self._check_drained()
         log.error("%s engine died; %s stops heartbeating", engine.name, self.replica_id)
+        self._pulse.stop()
         self.failed.set()
 
     async def _check_drained(self) -> None:
@@ -106,6 +130,8 @@ class Lease:
         self.drained.set()
 
     async def leave(self) -> None:
-        """Deregister (best effort: the TTL ends the entry anyway)."""
+        """Stop the heartbeat thread, then deregister (best effort: the TTL ends the entry
+        anyway)."""
+        await asyncio.to_thread(self._pulse.stop)
         with contextlib.suppress(Exception):
             await self.registry.deregister(self.replica_id)

@@ -7,26 +7,37 @@ always shows the current state. Two things cannot be read at scrape time: the qu
 in Redis (the scrape runs in prometheus-client's server thread, away from the event loop), so
 ``poll`` samples it every second, together with the token rate; and update timings, which
 ``MeteredReplica`` records around ``Replica.update_weights`` without touching it.
-Served by ``prometheus_client.start_http_server`` on ``rollout.metrics_port`` (0 = off).
+Served by ``prometheus_client``'s WSGI app on ``rollout.metrics_port`` (0 = off), behind the
+API key when the fleet has one (``Authorization: Bearer``, as Prometheus scrapers send it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from rlfleet.common.http_server import bearer_wsgi
 from rlfleet.model import weights
 from rlfleet.rollout.replica import Replica
 from rlfleet.rollout.types import ReplicaState, UpdateOutcome
 
 RATE_WINDOW_S = 10.0
 POLL_S = 1.0
+
+
+class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """One thread per scrape, none outliving the process (as ``start_http_server`` does)."""
+
+    daemon_threads = True
 
 
 class MeteredReplica(Replica):
@@ -82,6 +93,7 @@ class ReplicaCollector(Collector):
             state.add_metric([*rid, s.value], float(status.state is s))
         yield state
         yield from _update_metrics(r, rid)
+        yield from _in_flight_update_metrics(r, rid)
         yield from _prefix_cache_metrics(r, rid)
 
     def sample(self, depth: int) -> None:
@@ -107,6 +119,20 @@ def _update_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
                  rid, r.last_load_s)  # fmt: skip
     yield _counter("rlfleet_rollout_update_seconds", "Time spent in weight updates", rid,
                    r.total_update_s)  # fmt: skip
+
+
+def _in_flight_update_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
+    """What weight updates did to requests in flight (``rollout.update_policy``)."""
+    stats = r.inflight.gate.stats
+    yield _counter("rlfleet_rollout_update_discarded_tokens", "Decoded tokens thrown away by "
+                   "weight updates (requests restarted from scratch; 0 under keep)", rid,
+                   stats.tokens_discarded)  # fmt: skip
+    yield _counter("rlfleet_rollout_update_restarted_requests", "Requests a weight update "
+                   "restarted from scratch", rid, stats.requests_restarted)  # fmt: skip
+    yield _counter("rlfleet_rollout_update_resumed_requests", "Samples continued under new "
+                   "weights after an update (keep)", rid, stats.requests_resumed)  # fmt: skip
+    yield _counter("rlfleet_rollout_update_kept_tokens", "Decoded tokens carried across weight "
+                   "updates instead of being sampled again", rid, stats.tokens_kept)  # fmt: skip
 
 
 def _prefix_cache_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
@@ -144,11 +170,22 @@ async def poll(collector: ReplicaCollector, interval_s: float = POLL_S) -> None:
         await asyncio.sleep(interval_s)
 
 
-def serve_metrics(replica: Replica, host: str, port: int) -> tuple[object, asyncio.Task]:
-    """Start ``/metrics`` on ``host:port`` and the sampler; returns (server, sampler task):
-    call ``server.shutdown()`` and cancel the task to stop."""
+def serve_metrics(
+    replica: Replica, host: str, port: int, api_key: str | None = None
+) -> tuple[object, asyncio.Task]:
+    """Start ``/metrics`` on ``host:port`` (behind ``api_key`` when one is set) and the
+    sampler; returns (server, sampler task): call ``server.shutdown()`` and cancel the task."""
     registry = CollectorRegistry()
     collector = ReplicaCollector(replica)
     registry.register(collector)
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    app = bearer_wsgi(make_wsgi_app(registry), api_key)
+    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="replica-metrics", daemon=True).start()
     return server, asyncio.create_task(poll(collector), name="replica-metrics")
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access line per scrape on the replica's output."""
+
+    def log_message(self, *args: object) -> None:
+        pass

@@ -20,9 +20,11 @@ What the replica does, whichever part does it:
 - A weight update stops new work, lets in-flight requests finish for up to
   ``rollout.drain_timeout_s``, then cancels the rest. Cancelled queue jobs stay unacknowledged
   in Redis (a crash now loses nothing) and are run again here once the new weights are in;
-  cancelled direct calls are retried the same way. So every answer was produced by exactly one
-  weight version, the one it reports. A refused update changes nothing; versions only go up
-  unless the header says ``force``.
+  cancelled direct calls are retried the same way. That is ``rollout.update_policy: restart``;
+  ``finish`` waits for every request, and ``keep`` stops them where they are and continues
+  them under the new weights (docs/in_flight_updates.md). Every token carries the version
+  that sampled it; an answer reports the oldest. A refused update changes nothing; versions
+  only go up unless the header says ``force``.
 - An entry that needs newer weights than ours (a replica restarted under its id comes back at
   version 0 and re-reads entries queued for the weights it had) is parked until an update
   brings that version.
@@ -47,7 +49,9 @@ from rlfleet.common.errors import Unavailable
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
 from rlfleet.common.workqueue import Job, WorkQueue
 from rlfleet.model import weights
+from rlfleet.rollout import weight_guard
 from rlfleet.rollout.engines.base import Engine
+from rlfleet.rollout.heartbeat import HeartbeatThread
 from rlfleet.rollout.inflight import InFlight
 from rlfleet.rollout.job_loop import Backlog, JobLoop
 from rlfleet.rollout.job_runner import JobRunner
@@ -84,8 +88,11 @@ class Replica:
         self.inflight = InFlight(replica_id)
         self.backlog = Backlog()
         self.weights = WeightUpdater(config, engine, self.backlog.unpark)
+        rollout = config.rollout
+        pulse = HeartbeatThread(redis, keys, rollout.heartbeat_ttl_s,
+                                rollout.heartbeat_interval_s, rollout.loop_stall_s, self._info)  # fmt: skip
         self.lease = Lease(self.registry, self.queue, replica_id, self.inflight, self.backlog,
-                           self._info)  # fmt: skip
+                           self._info, pulse)  # fmt: skip
         self.runner = JobRunner(config, engine, self.queue, replica_id, self.inflight,
                                 self._version, self._requeue)  # fmt: skip
         self.jobs = JobLoop(config, self.queue, replica_id, self.phase, self.inflight,
@@ -171,20 +178,23 @@ class Replica:
     async def update_weights(
         self, header: weights.WeightHeader, payload: weights.BytesLike
     ) -> UpdateOutcome:
-        """Verify while still serving (checksum, finite values), then drain, load in one step,
+        """Verify while still serving (checksum, finite values, magnitude), then drain, load in one step,
         flush, bump the version. A refused update changes nothing; a load that fails midway
         leaves the replica UPDATE_FAILED (out of routing) until an update succeeds."""
         async with self.weights.lock:
             self.weights.check(header)  # again: another update may have landed meanwhile
-            state_dict = await asyncio.to_thread(verified, header, payload)
+            state_dict = await asyncio.to_thread(self._verified, header, payload)
             if self.state not in (S.SERVING, S.PAUSED, S.UPDATE_FAILED):
                 raise Unavailable(f"replica {self.replica_id} is {self.state}")
             self.phase.set(S.UPDATING)
             await self.lease.beat()
             try:
-                await self.inflight.finish_or_cancel(self.config.rollout.drain_timeout_s)
+                rollout = self.config.rollout
+                await self.inflight.make_way(self.engine, rollout.update_policy,
+                                             rollout.drain_timeout_s)  # fmt: skip
                 return await self.weights.load(header, state_dict)
             finally:
+                self.inflight.reopen()  # requests stopped for the update go on
                 self.phase.set(self.phase.resting(self.weights.intact))
                 await self.lease.beat()
 
@@ -215,6 +225,12 @@ class Replica:
         """Our registry entry as of now (the lease writes it at every beat)."""
         return ReplicaInfo(self.replica_id, self.address, self.version, self.state,
                            self.engine.name, self.served)  # fmt: skip
+
+    def _verified(self, header: weights.WeightHeader, payload: weights.BytesLike) -> dict:
+        """The update's tensors once intact, finite and of sane magnitude (a worker thread)."""
+        state_dict = verified(header, payload)
+        weight_guard.check_magnitude(state_dict, self.config.rollout.max_weight_abs)
+        return state_dict
 
     def _version(self) -> int:
         return self.weights.version

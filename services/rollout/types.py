@@ -123,6 +123,17 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str
+    weight_versions: list[int] = field(default_factory=list)
+    """The weight version that sampled each token, one per token (packed like the log-probs).
+    A request a weight update crossed (``rollout.update_policy: keep``) holds tokens of two or
+    more versions; empty from a peer that does not report them (``versions`` fills it in)."""
+
+    def versions(self, default: int) -> list[int]:
+        """The version of every token: ``weight_versions``, or ``default`` (the result's
+        ``weight_version``) for each token when the completion carries none."""
+        if len(self.weight_versions) == len(self.token_ids):
+            return list(self.weight_versions)
+        return [default] * len(self.token_ids)
 
 
 @dataclass
@@ -164,6 +175,9 @@ class GenerateRequest:
 
 @dataclass
 class GenerateResult:
+    """One request's answer. ``weight_version`` is the version the request started under, so
+    the oldest of its tokens' (``Completion.weight_versions`` has each token's)."""
+
     request_id: str
     completions: list[Completion]
     weight_version: int
@@ -180,36 +194,43 @@ class GenerateResult:
         return cls(**raw)
 
     def encode(self) -> bytes:
-        """Packed: magic, header length, JSON header, int32 token ids, float32 log-probs
-        (the engine's log-probs are float32 already, so nothing is lost)."""
+        """Packed: magic, header length, JSON header, int32 token ids, float32 log-probs,
+        int64 per-token weight versions (the engine's log-probs are float32 already, so
+        nothing is lost)."""
         cs = self.completions
         ids = array("i", self.prompt_token_ids)
         for c in cs:
             ids.extend(c.token_ids)
         logprobs = array("f", [lp for c in cs for lp in c.logprobs])
+        versions = array("q", [v for c in cs for v in c.weight_versions])
         head = json.dumps([self.request_id, self.weight_version, self.replica_id,
                            len(self.prompt_token_ids),
-                           [[c.text, c.finish_reason, len(c.token_ids), len(c.logprobs)]
-                            for c in cs]]).encode()  # fmt: skip
+                           [[c.text, c.finish_reason, len(c.token_ids), len(c.logprobs),
+                             len(c.weight_versions)] for c in cs]]).encode()  # fmt: skip
         return b"".join([PACKED_MAGIC, _HEADER_LEN.pack(len(head)), head,
-                         _little(ids).tobytes(), _little(logprobs).tobytes()])  # fmt: skip
+                         _little(ids).tobytes(), _little(logprobs).tobytes(),
+                         _little(versions).tobytes()])  # fmt: skip
 
     @classmethod
     def decode(cls, data: bytes) -> GenerateResult:
-        """From ``encode`` (or ``to_json``, what replicas wrote before packing)."""
+        """From ``encode`` (or ``to_json``, what replicas wrote before packing). A header
+        entry without a version count (written before per-token versions) has none."""
         if not data.startswith(PACKED_MAGIC):
             return cls.from_json(data)
         start = len(PACKED_MAGIC) + _HEADER_LEN.size
         (size,) = _HEADER_LEN.unpack_from(data, len(PACKED_MAGIC))
         request_id, version, replica_id, n_prompt, heads = json.loads(data[start : start + size])
-        n_ids = n_prompt + sum(h[2] for h in heads)
-        ids = _little_from("i", data[start + size : start + size + 4 * n_ids])
-        logprobs = _little_from("f", data[start + size + 4 * n_ids :])
-        completions, i, j = [], n_prompt, 0
-        for text, reason, n_tokens, n_logprobs in heads:
+        heads = [[*h, 0][:5] for h in heads]
+        n_ids, n_lps = n_prompt + sum(h[2] for h in heads), sum(h[3] for h in heads)
+        body = start + size
+        ids = _little_from("i", data[body : body + 4 * n_ids])
+        logprobs = _little_from("f", data[body + 4 * n_ids : body + 4 * (n_ids + n_lps)])
+        versions = _little_from("q", data[body + 4 * (n_ids + n_lps) :])
+        completions, i, j, k = [], n_prompt, 0, 0
+        for text, reason, n_tokens, n_logprobs, n_versions in heads:
             completions.append(Completion(ids[i : i + n_tokens], logprobs[j : j + n_logprobs],
-                                          text, reason))  # fmt: skip
-            i, j = i + n_tokens, j + n_logprobs
+                                          text, reason, versions[k : k + n_versions]))  # fmt: skip
+            i, j, k = i + n_tokens, j + n_logprobs, k + n_versions
         return cls(request_id, completions, version, replica_id, ids[:n_prompt])
 
 

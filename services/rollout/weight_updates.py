@@ -10,8 +10,10 @@ old weights serving. A load that fails midway (weights possibly half replaced) l
 succeeds. After a load the KV/prefix cache is flushed (``rollout.flush_cache_on_update`` and
 the header's ``flush_cache``), so no answer mixes new weights with old cache.
 
-The replica (``replica.py``) runs the steps around this: stop taking work, let in-flight
-requests finish or cancel them, then ``load``.
+The replica (``replica.py``) runs the steps around this: stop taking work, make way for the
+update as ``rollout.update_policy`` says (``InFlight.make_way``: let in-flight requests
+finish, cancel them, or stop them to continue under the new weights), then ``load``, then
+let the stopped requests go on (``InFlight.reopen``), whether the load succeeded or not.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class WeightUpdater:
             self.intact = intact  # engines refuse a mismatch before changing anything
             raise
         old, self.version, self.intact = self.version, header.version, True
+        self.engine.serving_version = self.version  # vLLM's cache salt follows it
         self._on_new_version(self.version)
         flushed = False
         if header.flush_cache and self.config.rollout.flush_cache_on_update:

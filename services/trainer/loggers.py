@@ -217,6 +217,8 @@ class Tracker:
     def __init__(self, backends: dict[str, Backend]) -> None:
         self.backends = backends
         self.history: list[dict] = []
+        self.segment = 0
+        """0 for a fresh run; 1 after the first resume, and so on (``resume``)."""
         jsonl = backends.get("jsonl")
         self.path: Path | None = jsonl.path if isinstance(jsonl, MetricsWriter) else None
         self.samples_file = (
@@ -235,6 +237,19 @@ class Tracker:
             cls(backends).close()
             raise
         return cls(backends)
+
+    def resume(self, step: int) -> None:
+        """This run goes on from a checkpoint at ``step``: ``metrics.jsonl`` marks the rows
+        to come (``MetricsWriter.resume``), and the history (the reward plot, StreamMetrics)
+        starts with the earlier segments' rows that still stand."""
+        jsonl = self.backends.get("jsonl")
+        if not isinstance(jsonl, MetricsWriter):  # no file: nothing to mark, nothing to read
+            self.segment += 1
+            return
+        standing = jsonl.resume(step)
+        self.segment = jsonl.segment
+        self.history = [{k: v if k == "step" else float(v) for k, v in row.items()}
+                        for row in standing]  # numbers only, as ``log`` keeps them  # fmt: skip
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         values = {key: float(value) for key, value in metrics.items()}

@@ -81,18 +81,43 @@ class Timer:
 
 class MetricsWriter:
     """Appends one JSON object per step to ``metrics.jsonl`` (verl's ``file`` logger); keeps
-    history for the plot."""
+    history for the plot.
+
+    A resumed run (``resume``) appends to the same file, and marks what it writes: every row
+    carries ``segment`` (1 after the first resume, 2 after the second, ...), and a row of a step
+    that an earlier segment had already logged (trained again after the checkpoint) carries
+    ``retrained: true`` as well. Rows of a fresh run carry neither. One row per step: for each
+    step, the rows of the highest ``segment`` that logged it (``standing_rows``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []
+        self.segment = 0
+        self.logged_through = 0
+        """The last step an earlier segment logged: rows up to it are ``retrained``."""
+
+    def resume(self, step: int) -> list[dict]:
+        """This run goes on from a checkpoint at ``step``: number the segment, and return the
+        earlier segments' rows that still stand (steps up to ``step``)."""
+        rows = read_rows(self.path)
+        end_torn_line(self.path)  # else the first new row would be glued to a killed one's
+        self.segment = 1 + max((int(r.get("segment", 0)) for r in rows), default=0)
+        self.logged_through = max((int(r["step"]) for r in rows), default=0)
+        self.history = standing_rows(rows, step)
+        return list(self.history)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
-        record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        record = {"step": step, **self._marks(step), **{k: float(v) for k, v in metrics.items()}}
         self.history.append(record)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
+
+    def _marks(self, step: int) -> dict:
+        if not self.segment:
+            return {}
+        return {"segment": self.segment, **({"retrained": True} if step <= self.logged_through
+                                             else {})}  # fmt: skip
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """The ``jsonl`` backend of ``rlfleet.trainer.loggers.Tracker``."""
@@ -100,6 +125,43 @@ class MetricsWriter:
 
     def close(self) -> None:
         """Nothing is held open: every write appends and closes the file."""
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Every row of a ``metrics.jsonl`` (a torn last line, from a killed run, is skipped)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+def end_torn_line(path: Path) -> None:
+    """Close a last line a killed writer left unfinished, so the next row starts on its own."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with path.open("rb+") as handle:
+        handle.seek(-1, 2)
+        if handle.read(1) != b"\n":
+            handle.write(b"\n")
+
+
+def standing_rows(rows: list[dict], through: int | None = None) -> list[dict]:
+    """The rows that stand, in file order: for each step (up to ``through``), those of the
+    latest segment that logged it; what a dead segment logged after its checkpoint is
+    superseded by the segment that trained those steps again."""
+    latest: dict[int, int] = {}
+    for row in rows:
+        if through is None or row["step"] <= through:
+            latest[row["step"]] = max(latest.get(row["step"], 0), int(row.get("segment", 0)))
+    return [row for row in rows
+            if row["step"] in latest and int(row.get("segment", 0)) == latest[row["step"]]]  # fmt: skip
 
 
 def plot_reward_curve(history: list[dict], path: Path, val: dict[str, float]) -> Path | None:

@@ -47,7 +47,11 @@ class RolloutBatch:
     environment or the chat template added between turns. Empty in single-turn mode (every
     response token is sampled)."""
     token_versions: list[list[int]] = field(default_factory=list)
-    """Agent mode: the weight version of every response token (-1 where the mask is 0)."""
+    """The weight version that sampled every response token (-1 where the mask is 0, agent
+    mode): a completion that a weight update crossed (``rollout.update_policy: keep``) holds
+    several. The trainer's staleness bound works per token (``rlfleet.trainer.staleness``)."""
+    stale_masked_tokens: int = 0
+    """Sampled tokens left out of the loss for their age (``async/masked_tokens``)."""
     empty_episodes: int = 0
     """Agent mode: episodes left out because the policy sampled nothing in them (an
     environment that failed before the first turn); counted in ``agent/failed``."""
@@ -58,13 +62,16 @@ class RolloutBatch:
         return len(self.responses)
 
     def add_group(self, record: PromptRecord, group_id: int, result) -> None:
-        """Append the n completions of one GenerateResult as one group."""
+        """Append the n completions of one GenerateResult as one group (each row's version is
+        its oldest token's; every token's is in ``token_versions``)."""
         for completion in result.completions:
             self.records.append(record)
             self.prompts.append(list(record.token_ids))
             self.responses.append(list(completion.token_ids))
             self.group_ids.append(group_id)
-            self.weight_versions.append(result.weight_version)
+            versions = completion.versions(result.weight_version)
+            self.weight_versions.append(min(versions, default=result.weight_version))
+            self.token_versions.append(versions)
             self.replica_ids.append(result.replica_id)
             self.finish_reasons.append(completion.finish_reason)
             self.engine_logprobs.append(list(completion.logprobs))

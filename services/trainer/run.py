@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.trainer.clock import TrainingClock
 from rlfleet.trainer.data import batches, load_records
 from rlfleet.trainer.evaluate import Evaluator
 from rlfleet.trainer.loggers import Tracker, progress_postfix
 from rlfleet.trainer.metrics import plot_reward_curve
+from rlfleet.trainer.samples import TrainSamples
 from rlfleet.trainer.state import TrainerState
 from rlfleet.trainer.trainer import Trainer
 
@@ -45,11 +47,12 @@ def build_actor(config: RlfleetConfig):
     return tokenizer, parallel_actor(config, model, pad_id)
 
 
-def restore(trainer: Trainer) -> Path | None:
+def restore(trainer: Trainer, clock: TrainingClock | None = None) -> Path | None:
     """Continue from the checkpoint ``trainer.resume_mode`` names (the actor weights are
     already loaded): optimizer, schedule, step, weight version, data position, RNG states, the
-    in-reward KL coefficient. Returns the checkpoint (None = a fresh run); the critic, which
-    lives in the refcritic, is restored by ``restore_critic``."""
+    in-reward KL coefficient, and the run's ``clock`` (training time, the accuracy before the
+    first step). Returns the checkpoint (None = a fresh run); the critic, which lives in the
+    refcritic, is restored by ``restore_critic``."""
     from rlfleet.trainer.checkpoints import resume_path, set_rng_state
 
     path = resume_path(trainer.config)
@@ -63,6 +66,8 @@ def restore(trainer: Trainer) -> Path | None:
         set_rng_state(state["rng"])
     if "kl_coef" in state and trainer.kl_ctrl is not None:
         trainer.kl_ctrl.value = float(state["kl_coef"])
+    if "clock" in state and clock is not None:  # older checkpoints have none
+        clock.restore(state["clock"])
     log.info(
         "resumed from %s at step %d (weights v%d)", path, trainer.step, trainer.resumed_version
     )
@@ -113,32 +118,6 @@ def progress(total: int):
     return tqdm(total=total, desc="GRPO steps", unit="step", dynamic_ncols=True, disable=quiet)
 
 
-class TrainingClock:
-    """Training time with validation excluded, and when validation first reached the target.
-
-    ``time_to_target_s`` runs from the start of the first step to the end of the step after
-    which validation first showed ``>= target`` (what ``make run`` prints as
-    ``time_to_0.85_s``)."""
-
-    def __init__(self, target: float) -> None:
-        self.target = target
-        self.training_s = 0.0
-        self.time_to_target_s: float | None = None
-        self._started: float | None = None
-
-    def begin(self) -> None:
-        self._started = time.perf_counter()
-
-    def pause(self) -> None:
-        if self._started is not None:
-            self.training_s += time.perf_counter() - self._started
-            self._started = None
-
-    def observe(self, accuracy: float | None) -> None:
-        if accuracy is not None and accuracy >= self.target and self.time_to_target_s is None:
-            self.time_to_target_s = self.training_s
-
-
 async def validate_during_training(trainer: Trainer, val, writer, clock, rollouts) -> None:
     """Periodic validation: the clock and the async producer stand still meanwhile."""
     clock.pause()
@@ -177,7 +156,7 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
             while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
                 await trainer.wait_if_paused()
                 metrics = await one_step(trainer, data, rollouts)
-                await after_step(trainer, writer, bar, metrics)
+                await after_step(trainer, writer, bar, metrics, clock)
                 if cfg.trainer.test_freq and trainer.step % cfg.trainer.test_freq == 0 and val:
                     await validate_during_training(trainer, val, writer, clock, rollouts)
             clock.pause()
@@ -202,7 +181,7 @@ async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:
     return {**metrics, **call_counts.per_step_metrics(calls_before, call_counts.snapshot())}
 
 
-async def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float]) -> None:
+async def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float], clock=None) -> None:
     cfg = trainer.config
     trainer.step += 1
     metrics["training/global_step"] = float(trainer.step)
@@ -210,10 +189,10 @@ async def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float]) -
     bar.update(1)
     bar.set_postfix(progress_postfix(metrics))
     if cfg.trainer.save_freq and trainer.step % cfg.trainer.save_freq == 0:
-        await save_step_checkpoint(trainer)
+        await save_step_checkpoint(trainer, clock)
 
 
-def save_checkpoint(trainer: Trainer, path: Path) -> Path:
+def save_checkpoint(trainer: Trainer, path: Path, clock: TrainingClock | None = None) -> Path:
     from rlfleet.trainer.checkpoints import rng_state
 
     trainer.actor.save_hf(path, trainer.tokenizer)
@@ -225,12 +204,16 @@ def save_checkpoint(trainer: Trainer, path: Path) -> Path:
     }
     if trainer.kl_ctrl is not None:
         extra["kl_coef"] = float(trainer.kl_ctrl.value)
+    if clock is not None:  # a resumed run goes on with the run's clock, not a fresh one
+        extra["clock"] = clock.state()
     trainer.actor.save_training_state(path, extra)
     log.info("checkpoint saved to %s", path)
     return path
 
 
-async def save_full_checkpoint(trainer: Trainer, path: Path) -> Path:
+async def save_full_checkpoint(
+    trainer: Trainer, path: Path, clock: TrainingClock | None = None
+) -> Path:
     """The critic (through the refcritic, GAE runs) first, then the actor and its state file:
     a directory with ``trainer_state.pt`` is complete."""
     from rlfleet.trainer.checkpoints import CRITIC_DIR
@@ -238,14 +221,14 @@ async def save_full_checkpoint(trainer: Trainer, path: Path) -> Path:
     if trainer.config.needs_critic:
         path.mkdir(parents=True, exist_ok=True)
         await trainer.fleet.refcritic.save_checkpoint(str((path / CRITIC_DIR).resolve()))
-    return save_checkpoint(trainer, path)
+    return save_checkpoint(trainer, path, clock)
 
 
-async def save_step_checkpoint(trainer: Trainer) -> None:
+async def save_step_checkpoint(trainer: Trainer, clock: TrainingClock | None = None) -> None:
     from rlfleet.trainer.checkpoints import prune, step_dir
 
     cfg = trainer.config
-    await save_full_checkpoint(trainer, step_dir(cfg.run_dir, trainer.step))
+    await save_full_checkpoint(trainer, step_dir(cfg.run_dir, trainer.step), clock)
     prune(cfg.run_dir, cfg.trainer.max_ckpt_to_keep)
 
 
@@ -262,12 +245,17 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
     fleet = await connect_fleet(config)
     writer = Tracker.from_config(config, run_dir)
     trainer = Trainer(config, fleet, actor, tokenizer)
-    await restore_critic(trainer, restore(trainer))
+    trainer.samples = TrainSamples.from_config(config)  # run_dir/train_samples.jsonl
+    clock = TrainingClock(config.trainer.target_accuracy)
+    resumed = restore(trainer, clock)
+    if resumed is not None:  # metrics.jsonl marks the rows of this segment
+        writer.resume(trainer.step)
+    await restore_critic(trainer, resumed)
     server = control_server_factory(trainer, writer) if control_server_factory else None
     if server is not None:
         await server.start()
     try:
-        return await _run(trainer, train, val, writer, run_dir)
+        return await _run(trainer, train, val, writer, run_dir, clock)
     finally:
         if server is not None:
             await server.stop(1.0)
@@ -276,22 +264,17 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
         await asyncio.to_thread(actor.close)
 
 
-async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
+async def _run(trainer: Trainer, train, val, writer, run_dir: Path, clock: TrainingClock) -> dict:
     config = trainer.config
     started = time.perf_counter()
     log.info("waiting for rollout replicas")
     await trainer.start(config.trainer.min_replicas, config.trainer.replica_wait_s)
-    before = await validate(trainer, val, writer) if config.trainer.val_before_train else {}
-    log.info("held-out before training: %s", before)
-    clock = TrainingClock(config.trainer.target_accuracy)
-    clock.observe(_first(before))
-    if clock.time_to_target_s is not None:
-        clock.time_to_target_s = 0.0
+    before = await held_out_before(trainer, val, writer, clock)
     await train_loop(trainer, train, writer, val, clock)
     after = await validate(trainer, val, writer)
     clock.observe(_first(after))
     log.info("held-out after training: %s", after)
-    checkpoint = await save_full_checkpoint(trainer, run_dir / "checkpoints" / "final")
+    checkpoint = await save_full_checkpoint(trainer, run_dir / "checkpoints" / "final", clock)
     accuracy = {"before": _first(before), "after": _first(after)}
     plot = plot_reward_curve(
         writer.history,
@@ -306,6 +289,7 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
         "training_time_s": round(clock.training_s, 1),
         "target_accuracy": clock.target,
         "time_to_target_s": _rounded(clock.time_to_target_s),
+        "segments": 1 + writer.segment,
         "val_before": before,
         "val_after": after,
         "metrics_file": str(writer.path) if writer.path else None,
@@ -314,6 +298,22 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path) -> dict:
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+async def held_out_before(trainer: Trainer, val, writer, clock: TrainingClock) -> dict:
+    """Held-out metrics before the run's first step. A resumed run's are the first
+    segment's, kept in its clock (validating now would measure the checkpoint instead)."""
+    if clock.restored:
+        log.info("held-out before training (first segment): %s", clock.val_before)
+        return clock.val_before
+    config = trainer.config
+    before = await validate(trainer, val, writer) if config.trainer.val_before_train else {}
+    log.info("held-out before training: %s", before)
+    clock.val_before = before
+    clock.observe(_first(before))
+    if clock.time_to_target_s is not None:
+        clock.time_to_target_s = 0.0
+    return before
 
 
 def _rounded(value: float | None) -> float | None:

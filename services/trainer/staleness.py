@@ -1,26 +1,97 @@
-"""What the trainer does with responses older than its weights: drop the too old, measure the rest.
+"""What the trainer does with tokens older than its weights: drop or mask the too old, measure.
 
 Why a module of its own: the learner (``Trainer.train_step_async``) applies these to every
 asynchronous batch, and the producer (``rlfleet.trainer.pipeline``) is what makes batches
 stale; both sit above this, so neither has to import the other for it.
+
+Staleness is per token: ``trainer version - the version that sampled the token``. A request
+that a weight update crossed (``rollout.update_policy: keep``) holds tokens of several
+versions, so a row's tokens may differ in age; a row's own version (``weight_versions``) is
+its oldest token's. ``trainer.stale_tokens`` says what a token older than ``max_staleness``
+costs its row: ``drop_sample`` (the row goes, ``async/dropped``) or ``mask`` (only that token
+leaves the loss, ``async/masked_tokens``; a row with nothing left goes).
+``trainer.mask_pre_update_segments`` also masks every token sampled before the row's newest
+version (slime's choice: train only on the segment after the last update). Masks travel as
+the rows' loss masks, so losses, entropy, KL and the reward's position all skip those tokens;
+the off-policy weight of every kept token uses that token's own behaviour log-prob.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from rlfleet.trainer.rollout_batch import RolloutBatch
 
+StaleTokens = Literal["drop_sample", "mask"]
 
-def drop_stale(batch: RolloutBatch, oldest: int) -> tuple[RolloutBatch, int]:
-    """Keep the rows generated with version >= ``oldest``; returns (kept, dropped count)."""
-    keep = [i for i, version in enumerate(batch.weight_versions) if version >= oldest]
+
+def drop_stale(
+    batch: RolloutBatch, oldest: int, stale_tokens: StaleTokens = "drop_sample",
+    mask_pre_update: bool = False,
+) -> tuple[RolloutBatch, int]:  # fmt: skip
+    """Drop (or mask) what is older than version ``oldest``; returns (kept, dropped rows).
+    Tokens masked here are added to ``batch.stale_masked_tokens``."""
+    if stale_tokens not in ("drop_sample", "mask"):
+        raise ValueError(f"unknown trainer.stale_tokens {stale_tokens!r}")
+    if stale_tokens == "drop_sample":
+        keep = [i for i, version in enumerate(row_oldest(batch)) if version >= oldest]
+        batch, dropped = _only(batch, keep)
+        return (_masked(batch, _newest) if mask_pre_update else batch), dropped
+    batch = _masked(batch, lambda versions: max(_newest(versions) if mask_pre_update else 0,
+                                                 oldest))  # fmt: skip
+    return _only(batch, [i for i, mask in enumerate(_loss_masks(batch)) if any(mask)])
+
+
+def _only(batch: RolloutBatch, keep: list[int]) -> tuple[RolloutBatch, int]:
     if len(keep) == len(batch):
         return batch, 0
     return batch.select(keep), len(batch) - len(keep)
 
 
+def _newest(versions: list[int]) -> int:
+    return max(versions, default=0)
+
+
+def _loss_masks(batch: RolloutBatch) -> list[list[int]]:
+    return batch.row_loss_masks() or [[1] * len(r) for r in batch.responses]
+
+
+def row_oldest(batch: RolloutBatch) -> list[int]:
+    """Each row's oldest sampled token's version (its ``weight_versions`` entry when the
+    batch carries no per-token versions)."""
+    rows = batch_token_versions(batch)
+    return [min((v for v in row if v >= 0), default=version)
+            for row, version in zip(rows, batch.weight_versions, strict=True)]  # fmt: skip
+
+
+def batch_token_versions(batch: RolloutBatch) -> list[list[int]]:
+    """Per row, the version of every response token (-1 where nothing was sampled); rows
+    without per-token versions take the row's version for every token."""
+    if len(batch.token_versions) == len(batch):
+        return batch.token_versions
+    return [[v] * len(r) for v, r in zip(batch.weight_versions, batch.responses, strict=True)]
+
+
+def _masked(batch: RolloutBatch, floor) -> RolloutBatch:
+    """Loss masks with 0 on every sampled token whose version is below ``floor(row's sampled
+    versions)``; counted in ``stale_masked_tokens``."""
+    masks = _loss_masks(batch)
+    new_masks, masked = [], 0
+    for row, mask in zip(batch_token_versions(batch), masks, strict=True):
+        low = floor([v for v, m in zip(row, mask, strict=True) if m and v >= 0])
+        new = [int(m and not (0 <= v < low)) for v, m in zip(row, mask, strict=True)]
+        masked += sum(mask) - sum(new)
+        new_masks.append(new)
+    if not masked:
+        return batch
+    batch.loss_masks = new_masks
+    batch.stale_masked_tokens += masked
+    return batch
+
+
 def staleness_metrics(batch: RolloutBatch, version: int, dropped: int) -> dict[str, float]:
     """Rows' lag behind ``version`` (a row's is its oldest token's), and per sampled token
-    when the batch records a version per token (agent mode)."""
+    (every row carries per-token versions: single-turn completions and agent episodes)."""
     lags = [version - v for v in batch.weight_versions] or [0]
     tokens = [version - v for row in batch.token_versions for v in row if v >= 0] or lags
     return {
@@ -29,4 +100,5 @@ def staleness_metrics(batch: RolloutBatch, version: int, dropped: int) -> dict[s
         "async/staleness/token_mean": sum(tokens) / len(tokens),
         "async/staleness/token_max": float(max(tokens)),
         "async/dropped": float(dropped),
+        "async/masked_tokens": float(batch.stale_masked_tokens),
     }

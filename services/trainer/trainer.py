@@ -35,6 +35,7 @@ from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
 from rlfleet.trainer.pushes import WeightPushes
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
+from rlfleet.trainer.samples import TrainSamples
 from rlfleet.trainer.staleness import drop_stale, staleness_metrics
 from rlfleet.trainer.state import TrainerState
 
@@ -69,6 +70,7 @@ class Trainer:
         """Data batches behind the steps trained so far (DAPO may draw several per step): a
         resumed run skips exactly these."""
         self.pushes = WeightPushes(config, fleet, actor)
+        self.samples = TrainSamples(None)  # run_training points it at run_dir (the dashboard)
         algo = config.algorithm
         self.kl_ctrl = kl_controller_for(config)
         self.shaping_metrics: dict[str, float] = {}
@@ -206,6 +208,7 @@ class Trainer:
         metrics.update(tensor_stats("critic/advantages", advantages, mask))
         metrics.update(tensor_stats("critic/returns", returns, mask))
         metrics["training/weight_version"] = float(self.version)
+        self.samples.write(self.step + 1, batch)
         return metrics
 
     async def train_step(
@@ -238,7 +241,9 @@ class Trainer:
             with timer.phase("idle_trainer"):
                 batch, produced = await self.catching_up_while(rollouts.next())
             oldest = self.version - self.config.trainer.max_staleness
-            batch, dropped = drop_stale(batch, oldest)
+            trainer = self.config.trainer
+            batch, dropped = drop_stale(batch, oldest, trainer.stale_tokens,
+                                        trainer.mask_pre_update_segments)  # fmt: skip
             if not len(batch):
                 raise FailedPrecondition(
                     f"all {dropped} responses were older than weight version {oldest}"

@@ -11,6 +11,9 @@ replica as a version newer than any the killed run pushed, and trains step 3 aga
 3 must match the killed run's: the same batch (scores, lengths, advantages, returns, values)
 and the same actor and critic losses. The final validation also samples 2 answers per
 held-out prompt (``trainer.val_n=2``): mean@2, best@2 and maj@2 through the real fleet.
+The resumed run's bookkeeping tells the whole run: its step-3 row is marked (``segment: 1``,
+``retrained: true``), and the summary reports the first trainer's held-out accuracy before its
+first step (not the checkpoint's) and the training time of both segments.
 
 Why greedy: the trainer does not seed its sampling requests, so generation at a temperature
 above 0 differs between two runs on one replica; greedy decoding (``rollout.temperature=0``)
@@ -20,6 +23,7 @@ are drawn with the trainer's torch RNG.
 
 from __future__ import annotations
 
+import ast
 import json
 import signal
 import sys
@@ -47,7 +51,7 @@ SETTINGS = [
     "trainer.ppo_mini_batch_size=4",
     "trainer.lr=1e-3",
     "refcritic.critic_lr=1e-3",
-    "trainer.val_before_train=false",
+    "trainer.val_before_train=true",
     "data.val_size=32",
     "trainer.total_steps=3",
     "trainer.save_freq=2",
@@ -55,8 +59,10 @@ SETTINGS = [
     "trainer.val_n=2",
     "trainer.replica_wait_s=300",
 ]
-NOT_COMPARED = ("timing_s/", "weight_sync/", "perf/", "training/weight_version")
-"""Wall-clock times and weight-push sizes and versions differ between runs by nature."""
+NOT_COMPARED = ("timing_s/", "weight_sync/", "perf/", "training/weight_version", "segment",
+                "retrained")  # fmt: skip
+"""Wall-clock times and weight-push sizes and versions differ between runs by nature; the
+resumed run's rows are marked as such (``segment``, ``retrained``)."""
 
 
 @dataclass
@@ -108,6 +114,12 @@ def step_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def logged_before(trainer: ServiceProcess) -> dict:
+    """The held-out metrics a trainer logged before its first step."""
+    line = next(x for x in trainer.log().splitlines() if "held-out before training: " in x)
+    return ast.literal_eval(line.split("held-out before training: ", 1)[1])
+
+
 def comparable(record: dict) -> dict:
     return {k: v for k, v in record.items() if not k.startswith(NOT_COMPARED)}
 
@@ -142,6 +154,8 @@ def test_sigkill_then_auto_resume_repeats_the_next_step_exactly(fleet: Fleet, tm
     assert "critic restored from" in log and "(critic step 2)" in log
     resumed = step_records(run_dir)[len(killed) :]
     assert [r["step"] for r in resumed] == [3]
+    assert resumed[0]["segment"] == 1 and resumed[0]["retrained"] is True  # marked as step 3 again
+    assert not any("segment" in r or "retrained" in r for r in killed)
     # the replica took the resumed weights as a newer version than any the killed run pushed
     assert resumed[0]["weight_sync/replicas"] == 1.0
     assert resumed[0]["training/weight_version"] > killed[-1]["training/weight_version"]
@@ -151,6 +165,11 @@ def test_sigkill_then_auto_resume_repeats_the_next_step_exactly(fleet: Fleet, tm
     assert got == expected
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3
+    # the run's story, not the second segment's: the first trainer's start, both segments' time
+    assert summary["segments"] == 2 and "held-out before training (first segment)" in log
+    assert summary["val_before"] == logged_before(first) != {}
+    trained = sum(r["timing_s/step"] for r in killed[:2]) + resumed[0]["timing_s/step"]
+    assert summary["training_time_s"] >= round(trained, 1) - 0.1
     # validation through the fleet: greedy mean@1 first, then the sampled pass's numbers
     after = summary["val_after"]
     assert list(after)[0] == "val-core/arith/reward/mean@1"

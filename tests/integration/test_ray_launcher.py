@@ -17,6 +17,7 @@ rename themselves ``ray::...`` but keep their logs open there). Only those are e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -134,6 +135,45 @@ def test_a_role_ray_cannot_place_fails_the_run_and_leaves_nothing(tmp_path):
         assert "no node can hold ['reward']" in result.stderr, result.stderr[-3000:]
         assert wait_gone(temp_dir) == [] and wait_gone(str(run_dir)) == []
     finally:
+        kill_all(temp_dir)
+        kill_all(str(run_dir))
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_agent_job_runs_the_env_role_and_keeps_secrets_off_command_lines(tmp_path):
+    """`rlfleet up --ray --config configs/agent_calc.yaml --env-processes 2 api_key=...`:
+    the env front door and a worker-only env process both play episodes for 2 multi-turn
+    steps; no process but the launcher (given it on its own command line) has the API key on
+    its command line (it travels in the roles' environment, and every server requires it: the
+    run could not finish otherwise)."""
+    run_dir, temp_dir, key = tmp_path / "run", short_temp_dir(), f"sk-{uuid.uuid4().hex[:12]}"
+    argv = up_argv(run_dir, "--ray", "--config", str(ROOT / "configs" / "agent_calc.yaml"),
+                   "--rollout-replicas", "1", "--env-processes", "2", f"ray.temp_dir={temp_dir}",
+                   "trainer.total_steps=2", "trainer.ppo_mini_batch_size=8",
+                   "trainer.val_before_train=false", "trainer.test_freq=0", f"api_key={key}")  # fmt: skip
+    up = ServiceProcess.start(argv, tmp_path / "up.log", "rlfleet up --ray", clean_env())
+    lines: dict[int, str] = {}
+    try:
+        while up.poll() is None:
+            for pid in processes_using(str(run_dir)):
+                with contextlib.suppress(OSError):
+                    lines.setdefault(pid, Path(f"/proc/{pid}/cmdline").read_bytes().decode())
+            time.sleep(0.5)
+        assert up.returncode == 0, up.log_tail(60)
+        roles = [line.split("\0") for line in lines.values() if "rlfleet.cli\0" in line]
+        assert ["env", "--config"] in [r[r.index("rlfleet.cli") + 1 :][:2] for r in roles]
+        envs = [r for r in roles if r[r.index("rlfleet.cli") + 1] == "env"]
+        assert len(envs) == 2 and any("--worker-only" in r for r in envs)  # env and env-1
+        assert all(any(a.startswith("agent.gateway_url=http://") for a in r) for r in envs)
+        assert not [line for pid, line in lines.items() if key in line and pid != up.pid]
+        turns = [m["agent/turns/mean"] for m in map(json.loads, (run_dir / "metrics.jsonl")
+                 .read_text().splitlines()) if "agent/turns/mean" in m]  # fmt: skip
+        assert len(turns) == 2 and min(turns) > 1
+        played = re.findall(r"\[(env(?:-1)?)\].*env workers stopped after (\d+) episodes", up.log())
+        assert {name for name, count in played if int(count) > 0} == {"env", "env-1"}, played
+        assert wait_gone(temp_dir) == [] and wait_gone(str(run_dir)) == []
+    finally:
+        up.stop(signal.SIGKILL)
         kill_all(temp_dir)
         kill_all(str(run_dir))
         shutil.rmtree(temp_dir, ignore_errors=True)

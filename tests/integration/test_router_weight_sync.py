@@ -72,5 +72,6 @@ async def test_status_lists_replicas_from_the_router(fleet: Fleet):
                  f"endpoints.trainer=127.0.0.1:{free_port()}"]  # fmt: skip
     lines = await collect(load_config(overrides=overrides, env={}))
     assert lines[0] == f"replicas (2, from router {fleet.address}):"
-    assert [line.split()[0] for line in lines[1:3]] == ["wa", "wb"]
+    assert lines[1].split()[:3] == ["replica", "state", "version"]  # the table's header
+    assert [line.split()[0] for line in lines[2:4]] == ["wa", "wb"]
     assert lines[-1].startswith("trainer: not reachable")

@@ -95,6 +95,8 @@ def test_stale_rows_are_dropped_whole_groups():
     asyncio.run(trainer.start(1, 1.0))
     batch = asyncio.run(trainer.collector.generate(prompts(2), 0, 1))
     batch.weight_versions = [1] * 8 + [3] * 8
+    # per-token versions agree with the rows' (staleness is per token)
+    batch.token_versions = [[v] * len(r) for v, r in zip(batch.weight_versions, batch.responses)]
     kept, dropped = drop_stale(batch, oldest=2)
     assert dropped == 8 and len(kept) == 8
     assert kept.group_ids == [1] * 8 and kept.prompts == batch.prompts[8:]

@@ -27,7 +27,9 @@ KUBERNETES_VERSION = "1.32"
 """The schema pinned for validation: the oldest minor the manifests must run on (native gRPC
 probes are GA since 1.27)."""
 GRPC_ROLES = {"router": 50051, "reward": 50061, "refcritic": 50071, "trainer": 50081,
-              "rollout": 50091}  # fmt: skip
+              "rollout": 50091, "env": 50093}  # fmt: skip
+SECTION = {"env": "agent"}
+"""The config section of a role where it is not the role's name."""
 
 
 def render(directory: Path) -> list[dict]:
@@ -70,8 +72,8 @@ def test_every_component_is_there(objects):
     expected = {
         ("ConfigMap", "rlfleet-config"),
         ("PersistentVolumeClaim", "rlfleet-runs"),
-        *[("Deployment", n) for n in ("redis", "router", "rollout", "reward", "refcritic")],
-        *[("Service", n) for n in ("redis", "router", "reward", "refcritic", "trainer")],
+        *[("Deployment", n) for n in ("redis", "router", "rollout", "reward", "refcritic", "env")],
+        *[("Service", n) for n in ("redis", "router", "reward", "refcritic", "env", "trainer")],
         ("Job", "trainer"),
     }
     assert set(objects) == expected
@@ -96,8 +98,11 @@ def test_shipped_config_loads_and_names_the_services(objects):
     assert text == path.read_text()
     config = load_config(str(path), [])
     for role, port in GRPC_ROLES.items():
-        assert getattr(config, role).port == port
-        if role != "rollout":
+        assert getattr(config, SECTION.get(role, role)).port == port
+        if role == "env":  # the trainer's address of the env role, and the agent gateway
+            assert config.agent.address == f"env:{port}" and ("Service", "env") in objects
+            assert config.agent.gateway_url == f"http://router:{config.router.http_port}/v1"
+        elif role != "rollout":
             assert getattr(config.endpoints, role) == f"{role}:{port}"
             assert ("Service", role) in objects
     assert config.redis_url == "redis://redis:6379/0"

@@ -4,14 +4,28 @@ each actor asks Ray for (tests/integration/test_ray_launcher.py runs it on real 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from rlfleet.common.config import load_config
 from rlfleet.common.config.ray import RayConfig
-from rlfleet.launch.ray_plan import actor_options, endpoint_overrides, local_cpus, replica_spec
+from rlfleet.launch.ray_actors import FleetControl, RoleActor
+from rlfleet.launch.ray_plan import (
+    actor_options,
+    endpoint_overrides,
+    env_spec,
+    local_cpus,
+    member_index,
+    member_name,
+    replica_spec,
+    scaled_spec,
+)
+from rlfleet.launch.ray_up import scalable_counts
 from rlfleet.launch.up import parse_args
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ray_section_defaults_and_partial_roles():
@@ -83,3 +97,36 @@ def test_replicas_keep_their_id_and_take_any_port():
         "endpoints.router=h:1",
         "endpoints.reward=h:2",
     ]
+
+
+def test_env_role_front_door_and_worker_only_members():
+    front = env_spec(0, 50555)
+    assert (front.name, front.role, front.port, front.flags) == ("env", "env", 50555, ())
+    worker = env_spec(2, 0)
+    assert (worker.name, worker.port, worker.flags) == ("env-2", None, ("--worker-only",))
+    assert scaled_spec("env", 3) == env_spec(3, 0) and scaled_spec("rollout", 1) == replica_spec(1)
+    assert [member_index(n) for n in ("env", "env-2", "rollout-0", "rollout-11")] == [0, 2, 0, 11]
+    assert [member_name("env", 0), member_name("env", 1), member_name("rollout", 0)] == [
+        "env", "env-1", "rollout-0"]  # fmt: skip
+
+
+def test_env_binds_the_agent_section():
+    actor = RoleActor.__new__(RoleActor)  # only its planning, no Ray and no process
+    actor.spec, actor.host = env_spec(0, 50555), "10.0.0.2"
+    assert actor._bind() == ["agent.host=10.0.0.2", "agent.port=50555"]
+    actor.spec = replica_spec(0)
+    assert actor._bind() == ["rollout.host=10.0.0.2"]
+
+
+def test_agent_mode_makes_env_scalable_and_counts_its_cpus():
+    agent = load_config(str(ROOT / "configs" / "agent_calc.yaml"), [])
+    args = parse_args(["--env-processes", "3", "--rollout-replicas", "2"])
+    assert scalable_counts(agent, args) == {"rollout": 2, "env": 3}
+    assert scalable_counts(load_config(None, []), args) == {"rollout": 2}  # no agent.env
+    control = FleetControl(scalable_counts(agent, args))
+    assert control.scale("env", 5) == 3 and control.wanted_counts()["env"] == 5
+    with pytest.raises(ValueError, match="at least 1"):
+        control.scale("env", 0)
+    roles = RayConfig(num_cpus=None, roles={"env": {"num_cpus": 2}})
+    actors = {"router": 1, **scalable_counts(agent, args)}  # 2 replicas, 3 env processes
+    assert local_cpus(roles, actors) == max(os.cpu_count(), 1 + 2 + 2 * 3)

@@ -98,10 +98,10 @@ def test_composite_weights_come_from_config_and_are_checked():
 @pytest.mark.parametrize(
     ("source", "scorer"),
     [
-        ("openai/gsm8k", "gsm8k"),
-        ("lighteval/MATH", "math"),
-        ("DigitalLearningGmbH/MATH-lighteval", "math"),
-        ("HuggingFaceH4/MATH-500", "math"),
+        ("openai/gsm8k", "verl_gsm8k"),  # verl's names score as verl does (test_verl_parity)
+        ("lighteval/MATH", "verl_math"),
+        ("DigitalLearningGmbH/MATH-lighteval", "verl_math"),
+        ("HuggingFaceH4/MATH-500", "verl_math"),
         ("arith", "arith"),
     ],
 )

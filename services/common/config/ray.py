@@ -15,7 +15,7 @@ from pydantic import model_validator
 
 from rlfleet.common.config.base import Section
 
-RayRole = Literal["router", "rollout", "reward", "refcritic", "trainer"]
+RayRole = Literal["router", "rollout", "reward", "refcritic", "env", "trainer"]
 PoolStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
@@ -54,6 +54,9 @@ class RayRolesConfig(Section):
     """The reward service's actor."""
     refcritic: RayRoleConfig = RayRoleConfig()
     """The refcritic's actor (started only when the config needs a reference or a critic)."""
+    env: RayRoleConfig = RayRoleConfig()
+    """Each env process's actor (agent mode, ``agent.env`` set): the front door and its
+    workers, and every ``--worker-only`` one ``rlfleet scale env=N`` adds."""
     trainer: RayRoleConfig = RayRoleConfig()
     """The trainer's actor."""
 

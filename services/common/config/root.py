@@ -8,6 +8,7 @@ from pydantic import field_validator, model_validator
 
 from rlfleet.common.config.agent import AgentConfig
 from rlfleet.common.config.base import LogLevel, Section, shipped_path
+from rlfleet.common.config.dashboard import DashboardConfig
 from rlfleet.common.config.ray import RayConfig
 from rlfleet.common.config.security import TlsConfig
 from rlfleet.common.config.serving import (
@@ -51,6 +52,7 @@ class RlfleetConfig(Section):
     launcher: Literal["local", "ray"] = "local"
     """What ``rlfleet up`` runs the roles as: local processes, or Ray actors (``--ray``)."""
     ray: RayConfig = RayConfig()
+    dashboard: DashboardConfig = DashboardConfig()
     agent: AgentConfig = AgentConfig()
 
     @field_validator("log_level", mode="before")

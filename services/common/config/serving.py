@@ -99,6 +99,12 @@ class RolloutConfig(Section):
     """Requests a replica works on at once."""
     flush_cache_on_update: bool = True
     """Flush the KV/prefix cache after each weight update (stale KV otherwise mixes weights)."""
+    cache_salt_by_version: bool = False
+    """vLLM: salt the prefix cache by weight version (vLLM's ``cache_salt``), so no request
+    ever hits KV computed with other weights, while requests of one version share theirs.
+    With it on, ``flush_cache_on_update`` may be turned off (old blocks are never hit and
+    are evicted as space is needed); with both off, a prompt longer than one cache block may
+    reuse KV of the old weights. The hf backend keeps no cache between calls either way."""
     kv_cache_space_gib: float = 1.0
     """vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE)."""
     enforce_eager: bool = True
@@ -108,6 +114,24 @@ class RolloutConfig(Section):
     """vLLM GPU memory fraction per replica (GPU only)."""
     max_model_len: int = 64
     """Longest prompt + response the engine supports."""
+    max_prompt_bytes: int = Field(1_048_576, ge=1)
+    """Largest ``prompt_text`` (UTF-8 bytes) a router or replica accepts; longer ones are
+    refused INVALID_ARGUMENT (HTTP 400) before any tokenization, so one huge prompt cannot
+    occupy a tokenizer for seconds. Chat messages on the OpenAI front count together."""
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Most prompt tokens a router or replica accepts (INVALID_ARGUMENT beyond); None =
+    ``rollout.max_model_len - 1``. Token-id prompts are checked at the router, text prompts
+    once the replica has tokenized them; prompt + ``max_tokens`` must also fit
+    ``max_model_len``."""
+    max_weight_abs: float | None = Field(1e5, gt=0)
+    """A weight update holding any value larger than this in magnitude is refused
+    (INVALID_ARGUMENT) and the old weights keep serving: a finite but absurd update (say,
+    scaled by 1e30) is a bug upstream, not a policy. None = no bound."""
+    loop_stall_s: float = Field(60.0, gt=0)
+    """The lease heartbeat runs in its own thread, so a busy event loop (a long tokenization,
+    a slow callback) does not lose the lease; but once serving, a loop that has not
+    answered for this long is taken as hung, and the thread stops renewing (the janitor then
+    moves the replica's work)."""
     max_restarts: int = 3
     """How many times ``rlfleet up`` restarts a replica process that dies (same id, so it
     resumes its queue and gets the current weights at the next push); the run goes on
@@ -122,7 +146,17 @@ class RolloutConfig(Section):
     """Intra-op threads for the HF backend's torch (vLLM manages its own)."""
     drain_timeout_s: float = 30.0
     """On a weight update, how long in-flight requests may finish before being aborted back
-    onto the replica's stream (they are re-delivered, never lost)."""
+    onto the replica's stream (they are re-delivered, never lost). Under ``update_policy:
+    keep``, how long (at least 5 s) the engine may take to stop them at their next step
+    (stragglers are then restarted)."""
+    update_policy: Literal["keep", "finish", "restart"] = "restart"
+    """What a weight update does to requests in flight (docs/in_flight_updates.md).
+    ``restart``: let them finish for up to ``drain_timeout_s``, then abort the rest and run
+    them again from scratch under the new weights (their decoded tokens are thrown away and
+    counted). ``finish``: wait for every one to finish under the old weights, however long,
+    then swap. ``keep``: stop admission, stop them where they are, swap the weights, and
+    continue each with the tokens so far as part of its prompt and ``max_tokens`` reduced:
+    nothing decoded is recomputed, and each token carries the version that sampled it."""
     debug_generate_delay_s: float = 0.0
     """Chaos/testing aid: sleep this long inside every queued request before generating, so
     tests can kill a replica mid-request. Keep 0 in real runs."""
@@ -215,7 +249,10 @@ class RewardConfig(Section):
     http_port: int | None = None
     """Port of the HTTP (FastAPI) front door; None = off."""
     workers: int = 1
-    """Reward worker tasks started inside the service process."""
+    """Reward worker tasks started inside the service process (0: none, a front door only).
+    Never fewer than the lanes slow items run on (``sandbox_limits.workers`` sandboxed
+    children, or 4 threads with ``sandbox: false``), so a job holding a hung item never holds
+    the process's only worker."""
     custom: UserScorerConfig | None = None
     """A user scoring function (verl ``compute_score`` signature)."""
     request_timeout_s: float = 60.0

@@ -150,6 +150,15 @@ class TrainerConfig(Section):
     max_staleness: int = 1
     """Async mode: the oldest weight version a trained response may come from is
     ``current - max_staleness``; older ones are dropped (counted in ``async/dropped``)."""
+    stale_tokens: Literal["drop_sample", "mask"] = "drop_sample"
+    """Async mode, per token (staleness = trainer version - the version that sampled the
+    token): ``drop_sample`` drops a row holding any token older than ``max_staleness``
+    (``async/dropped``); ``mask`` keeps the row and leaves only its too-old tokens out of the
+    loss (``async/masked_tokens``), dropping a row only when none of its tokens is left."""
+    mask_pre_update_segments: bool = False
+    """Async mode: leave out of the loss every token a row sampled before the newest weight
+    version in that row (slime's choice: only the segment after the last in-flight update is
+    trained on); counted in ``async/masked_tokens``."""
     old_logprob_source: Literal["engine", "actor"] = "engine"
     """Where the PPO ratio's old log-probs come from when a batch takes several optimizer
     steps: ``engine`` (the sampling engine's own, no extra forward; in async mode the ratio is

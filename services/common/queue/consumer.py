@@ -4,7 +4,10 @@ A consumer reads first its own never-acked entries (a restart under the same nam
 ones; over-delivered entries are dead-lettered instead of handed out. An answer is one Lua step
 (``QueueStream._finish``): with a ``fence`` it is stored only while the consumer's lease holds
 and its entry is still in this stream, so a stalled consumer that wakes up cannot answer work
-that was moved elsewhere.
+that was moved elsewhere. One exception: when the server lost its data since the job was read
+(an empty restart: the lease and the entry vanished with everything else, the work did not
+move), a refused answer is stored all the same if the request has none (``salvage``), so
+computed work is not thrown away while its caller resubmits.
 """
 
 from __future__ import annotations
@@ -36,12 +39,21 @@ class Consumer(QueueStream):
         super().__init__(*args, **kwargs)  # ``QueueStream``'s settings
         self._replay_from: dict[str, str | None] = {}  # consumer -> own-pending cursor, None=done
         self._claim_cursor = "0-0"
+        self._epoch: str | None = None  # the server's data epoch our reads are under
+
+    async def ensure_group(self) -> None:
+        """Create the group, and note the data epoch (a group recreated after an empty
+        restart starts a new one: jobs read from then on carry it)."""
+        await super().ensure_group()
+        self._epoch = await self.epoch()
 
     async def read(self, consumer: str, count: int = 1, block_ms: int = 1000) -> list[Job]:
         """Jobs for ``consumer``: first its own never-acked entries (a restart under the same
         name), once per object; then new entries, waiting up to ``block_ms`` (``<= 0``: no
         wait). Over-delivered entries are dead-lettered instead of returned.
         """
+        if self._epoch is None:
+            self._epoch = await self.epoch()
         start = self._replay_from.get(consumer, "0")
         if start is not None:
             entries = await self._xread(consumer, start, count, block_ms=0)
@@ -65,8 +77,27 @@ class Consumer(QueueStream):
     ) -> Finish:
         """Store an encoded answer (and ``members``: more request ids' encoded answers) and
         drop the job's entry, in one step; with a ``fence``, only if the lease is still ours
-        and the entry still here (a job moved to another consumer is answered there)."""
-        return Finish(await self._finish(job, answer, members=members or {}))
+        and the entry still here (a job moved to another consumer is answered there), or the
+        server lost its data since the job was read (``salvage``)."""
+        outcome = Finish(await self._finish(job, answer, members=members or {}))
+        if outcome in (Finish.FENCED, Finish.GONE):
+            salvaged = await self.salvage(job, answer, members)
+            return outcome if salvaged is None else salvaged  # DUPLICATE is 0: no ``or``
+        return outcome
+
+    async def salvage(
+        self, job: Job, answer: bytes, members: dict[str, bytes] | None = None
+    ) -> Finish | None:
+        """Store an answer the fence refused if the server lost its data since ``job`` was
+        read (``scripts.SALVAGE_LUA``): STORED, or DUPLICATE when the request had an answer
+        already; None when there was no such loss (the answer is discarded)."""
+        members = members or {}
+        k = self.keys
+        keys = [k.epoch, k.result(job.request_id), k.notify(job.request_id),
+                k.waiters(job.request_id), *(k.result(m) for m in members)]  # fmt: skip
+        args = [job.epoch, self.result_ttl_s, self._notify_ttl_s, answer, *members.values()]
+        stored = int(await self._scripts.salvage(keys=keys, args=args))
+        return None if stored < 0 else Finish(stored)
 
     async def discard(self, job: Job) -> None:
         """Drop a job unanswered (its caller gave up)."""
@@ -123,9 +154,9 @@ class Consumer(QueueStream):
         stale = [eid for eid, fields in entries if not fields]
         if stale:
             await self._redis.xack(self.stream, self.group, *stale)
-        jobs = [
-            job_of(eid, fields, (counts or {}).get(eid, 1)) for eid, fields in entries if fields
-        ]
+        epoch = self._epoch or ""
+        jobs = [job_of(eid, fields, (counts or {}).get(eid, 1), epoch)
+                for eid, fields in entries if fields]  # fmt: skip
         for job in jobs:
             if job.deliveries > self.max_deliveries:
                 await self.dead_letter(job, f"delivered {job.deliveries} times")

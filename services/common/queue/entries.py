@@ -42,15 +42,18 @@ class Job:
     """Requests the entry holds (a packed entry holds several; counted as in flight)."""
     submission: str = ""
     """Tag of the submission that queued it (``Producer.submit_bound``); travels with moves."""
+    epoch: str = ""
+    """The server's data epoch when it was read (``QueueStream.epoch``; "" unknown): an
+    answer the fence refuses is still stored if the server lost its data since then."""
 
 
-def job_of(entry_id: str, fields: dict[bytes, bytes], deliveries: int) -> Job:
+def job_of(entry_id: str, fields: dict[bytes, bytes], deliveries: int, epoch: str = "") -> Job:
     """The job an entry stands for, ``deliveries`` (from the group) plus its prior ones."""
     prior = int(fields.get(PRIOR.encode(), 0))
     weight = int(fields.get(WEIGHT.encode(), 1))
     submission = text(fields.get(SUBMISSION.encode(), b""))
     return Job(entry_id, request_id_of(fields), fields[PAYLOAD.encode()], deliveries + prior,
-               weight, submission)  # fmt: skip
+               weight, submission, epoch)  # fmt: skip
 
 
 def request_id_of(fields: dict[bytes, bytes]) -> str:

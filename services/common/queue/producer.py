@@ -5,17 +5,28 @@ the answer), so a waiter blocks in one BLPOP instead of polling; it still re-rea
 key every ``poll_s``, so a lost or expired wake-up only delays it. ``wait_all`` waits for many
 answers on one connection (one MGET and one BLPOP per wake-up): the batch path of every
 producer (``ScatterGather``, the router's ``GenerateBatch``) goes through it.
+
+A waiter also notices when its request can no longer be answered because the server lost its
+data (an empty restart, a flush): ``wait_all`` reads the data epoch (``QueueStream.epoch``) in
+the same MGET as the answers and resubmits what is pending (or raises ``Vanished``) when it
+changed; ``wait_answer(bound=True)`` reads the request's binding beside its answer and raises
+``Vanished`` when both are gone. Resubmitting is safe: answers are ``SET NX``, so a request run
+twice is still answered once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
+from collections.abc import Awaitable, Callable
 
 from rlfleet.common.errors import ErrorCode
 from rlfleet.common.queue.entries import ID, text
 from rlfleet.common.queue.stream import QueueStream
 from rlfleet.common.results import Failure, Result, decode_result, encode_result
+
+log = logging.getLogger(__name__)
 
 ANSWER_MIN_BYTES = len(encode_result(b""))  # an encoded answer is never shorter
 WITHDRAWN = "withdrawn: the caller cancelled or timed out"
@@ -28,6 +39,15 @@ class Bound(enum.IntEnum):
     ANSWERED = 0  # the id has an answer already
     QUEUED = 1  # queued now
     JOINED = 2  # queued before (its first execution is alive): wait for its answer
+
+
+class Vanished(Exception):
+    """Requests still unanswered whose queued work the server lost (an empty restart, a
+    flush): nobody will answer them unless they are submitted again."""
+
+    def __init__(self, pending: list[str], answers: dict[str, Result] | None = None) -> None:
+        super().__init__(f"{len(pending)} request(s) lost by the server: {pending[:3]}")
+        self.pending, self.answers = pending, answers or {}
 
 
 def carried_answer(request_id: str, token: bytes) -> Result | None:
@@ -90,21 +110,54 @@ class Producer(QueueStream):
         return bool(notify) and bool(await self._redis.blpop(notify, timeout=timeout))
 
     async def wait_all(
-        self, request_ids: list[str], deadline: float, poll_s: float | None = None
-    ) -> dict[str, Result]:
+        self, request_ids: list[str], deadline: float, poll_s: float | None = None,
+        epoch: str | None = None, resubmit: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> dict[str, Result]:  # fmt: skip
         """Every answer that comes by ``deadline`` (event-loop time); absent: none by then.
         Two round trips per wake-up: one MGET, then one BLPOP on the wake-up lists of those
         still unanswered, for at most ``poll_s`` (default ``self.poll_s``). For ids only this
-        caller waits on: their wake-ups are not passed on."""
+        caller waits on: their wake-ups are not passed on.
+
+        ``epoch`` (read before the requests were submitted) is checked in the same MGET: when
+        the server lost its data, the pending ids are handed to ``resubmit`` (and waited for
+        under the new epoch), or ``Vanished`` is raised without one."""
         loop, answers = asyncio.get_running_loop(), {}
         poll_s = self.poll_s if poll_s is None else poll_s
         while pending := [rid for rid in request_ids if rid not in answers]:
-            answers |= await self.get_results(pending)
+            got, now = await self._results_under(pending, epoch)
+            answers |= got
             pending = [rid for rid in pending if rid not in answers]
             if not pending or (remaining := deadline - loop.time()) <= 0:
                 break
+            if epoch is not None and now != epoch:
+                if resubmit is None:
+                    raise Vanished(pending, answers)
+                epoch = await self._resubmit(pending, resubmit)
+                continue
             await self.wait_any(pending, min(poll_s, remaining))
         return answers
+
+    async def _results_under(
+        self, request_ids: list[str], epoch: str | None
+    ) -> tuple[dict[str, Result], str | None]:
+        """``get_results`` and, with ``epoch``, the current epoch, in one MGET."""
+        if epoch is None:
+            return await self.get_results(request_ids), None
+        raws = await self._redis.mget([*(self.keys.result(r) for r in request_ids),
+                                       self.keys.epoch])  # fmt: skip
+        pairs = zip(request_ids, raws[:-1], strict=True)
+        now = None if raws[-1] is None else text(raws[-1])
+        return {rid: decode_result(rid, raw) for rid, raw in pairs if raw is not None}, now
+
+    async def _resubmit(
+        self, pending: list[str], resubmit: Callable[[list[str]], Awaitable[None]]
+    ) -> str:
+        """The new epoch (read first: a loss during the resubmission is seen next time)."""
+        epoch = await self.epoch()
+        log.warning("%s lost its data (a Redis restart?): resubmitting %d request(s)",
+                    self.stream, len(pending))  # fmt: skip
+        await resubmit(pending)
+        return epoch
 
     async def wait_result(self, request_id: str, timeout_s: float) -> Result | None:
         """The answer, or None after ``timeout_s``.
@@ -128,13 +181,15 @@ class Producer(QueueStream):
         return result
 
     async def wait_answer(
-        self, request_id: str, timeout_s: float, poll_s: float = 1.0
+        self, request_id: str, timeout_s: float, poll_s: float = 1.0, bound: bool = False
     ) -> Result | None:
         """The answer for a *counted* waiter (``Keys.waiters``, or the submitter), or None
         after ``timeout_s``. Its completer pushed one copy of the answer per counted waiter,
         so this takes one and passes nothing on: one BLPOP in all, plus a GET when a wake-up
         carried no answer or ``poll_s`` passed (an answer stored another way, e.g. by a
-        batch, or a wake-up that expired)."""
+        batch, or a wake-up that expired). ``bound``: the request was bound to its content
+        (``Keys.request``, as the router's enqueue does), and that GET reads the binding too:
+        both gone means the server lost the request, and ``Vanished`` is raised."""
         loop = asyncio.get_running_loop()
         deadline, notify = loop.time() + timeout_s, [self.keys.notify(request_id)]
         while True:
@@ -142,10 +197,25 @@ class Producer(QueueStream):
             popped = await self._redis.blpop(notify, timeout=max(0.01, min(poll_s, remaining)))
             if popped is not None and (result := carried_answer(request_id, popped[1])):
                 return result
-            if (result := await self.get_result(request_id)) is not None:
+            if (result := await self._answer_or_vanished(request_id, bound)) is not None:
                 return result
             if deadline - loop.time() <= 0:
                 return None
+
+    async def _answer_or_vanished(self, request_id: str, bound: bool) -> Result | None:
+        """The stored answer; with ``bound``, ``Vanished`` when neither it nor the request's
+        binding is there (a binding outlives the answer's arrival: it is never unbound while
+        a counted waiter waits)."""
+        if not bound:
+            return await self.get_result(request_id)
+        raw, binding = await self._redis.mget(
+            [self.keys.result(request_id), self.keys.request(request_id)]
+        )
+        if raw is not None:
+            return decode_result(request_id, raw)
+        if binding is None:
+            raise Vanished([request_id])
+        return None
 
     async def forget(self, request_ids: list[str]) -> None:
         """Drop stored answers that their only reader has read (saves memory until the TTL)."""

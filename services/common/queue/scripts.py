@@ -122,6 +122,33 @@ redis.pcall('XACK', KEYS[1], ARGV[1], ARGV[2])
 if k > 0 then redis.call('XADD', KEYS[3], 'MAXLEN', '~', '10000', '*', unpack(ARGV, 8, 7 + k)) end
 return first"""
 
+# Atomic: read the server's data epoch (``Keys.epoch``), writing ARGV[1] if there is none, so
+# every reader of one data set sees one token and a server that lost its data gets a new one.
+EPOCH_LUA = """redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])"""
+
+# Atomic: an answer the fence refused (``FINISH_LUA`` -1 or -2) is stored all the same when
+# the server lost its data since the job was read (the epoch, KEYS[1], is not ARGV[1]): the
+# lease and the entry vanished with the data, not because the work moved, so the answer is
+# the only one there is. Stored as ``FINISH_LUA`` stores it (first answer wins, members too,
+# one wake-up copy per counted waiter); no stream is touched (the entry is gone, and a caller's
+# resubmitted copy is answered DUPLICATE when it is read). -1: no reset, the answer is
+# discarded; else 1 if ours was the first answer, 0 if one existed already.
+# KEYS: epoch, result, notify, waiters, member result keys. ARGV: job epoch, ttl, notify ttl,
+# the answer, member answers.
+SALVAGE_LUA = """local got = redis.call('MGET', KEYS[1], KEYS[4])
+if got[1] == ARGV[1] then return -1 end
+local answer, first = ARGV[4], 1
+if not redis.call('SET', KEYS[2], answer, 'NX', 'EX', ARGV[2]) then
+  first, answer = 0, redis.call('GET', KEYS[2])
+end
+for i = 5, #KEYS do redis.call('SET', KEYS[i], ARGV[i], 'NX', 'EX', ARGV[2]) end
+local copies = {}
+for i = 1, math.min(1000, math.max(1, tonumber(got[2]) or 1)) do copies[i] = answer end
+redis.call('RPUSH', KEYS[3], unpack(copies))
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+return first"""
+
 # Atomic: a counted waiter (``Keys.waiters``; absent = only the submitter) leaves, and the last
 # one out of an unanswered request forgets its binding and marks its submission cancelled (as
 # ``UNBIND_LUA``), so two callers leaving at once cannot both think the other stays.
@@ -165,3 +192,5 @@ class Scripts:
         self.finish = redis.register_script(FINISH_LUA)
         self.leave = redis.register_script(LEAVE_LUA)
         self.recount = redis.register_script(RECOUNT_LUA)
+        self.epoch = redis.register_script(EPOCH_LUA)
+        self.salvage = redis.register_script(SALVAGE_LUA)

@@ -9,6 +9,7 @@ here because a consumer reading a poison entry and a mover bouncing one both nee
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from rlfleet.common.errors import ErrorCode
 from rlfleet.common.keys import Keys
 from rlfleet.common.queue.entries import Entry, Job, job_of, text
 from rlfleet.common.queue.scripts import Scripts
+from rlfleet.common.queue.waiting import WaitingBoard
 from rlfleet.common.results import Failure, Result, decode_result, encode_result
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class QueueStream:
         self.max_deliveries, self.result_ttl_s, self.poll_s = max_deliveries, result_ttl_s, poll_s
         self.dead_stream = keys.dead_letter(stream)
         self._scripts = Scripts(redis)
+        self._board = WaitingBoard(redis, keys.waiting(stream))
         self._notify_ttl_s = min(NOTIFY_TTL_S, result_ttl_s)
         self.fence: tuple[str, str] | None = None
         """(key, token): answers are stored only while ``key`` holds ``token`` (a consumer's
@@ -60,6 +63,13 @@ class QueueStream:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    async def epoch(self) -> str:
+        """The server's data epoch (``Keys.epoch``, written if absent; one round trip). Read
+        before submitting (a producer) or reading (a consumer): a different value later means
+        the server lost its data meanwhile, and the entries, leases and answers with it."""
+        token = await self._scripts.epoch(keys=[self.keys.epoch], args=[uuid.uuid4().hex])
+        return text(token)
 
     async def ping(self) -> bool:
         """Whether Redis answers (a health check for the role holding the queue)."""
@@ -75,13 +85,18 @@ class QueueStream:
         return int(summary["pending"]) if summary else 0
 
     async def waiting_consumers(self, fresh_ms: int) -> int:
-        """Consumers of the group, in any process, waiting for work now: none pending, seen
-        within ``fresh_ms`` (a dead consumer's entry lingers but stops being seen)."""
-        try:
-            rows = await self._redis.xinfo_consumers(self.stream, self.group)
-        except ResponseError:  # no stream or group yet: nobody is waiting
-            return 0
-        return sum(int(r["pending"]) == 0 and int(r["idle"]) < fresh_ms for r in rows)
+        """Consumers of the group, in any process, waiting for work now: marked waiting by
+        themselves (``mark_waiting``) within ``fresh_ms`` (a dead consumer's mark ages out).
+        Not ``XINFO CONSUMERS``, whose ``idle`` differs between servers (``queue.waiting``)."""
+        return await self._board.count(fresh_ms)
+
+    async def mark_waiting(self, consumer: str) -> None:
+        """``consumer`` is about to wait for work (call again at least every second)."""
+        await self._board.waiting(consumer)
+
+    async def mark_busy(self, consumer: str) -> None:
+        """``consumer`` took work (or stopped): no longer counted as waiting."""
+        await self._board.busy(consumer)
 
     async def get_result(self, request_id: str) -> Result | None:
         """The stored answer, if any."""

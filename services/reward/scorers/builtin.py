@@ -1,10 +1,15 @@
 """The scorers that ship with rlfleet, and the verl dataset names that select them.
 
 verl picks its built-in scorer from ``data_source`` (``openai/gsm8k`` -> gsm8k,
-``lighteval/MATH`` and friends -> math); the same names select ours, so a verl dataset scores
-without configuration. Those names are *aliases*: a user function configured as the default
-takes them over, as verl's ``custom_reward_function`` does. Each function has verl's keyword
-signature, and a ground truth may be a list of accepted answers where text is expected.
+``lighteval/MATH`` and friends -> math); the same names select scorers that score exactly as
+verl's do (``verl_gsm8k``, ``verl_math``: ``verl_parity``), so a verl recipe trains on the
+reward it trained on there, without configuration. rlfleet's own, more forgiving ones keep
+their names (``gsm8k``, ``gsm8k_flexible``, ``math``: math-verify). Those verl names are
+*aliases*: a user function configured as the default takes them over, as verl's
+``custom_reward_function`` does. The tasks of ``scripts/prepare_data.py`` claim their data
+sources outright (``countdown``, ``gsm_symbolic``; HumanEval goes to ``code``). Each function
+has verl's keyword signature, and a ground truth may be a list of accepted answers where text
+is expected (not under verl's names: verl compares one string).
 """
 
 from __future__ import annotations
@@ -13,13 +18,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from rlfleet.reward.scorers import answers
+from rlfleet.reward.scorers import answers, verl_parity
 from rlfleet.reward.scorers.base import ScoreFn, Scorer, to_result
-from rlfleet.tasks import arith
+from rlfleet.tasks import arith, countdown, gsm_symbolic
 
-GSM8K_SOURCES = ["openai/gsm8k", "gsm8k"]
-MATH_SOURCES = ["lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500",
-                "lighteval/MATH-Hard", "math"]  # fmt: skip
+GSM8K_SOURCES = ["gsm8k"]
+MATH_SOURCES = ["lighteval/MATH-Hard", "math"]  # names verl's default does not score
 THINK_ANSWER = r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$"
 
 
@@ -48,6 +52,21 @@ def math_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
         answers.math_equal(boxed, t) for t in _accepted(ground_truth)
     )
     return {"score": float(correct), "acc": float(correct), "boxed": float(boxed is not None)}
+
+
+def countdown_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
+    """1.0 when the answer uses exactly the given numbers and equals the target."""
+    numbers, target = countdown.parse_truth(ground_truth)
+    found = countdown.check(solution_str, numbers, target)
+    return {"score": float(found.correct), "acc": float(found.correct),
+            "expression": float(found.expression is not None),
+            "uses_numbers": float(found.uses_numbers)}  # fmt: skip
+
+
+def gsm_symbolic_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
+    found = gsm_symbolic.check(solution_str, ground_truth)
+    return {"score": float(found.correct), "acc": float(found.correct),
+            "extracted": float(found.answer is not None), "marked": float(found.marked)}  # fmt: skip
 
 
 def exact_match_score(solution_str: str, ground_truth: Any, **_: Any) -> float:
@@ -101,6 +120,18 @@ def builtin_scorers(weights: Mapping[str, float]) -> list[Scorer]:
         _builtin("gsm8k_flexible", gsm8k_flexible_score, "the last number equals the ground truth"),
         _builtin("math", math_score, "the last \\boxed{} answer is equivalent (math-verify)",
                  aliases=MATH_SOURCES, blocking=True),
+        _builtin("verl_gsm8k", verl_parity.verl_gsm8k_score,
+                 "verl's openai/gsm8k: '#### ' + the exact answer string in the last 300 chars",
+                 aliases=verl_parity.GSM8K_SOURCES),
+        _builtin("verl_math", verl_parity.verl_math_score,
+                 "verl's MATH: the last \\boxed{} answer, string-normalised, equals the truth",
+                 aliases=verl_parity.MATH_SOURCES),
+        _builtin("countdown", countdown_score,
+                 "the expression uses exactly the given numbers and equals the target",
+                 data_sources=[countdown.DATA_SOURCE]),
+        _builtin("gsm_symbolic", gsm_symbolic_score,
+                 "the number after the last '####' (else the last number) equals the answer",
+                 data_sources=[gsm_symbolic.DATA_SOURCE]),
         _builtin("exact_match", exact_match_score, "the trimmed response equals the ground truth"),
         _builtin("regex", regex_score, "the ground truth (a regex) is found in the response"),
         _builtin("format", format_score, "the response has <think>..</think><answer>..</answer>"),

@@ -6,6 +6,10 @@ Ground truth (a dict, or its JSON text), in either of the two shapes code datase
 - ``{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}``: the solution reads each input on
   stdin, and must print the output (compared line by line, trailing spaces ignored).
 
+Either may add ``"prefix"``: code that runs before the solution (HumanEval's problem code: its
+imports, helpers and the signature the solution completes; ``rlfleet.tasks.humaneval``).
+``openai/openai_humaneval`` and ``humaneval`` select this scorer by data source.
+
 Every test is its own run in the sandbox (``rlfleet.common.sandbox``), so one that hangs or
 crashes fails only itself. A test passes when its run ends normally (for asserts: past a marker
 the solution cannot print without reading the harness). The score is the fraction passed, or
@@ -25,6 +29,7 @@ from typing import Any
 from rlfleet.common.config import SandboxLimits
 from rlfleet.common.sandbox import RunOutcome, run_program
 from rlfleet.reward.scorers.base import Scorer
+from rlfleet.tasks import humaneval
 
 FENCED = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 MAX_TESTS = 256
@@ -42,6 +47,8 @@ def parse_tests(ground_truth: Any) -> dict[str, list[str]]:
     truth = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
     if not isinstance(truth, dict):
         raise ValueError("code ground truth must be {'tests': [...]} or {'inputs', 'outputs'}")
+    if not isinstance(truth.get("prefix", ""), str):
+        raise ValueError("code ground truth: 'prefix' must be a string")
     if "tests" in truth:
         return {"tests": _strings(truth["tests"], "tests")}
     inputs, outputs = (
@@ -59,6 +66,13 @@ def _strings(value: Any, name: str) -> list[str]:
     return [v if isinstance(v, str) else json.dumps(v) for v in value]
 
 
+def with_prefix(ground_truth: Any, response: str) -> str:
+    """The program to run: the ground truth's ``prefix`` (if any), then the solution."""
+    truth = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
+    prefix, solution = truth.get("prefix", ""), solution_of(response)
+    return prefix.rstrip("\n") + "\n" + solution if prefix else solution
+
+
 def same_output(said: str, expected: str) -> bool:
     def lines(text: str) -> list[str]:
         return [line.rstrip() for line in text.strip().splitlines()]
@@ -74,7 +88,7 @@ class CodeRunner:
         self._slots = asyncio.Semaphore(max(1, limits.workers))
 
     async def score(self, solution_str: str, ground_truth: Any, **_: Any) -> dict[str, float]:
-        tests, solution = parse_tests(ground_truth), solution_of(solution_str)
+        tests, solution = parse_tests(ground_truth), with_prefix(ground_truth, solution_str)
         if "tests" in tests:
             checks = [self._assertion(solution, test) for test in tests["tests"]]
         else:
@@ -109,5 +123,6 @@ def code_scorer(limits: SandboxLimits, mode: str = "fraction") -> Scorer:
     runner = CodeRunner(limits, mode)
     return Scorer(
         name="code", kind="builtin", fn=runner.score, is_async=True, sandboxed=True,
+        data_sources=[humaneval.DATA_SOURCE, "humaneval"],
         description="fraction of the ground truth's tests the solution passes (sandboxed)",
     )  # fmt: skip

@@ -42,6 +42,9 @@ class Engine(abc.ABC):
     def __init__(self, config: RlfleetConfig) -> None:
         self.config = config
         self.vocab_size = model_vocab_size(config.model.path)
+        self.serving_version = 0
+        """The weight version loaded (set by the replica's ``WeightUpdater`` after each load;
+        vLLM salts its prefix cache with it)."""
         self.batches = 0
         """Forward batches run so far, where the backend forms them itself (hf: one per
         ``model.generate`` call); 0 where the engine batches internally (vLLM)."""
@@ -87,6 +90,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:
         """Stop a request early; its completions come back with finish_reason ``abort``."""
+
+    async def interrupt(self) -> int:
+        """Stop every request running now at its next step: their ``generate`` calls return
+        the tokens decoded so far, finish reason ``abort`` (a weight update continues them:
+        ``rollout.continuation``). Returns how many were stopped. An engine that cannot
+        stop work keeps this default: updates then wait for its requests to finish."""
+        return 0
 
     @abc.abstractmethod
     async def close(self) -> None:

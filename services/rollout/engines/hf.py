@@ -171,6 +171,14 @@ class HFEngine(Engine):
             aborted = Completion([], [], "", "abort")
             request.future.set_result([aborted] * request.sampling.n)
 
+    async def interrupt(self) -> int:
+        """Abort every request: running rows stop at the next step with their tokens so far,
+        queued ones are answered at once with none."""
+        live = list(self._requests)
+        for request_id in live:
+            await self.abort(request_id)
+        return len(live)
+
     async def _batch_loop(self) -> None:
         while True:
             await self._wake.wait()

@@ -29,6 +29,13 @@ Choices, each checked against the installed vLLM 0.32 (see docs/architecture.md,
   last token, so a fully cached prompt of L tokens counts ``(L - 1) // block * block``. Summed
   per finished request (two integer adds); with ``n > 1`` vLLM reports one sample's count and
   the prompt is counted once.
+- In-flight weight updates (``rollout.update_policy: keep``): ``interrupt`` aborts every live
+  request, and vLLM's output processor answers each aborted request with a final output
+  holding the tokens decoded so far (finish reason ``abort``); the replica continues them
+  under the new weights with those tokens appended to the prompt. vLLM's own
+  ``pause_generation(mode="keep")`` would keep their KV, computed with the old weights, which
+  ``rollout`` promises never to mix in; so it is not used. ``cache_salt`` (prompt field)
+  salts the prefix cache by weight version when ``rollout.cache_salt_by_version`` is set.
 """
 
 from __future__ import annotations
@@ -103,6 +110,8 @@ class VllmEngine(Engine):
         self._lora_root = Path(tempfile.mkdtemp(prefix="rlfleet-lora-"))
         self._prompt_tokens = self._cached_tokens = 0
         """Prompt tokens of finished requests, and how many of them the prefix cache served."""
+        self._live: set[str] = set()
+        """Request ids inside ``generate`` now (``interrupt`` aborts them all)."""
 
     @property
     def lora_request(self) -> Any:
@@ -141,7 +150,8 @@ class VllmEngine(Engine):
 
         params = self._sampling_params(sampling)
         final = None
-        prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids))
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_token_ids), **self._salt())
+        self._live.add(request_id)
         try:
             stream = self._llm.generate(
                 prompt, params, request_id=request_id, lora_request=self._lora
@@ -150,11 +160,29 @@ class VllmEngine(Engine):
                 final = output
         except ValueError as exc:  # vLLM's validation errors subclass ValueError
             raise InvalidArgument(str(exc)) from exc
+        finally:
+            self._live.discard(request_id)
         if final is None:
             return [Completion([], [], "", "abort")] * sampling.n
         self._prompt_tokens += len(prompt_token_ids)
         self._cached_tokens += final.num_cached_tokens or 0
         return [self._completion(c, sampling) for c in sorted(final.outputs, key=_index)]
+
+    def _salt(self) -> dict[str, str]:
+        """``cache_salt`` by weight version (``rollout.cache_salt_by_version``): prefix-cache
+        blocks are keyed by it, so KV computed with other weights is never hit, while
+        requests of one version share theirs."""
+        if not self.config.rollout.cache_salt_by_version:
+            return {}
+        return {"cache_salt": f"rlfleet-w{self.serving_version}"}
+
+    async def interrupt(self) -> int:
+        """Abort every live request; vLLM answers each with its tokens so far, finish
+        reason ``abort`` (its output processor's final abort output)."""
+        live = sorted(self._live)
+        if live:
+            await self._llm.abort(live)
+        return len(live)
 
     def _sampling_params(self, sampling: SamplingParams) -> Any:
         from vllm import SamplingParams as VllmSamplingParams

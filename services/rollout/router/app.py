@@ -82,7 +82,7 @@ async def http_front(
         app = http.create_app(core, load_policy(config), config.api_key, sessions)
         port = cfg.http_port
     else:
-        app, port = http.metrics_app(core), cfg.metrics_port
+        app, port = http.metrics_app(core, config.api_key), cfg.metrics_port
     server = make_http_server(app, cfg.host, port or _free_port())
     task = asyncio.create_task(server.serve(), name="router-http")
     while not server.started and not task.done():
@@ -103,6 +103,7 @@ def load_policy(config: RlfleetConfig) -> Policy:
     """The served model's name and tokenizer (None, with a warning, if it cannot be read:
     completions still work on text, chat answers that there is no chat template)."""
     from rlfleet.model.model_io import load_tokenizer
+    from rlfleet.rollout.limits import PromptLimits
     from rlfleet.rollout.router.openai_api import Policy
 
     path = config.model.path
@@ -112,7 +113,8 @@ def load_policy(config: RlfleetConfig) -> Policy:
         log.warning("no tokenizer from model.path %s (%s): chat completions are off", path, exc)
         tokenizer = None
     name = Path(path).name or path
-    return Policy(name, path, tokenizer, config.rollout.max_model_len)
+    limits = PromptLimits.of(config.rollout)
+    return Policy(name, path, tokenizer, config.rollout.max_model_len, limits)
 
 
 def _free_port() -> int:

@@ -69,11 +69,12 @@ def assign(
 
 async def wait_entries(
     queue: Producer, entry_ids: Sequence[str], deadline: float,
-    on_timeout: Callable[[list[str]], Exception],
+    on_timeout: Callable[[list[str]], Exception], epoch: str | None = None,
 ) -> dict[str, Result]:  # fmt: skip
     """Every entry's answer (``Producer.wait_all``: one MGET, then one BLPOP on the notify keys
-    of those still pending, per wake-up); ``on_timeout(pending ids)`` is raised at the deadline."""
-    done = await queue.wait_all(list(entry_ids), deadline, WAKE_POLL_S)
+    of those still pending, per wake-up); ``on_timeout(pending ids)`` is raised at the deadline,
+    ``Vanished`` when the server lost its data since ``epoch`` (read before submitting)."""
+    done = await queue.wait_all(list(entry_ids), deadline, WAKE_POLL_S, epoch)
     if pending := [eid for eid in entry_ids if eid not in done]:
         raise on_timeout(pending)
     return done

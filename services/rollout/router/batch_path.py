@@ -5,12 +5,15 @@ Why: a training step is dozens of prompts, and routed one by one each costs its 
 trips while the replica sees them trickle in. The helpers (``batch.py``: ``assign``,
 ``wait_entries``) keep it to a few round trips a step, and each replica
 runs its share as one engine batch. Idempotent per request id, like a single Generate: ids
-already answered are served from their stored answers and not queued again.
+already answered are served from their stored answers and not queued again. That is also how a
+batch survives an empty Redis restart: the wait notices the new data epoch (``Vanished``), and
+the members without a stored answer are routed and queued again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import uuid
 from collections import Counter
@@ -18,14 +21,18 @@ from collections.abc import Callable, Sequence
 
 from rlfleet.common.config import RouterConfig
 from rlfleet.common.errors import InvalidArgument, Unavailable
+from rlfleet.common.queue.producer import Vanished
 from rlfleet.common.workqueue import Result, WorkQueue
 from rlfleet.rollout.registry import ReplicaRegistry
 from rlfleet.rollout.router.admission import admit
 from rlfleet.rollout.router.batch import Assignment, assign, wait_entries
+from rlfleet.rollout.router.outage import route_give_up
 from rlfleet.rollout.router.outcomes import Outcome, missing, outcome, raise_or_return
 from rlfleet.rollout.router.request_path import ROUTE_POLL_S
 from rlfleet.rollout.router.routing import RoundRobin
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, pack_requests
+
+log = logging.getLogger(__name__)
 
 
 class BatchPath:
@@ -43,18 +50,31 @@ class BatchPath:
     async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """Answers for ``requests``, in order (stored ones first looked up in one MGET)."""
         _validate_batch(requests)
+        timeout_s = max((r.timeout_s for r in requests), default=0) or self._cfg.request_timeout_s
+        outcomes = await self._answer(requests, asyncio.get_running_loop().time() + timeout_s)
+        return [raise_or_return(outcomes[r.request_id]) for r in requests]
+
+    async def _answer(
+        self, requests: Sequence[GenerateRequest], deadline: float
+    ) -> dict[str, Outcome]:
+        """Stored answers first (one MGET), the rest run as a batch; run again for those
+        without an answer if the server lost the batch (an empty restart)."""
         ids = [r.request_id for r in requests]
         stored = await self._answers().get_results(ids)
         outcomes = {rid: outcome(rid, result) for rid, result in stored.items()}
         if todo := [r for r in requests if r.request_id not in stored]:
-            outcomes |= await self._run_batch(todo)
-        return [raise_or_return(outcomes[rid]) for rid in ids]
+            try:
+                outcomes |= await self._run_batch(todo, deadline)
+            except Vanished:
+                log.warning("Redis lost a batch of %d (restarted empty?): queued again", len(todo))
+                outcomes |= await self._answer(todo, deadline)
+        return outcomes
 
-    async def _run_batch(self, requests: list[GenerateRequest]) -> dict[str, Outcome]:
+    async def _run_batch(
+        self, requests: list[GenerateRequest], deadline: float
+    ) -> dict[str, Outcome]:
         """Route, claim, queue one entry per replica, wait for them all, release."""
-        loop = asyncio.get_running_loop()
-        timeout_s = max(r.timeout_s for r in requests) or self._cfg.request_timeout_s
-        deadline = loop.time() + timeout_s
+        epoch = await self._answers().epoch()  # before queueing: a later loss is then seen
         plan = await self._route_batch(requests, deadline)
         entries = {f"batch-{uuid.uuid4().hex}-{rid}": rid for rid in plan.groups}
         served = plan.counts  # released as routed unless answers say who served
@@ -62,7 +82,8 @@ class BatchPath:
             await asyncio.gather(*(self._queue(rid).submit(eid, pack_requests(plan.groups[rid]))
                                    for eid, rid in entries.items()))  # fmt: skip
             done = await wait_entries(self._answers(), list(entries), deadline,
-                                      lambda pending: _batch_timeout(pending, entries))  # fmt: skip
+                                      lambda pending: _batch_timeout(pending, entries),
+                                      epoch)  # fmt: skip
             outcomes, served = await self._collect(entries, plan, done)
             return outcomes
         finally:
@@ -75,9 +96,11 @@ class BatchPath:
         sessions = sorted({r.session_id for r in requests if r.session_id})
         cap = self._cfg.max_inflight_per_replica
         while True:
+            started = loop.time()
             snap = admit(await self.registry.snapshot(sessions=sessions),
                          min(r.min_weight_version for r in requests),
                          self._cfg.max_queue_per_replica, len(requests))  # fmt: skip
+            give_up = route_give_up(give_up, started, loop.time(), self._route_wait_s, deadline)
             try:
                 plan = assign(requests, snap, cap, self._rng, self._round_robin)
                 break

@@ -37,6 +37,7 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import NotFound
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
 from rlfleet.common.workqueue import WorkQueue
+from rlfleet.rollout.limits import PromptLimits
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router.batch_path import BatchPath
 from rlfleet.rollout.router.enqueue import Enqueuer, SnapshotCache
@@ -83,6 +84,7 @@ class RouterCore:
         self, redis: Redis, keys: Keys, config: RlfleetConfig, rng: random.Random | None = None
     ) -> None:
         self._redis, self._keys, self._cfg = redis, keys, config.router
+        self._limits = PromptLimits.of(config.rollout)  # refused here, before any queue
         self.registry = ReplicaRegistry(redis, keys, config.rollout.heartbeat_ttl_s)
         self._snapshots = SnapshotCache(self.registry, SNAPSHOT_MAX_AGE_S)
         self._queues: dict[str, WorkQueue] = {}
@@ -110,6 +112,7 @@ class RouterCore:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Answer one request (idempotent on ``request_id``; ``request_path.py``)."""
         with self.metrics.track("generate"):
+            self._limits.check(request)
             return await self._single.generate(request)
 
     async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
@@ -118,6 +121,7 @@ class RouterCore:
         first failure in request order fails the call (as a gather of ``generate`` calls
         would)."""
         with self.metrics.track("generate_batch", max(1, len(requests))):
+            self._limits.check_all(requests)
             return await self._batch.generate_batch(requests)
 
     def choose(self, snap: RegistrySnapshot, min_version: int, sticky: str | None) -> str:

@@ -133,7 +133,8 @@ def chat_choice_bodies(
 
 def _token_fields(choice: Choice) -> dict[str, Any]:
     return {"token_ids": list(choice.completion.token_ids),
-            "weight_version": choice.result.weight_version}  # fmt: skip
+            "weight_version": choice.result.weight_version,
+            "token_weight_versions": choice.completion.versions(choice.result.weight_version)}  # fmt: skip
 
 
 def response_token_fields(results: Sequence[GenerateResult]) -> dict[str, Any]:

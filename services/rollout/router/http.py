@@ -6,8 +6,8 @@ and the same validation; only the transport differs (``openai_api`` maps the bod
 here. Errors are OpenAI-shaped (``{"error": {"message", "type", "param", "code"}}``): bad
 input is 400 naming the field in ``param``, a fleet whose queues are full 429, a fleet that
 cannot serve now 503, a timeout 504.
-When the fleet has an API key, every route but ``/healthz`` and ``/metrics`` needs
-``Authorization: Bearer <key>`` (what the ``openai`` client sends).
+When the fleet has an API key, every route but ``/healthz`` needs ``Authorization: Bearer
+<key>`` (what the ``openai`` client sends), ``/metrics``, ``/docs`` and ``/openapi.json`` too.
 
 Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``GET /metrics``, ``GET /healthz``; with a session store, the agent gateway's ``/rl/*``
@@ -17,6 +17,7 @@ Routes: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completion
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -31,7 +32,7 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
 from rlfleet.common import errors
-from rlfleet.common.http_server import api_key_checker
+from rlfleet.common.http_server import api_key_checker, guarded_app
 from rlfleet.rollout.router import gateway_api as gw
 from rlfleet.rollout.router import openai_api as oai
 from rlfleet.rollout.router.core import RouterCore
@@ -61,7 +62,7 @@ def create_app(
 ) -> FastAPI:  # fmt: skip
     """The FastAPI app over ``core``; ``api_key`` None leaves it open (loopback use);
     ``sessions`` None serves no ``/rl/*`` routes and records nothing."""
-    app = FastAPI(title="rlfleet router", version="1")
+    app = guarded_app("rlfleet router", api_key)  # its schema and docs need the key too
     auth = [Depends(api_key_checker(api_key))]
     recorder = Recorder(sessions) if sessions is not None else None
 
@@ -91,7 +92,8 @@ def create_app(
         if param is None:  # a session's agent may name any model: the fleet serves one
             _check_model(body.model, policy)
         token_ids = gw.wants_token_ids(body)
-        prompt = _chat_prompt(policy, oai.chat_messages(body), tools)
+        messages = oai.chat_messages(body, policy.limits)  # bounded before templating
+        prompt = await asyncio.to_thread(_chat_prompt, policy, messages, tools)  # off the loop
         sampling = oai.chat_sampling(body, len(prompt), policy.max_model_len,
                                      need_logprobs=token_ids or param is not None)  # fmt: skip
         started = time.perf_counter()
@@ -104,7 +106,7 @@ def create_app(
 
     if sessions is not None:
         add_session_routes(app, sessions, auth)
-    add_service_routes(app, core)
+    add_service_routes(app, core, auth)
     app.add_exception_handler(RequestValidationError, _validation_response)
     app.add_exception_handler(HTTPException, _http_error_response)
     for kind, _, _ in ERRORS:
@@ -112,10 +114,11 @@ def create_app(
     return app
 
 
-def add_service_routes(app: FastAPI, core: RouterCore) -> None:
-    """``/metrics`` (Prometheus text) and ``/healthz`` (Redis answers), open to scrapers."""
+def add_service_routes(app: FastAPI, core: RouterCore, auth: list) -> None:
+    """``/metrics`` (Prometheus text; behind the API key when one is set: scrapers send it as
+    ``Authorization: Bearer``) and ``/healthz`` (Redis answers; always open)."""
 
-    @app.get("/metrics")
+    @app.get("/metrics", dependencies=auth)
     async def metrics() -> Response:
         return Response(await core.scrape_metrics(), media_type=CONTENT_TYPE_LATEST)
 
@@ -125,10 +128,11 @@ def add_service_routes(app: FastAPI, core: RouterCore) -> None:
         return {"status": "ok"}
 
 
-def metrics_app(core: RouterCore) -> FastAPI:
+def metrics_app(core: RouterCore, api_key: str | None = None) -> FastAPI:
     """Only ``/metrics`` and ``/healthz``: for a router without the OpenAI front."""
-    app = FastAPI(title="rlfleet router metrics", version="1")
-    add_service_routes(app, core)
+    app = guarded_app("rlfleet router metrics", api_key)
+    add_service_routes(app, core, [Depends(api_key_checker(api_key))])
+    app.add_exception_handler(errors.Unauthenticated, _error_response)
     return app
 
 

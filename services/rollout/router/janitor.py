@@ -171,7 +171,9 @@ class Janitor:
         (delivered ``max_deliveries`` times already, each delivery outlived by its replica;
         or unreadable), ``waiting`` for a replica (left in place), or ``gone`` meanwhile."""
         if job.deliveries >= queue.max_deliveries:
-            why = f"delivered {job.deliveries} times, replicas died"
+            why = (f"delivered {job.deliveries} times and never answered: each replica that "
+                   f"took it (the last, on {queue.stream}) died or lost its lease "
+                   "while holding it")  # fmt: skip
             return "dead" if await queue.dead_letter(job, why, queued=True) else "gone"
         try:
             min_version, weight = entry_demand(job.payload)

@@ -16,7 +16,9 @@ it. Why the rules below:
   choice, then the usage chunk if asked, then ``[DONE]``.
 - Agent gateway extensions (``gateway_api``): chat ``tools`` come back as ``tool_calls``;
   ``return_token_ids`` (in the body, or in an ``extra_body`` object) adds vLLM's
-  ``prompt_token_ids`` / ``choices[i].token_ids``, the log-probs and the ``weight_version``.
+  ``prompt_token_ids`` / ``choices[i].token_ids``, the log-probs and the ``weight_version``
+  (the oldest of the choice's tokens), plus ``token_weight_versions``: the version that
+  sampled each token (several when a weight update crossed the request).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from rlfleet.rollout.limits import PromptLimits
 from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 from rlfleet.rollout.types import InvalidField as BadField
 
@@ -52,6 +55,7 @@ class Policy:
     path: str
     tokenizer: Tokenizer | None
     max_model_len: int
+    limits: PromptLimits | None = None  # chat text bounded before the template runs
 
 
 class Body(BaseModel):
@@ -174,7 +178,8 @@ def completion_choices(
     return [{"index": i, "text": c.text, "finish_reason": c.finish_reason,
              "logprobs": _text_logprobs(c, tokenizer) if logprobs else None,
              **({"prompt_token_ids": list(r.prompt_token_ids), "token_ids": list(c.token_ids),
-                 "weight_version": r.weight_version} if token_ids else {})}
+                 "weight_version": r.weight_version,
+                 "token_weight_versions": c.versions(r.weight_version)} if token_ids else {})}
             for i, (r, c) in enumerate(flat)]  # fmt: skip
 
 
@@ -232,12 +237,17 @@ def chat_logprobs(completion: Completion, tokenizer: Tokenizer | None) -> dict[s
                          "top_logprobs": []} for t, lp in pairs]}  # fmt: skip
 
 
-def chat_messages(body: ChatBody) -> list[dict[str, Any]]:
+def chat_messages(body: ChatBody, limits: PromptLimits | None = None) -> list[dict[str, Any]]:
     """Messages as the chat template takes them (content parts joined into one string; an
-    assistant's ``tool_calls`` and a tool reply's ``tool_call_id`` / ``name`` kept)."""
+    assistant's ``tool_calls`` and a tool reply's ``tool_call_id`` / ``name`` kept). With
+    ``limits``, their text together must be within ``rollout.max_prompt_bytes`` (400
+    otherwise), checked before any templating or tokenizing."""
     if not body.messages:
         raise BadField("messages", "must not be empty")
-    return [_template_message(m) for m in body.messages]
+    messages = [_template_message(m) for m in body.messages]
+    if limits is not None:
+        limits.check_messages([m["content"] for m in messages])
+    return messages
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:

@@ -19,10 +19,12 @@ from collections.abc import Callable
 
 from rlfleet.common.config import RouterConfig
 from rlfleet.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from rlfleet.common.queue.producer import Vanished
 from rlfleet.common.workqueue import Result, WorkQueue
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaRegistry
 from rlfleet.rollout.router.admission import admit
 from rlfleet.rollout.router.enqueue import Enqueued, Enqueuer, Placed, Placement, SnapshotCache
+from rlfleet.rollout.router.outage import route_give_up
 from rlfleet.rollout.router.outcomes import unpack
 from rlfleet.rollout.router.routing import RoundRobin, eligible, why_none
 from rlfleet.rollout.types import GenerateRequest, GenerateResult
@@ -65,7 +67,7 @@ class RequestPath:
             return unpack(placed.stored)
         served_by = placed.replica_id or None  # queued by us: counted in flight there
         try:
-            result = await self._wait(request.request_id, placed.replica_id, deadline)
+            result = await self._wait(request, placed.replica_id, deadline)
         except BaseException:
             await self._after_no_answer(request.request_id, served_by)
             raise
@@ -123,12 +125,14 @@ class RequestPath:
         give_up = min(deadline, loop.time() + self._route_wait_s)
         submission, fresh = uuid.uuid4().hex, False
         while True:
+            started, failure = loop.time(), None
             try:
                 placed = await self._try_place(request, submission, deadline, fresh)
-            except Unavailable:
-                if fresh and loop.time() + ROUTE_POLL_S > give_up:
-                    raise
-                placed = None
+            except Unavailable as exc:
+                placed, failure = None, exc
+            give_up = route_give_up(give_up, started, loop.time(), self._route_wait_s, deadline)
+            if failure is not None and fresh and loop.time() + ROUTE_POLL_S > give_up:
+                raise failure
             if placed is not None and placed.outcome not in (Placed.STALE, Placed.FULL):
                 return placed
             if placed is not None and fresh:
@@ -167,10 +171,24 @@ class RequestPath:
             raise Unavailable(why_none(snap.replicas, min_version, snap.draining))
         return sorted(r.replica_id for r in pool)
 
-    async def _wait(self, request_id: str, routed: str, deadline: float) -> Result:
-        """The answer (one BLPOP: the wake-up carries it), or TimeoutError at ``deadline``."""
-        remaining = max(0.0, deadline - asyncio.get_running_loop().time())
-        result = await self._waiters().wait_answer(request_id, remaining, WAKE_POLL_S)
+    async def _wait(self, request: GenerateRequest, routed: str, deadline: float) -> Result:
+        """The answer (one BLPOP: the wake-up carries it), or TimeoutError at ``deadline``.
+        A request the server lost (an empty Redis restart: its binding is gone with its entry)
+        is placed again and awaited anew; answers are ``SET NX``, so it is answered once."""
+        request_id, loop = request.request_id, asyncio.get_running_loop()
+        while True:
+            remaining = max(0.0, deadline - loop.time())
+            try:
+                result = await self._waiters().wait_answer(request_id, remaining, WAKE_POLL_S,
+                                                           bound=True)  # fmt: skip
+                break
+            except Vanished:
+                log.warning("request %s was lost by Redis (restarted empty?): queued again",
+                            request_id)  # fmt: skip
+                placed = await self._place(request, deadline)
+                if placed.stored is not None:
+                    return placed.stored
+                routed = placed.replica_id or routed
         if result is None:
             where = f"routed to {routed}" if routed else "queued by an earlier call"
             raise TimeoutError(f"request {request_id} ({where}) got no answer in time")

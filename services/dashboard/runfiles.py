@@ -1,0 +1,161 @@
+"""What the trainer leaves in the run directory, read as it grows: ``metrics.jsonl`` (one row
+per step, and one per validation) and the samples files.
+
+Why incremental: the page polls every second and a long run's file holds thousands of rows;
+``MetricsTail`` reads only the bytes added since the last call. A file that shrank or was
+replaced (a new run in the same directory) is read again from the start, and rows whose step
+goes back below the previous row's start a new series, so two runs never mix on one curve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+CURVES: dict[str, tuple[str, ...]] = {
+    "reward": ("critic/score/mean",),
+    "kl": ("actor/kl_loss", "actor/ppo_kl", "actor/reward_kl_penalty"),
+    "entropy": ("actor/entropy",),
+    "response_length": ("response_length/mean",),
+    "staleness": ("async/staleness/mean",),
+    "step_time": ("timing_s/step",),
+}
+"""Curve name -> the metrics that may hold it, first present wins (KL is the loss term when the
+loss has one, else the PPO KL between old and new policy, else the in-reward penalty)."""
+
+VAL_PREFIX = "val-core/"
+"""Held-out metrics (``val-core/<source>/reward/mean@1`` ...): a row with one is a validation."""
+
+PHASES: dict[str, tuple[str, ...]] = {
+    "generate": ("timing_s/gen",),
+    "reward": ("timing_s/reward",),
+    "reference": ("timing_s/ref", "timing_s/old_log_prob", "timing_s/values"),
+    "update": ("timing_s/adv", "timing_s/update_critic", "timing_s/update_actor"),
+    "push": ("timing_s/push_weights",),
+    "idle": ("timing_s/idle_trainer",),
+}
+"""Step-time phases the page stacks, each the sum of the trainer's ``timing_s/*`` parts."""
+
+
+class MetricsTail:
+    """The rows of one ``metrics.jsonl`` so far (the current run's), read incrementally."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = []
+        self._offset = 0
+        self._inode: int | None = None
+        self._partial = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        """New rows appended since the last call are parsed; returns every row so far."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return self.rows
+        if stat.st_ino != self._inode or stat.st_size < self._offset:
+            self.rows, self._offset, self._partial, self._inode = [], 0, b"", stat.st_ino
+        with self.path.open("rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read()
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        for line in lines:
+            self._add(line)
+        return self.rows
+
+    def _add(self, line: bytes) -> None:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return  # a torn or foreign line is skipped, not fatal
+        if not isinstance(row, dict) or "step" not in row:
+            return
+        is_step = "training/global_step" in row
+        last_step = next((r["step"] for r in reversed(self.rows) if "training/global_step" in r),
+                         None)  # fmt: skip
+        if is_step and last_step is not None and row["step"] <= last_step:
+            self.rows = []  # the step went back: a new run began in this directory
+        self.rows.append(row)
+
+
+def first_of(row: dict[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        value = row.get(key)
+        if isinstance(value, int | float):
+            return float(value)
+    return None
+
+
+def curves(rows: list[dict[str, Any]], max_points: int) -> dict[str, list[list[float]]]:
+    """Every curve as ``[[step, value], ...]`` (training rows only), thinned to ``max_points``;
+    held-out metrics as ``val:<name>`` from the validation rows."""
+    out: dict[str, list[list[float]]] = {name: [] for name in CURVES}
+    for row in rows:
+        if "training/global_step" in row:
+            for name, keys in CURVES.items():
+                value = first_of(row, keys)
+                if value is not None:
+                    out[name].append([row["step"], value])
+        for key, value in row.items():
+            if key.startswith(VAL_PREFIX) and isinstance(value, int | float):
+                out.setdefault("val:" + key[len(VAL_PREFIX) :], []).append([row["step"], value])
+    return {name: thin(points, max_points) for name, points in out.items()}
+
+
+def thin(points: list, limit: int) -> list:
+    """At most ``limit`` points, evenly spaced, the last always kept."""
+    if len(points) <= limit:
+        return points
+    stride = len(points) / (limit - 1)
+    return [points[int(i * stride)] for i in range(limit - 1)] + [points[-1]]
+
+
+def phases(row: dict[str, Any]) -> dict[str, float]:
+    """One step row's time by phase (seconds)."""
+    return {name: sum(float(row.get(k, 0.0)) for k in keys) for name, keys in PHASES.items()}
+
+
+def step_times(rows: list[dict[str, Any]], window: int = 20) -> dict[str, Any]:
+    """The last step's phases, the mean over the last ``window`` steps, and the step time."""
+    steps = [r for r in rows if "training/global_step" in r][-window:]
+    if not steps:
+        return {"last": {}, "mean": {}, "step_s_mean": None, "window": 0}
+    each = [phases(r) for r in steps]
+    mean = {name: sum(p[name] for p in each) / len(each) for name in PHASES}
+    step_s = [float(r["timing_s/step"]) for r in steps if "timing_s/step" in r]
+    return {
+        "last": each[-1],
+        "mean": mean,
+        "step_s_mean": sum(step_s) / len(step_s) if step_s else None,
+        "window": len(steps),
+    }
+
+
+def tail_jsonl(path: Path, limit: int, block: int = 1 << 16) -> list[dict[str, Any]]:
+    """The last ``limit`` JSON rows of a file, reading only its end (samples files grow)."""
+    if limit <= 0:
+        return []
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - block))
+            data = handle.read()
+    except FileNotFoundError:
+        return []
+    lines = data.split(b"\n")
+    if size > block:
+        lines = lines[1:]  # the first may be cut in the middle
+    rows: deque[dict[str, Any]] = deque(maxlen=limit)
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return list(rows)

@@ -1,0 +1,224 @@
+"""The dashboard's pieces without a fleet: reading the run directory as it grows, the JSON
+document and its API key, and the probe's view of a fleet whose roles are down (a real Redis
+holds the registry; the addresses probed have nobody listening)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from rlfleet.common.config import load_config
+from rlfleet.common.redis_server import free_port
+from rlfleet.dashboard import runfiles
+from rlfleet.dashboard.app import create_app, replica_metrics_urls
+from rlfleet.dashboard.probe import FleetProbe
+from rlfleet.dashboard.state import DashboardState, time_left
+from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
+from rlfleet.rollout.types import ReplicaState
+from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.rollout_batch import RolloutBatch
+from rlfleet.trainer.samples import TrainSamples, prompt_text
+
+
+def step_row(step: int, score: float, **extra: float) -> dict:
+    return {"step": step, "training/global_step": float(step), "critic/score/mean": score,
+            "actor/entropy": 0.5, "response_length/mean": 3.0, "timing_s/step": 0.5,
+            "timing_s/gen": 0.3, "timing_s/update_actor": 0.1, **extra}  # fmt: skip
+
+
+def append(path, *rows: dict) -> None:
+    with path.open("a") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def dead_config(tmp_path, redis_url=None, **over):
+    """A config whose every endpoint is a port nobody listens on."""
+    ports = [free_port() for _ in range(4)]
+    overrides = [
+        f"run_dir={tmp_path}",
+        f"endpoints.router=127.0.0.1:{ports[0]}",
+        f"endpoints.reward=127.0.0.1:{ports[1]}",
+        f"endpoints.refcritic=127.0.0.1:{ports[2]}",
+        f"endpoints.trainer=127.0.0.1:{ports[3]}",
+        "dashboard.probe_timeout_s=0.5",
+    ]
+    if redis_url:
+        overrides.append(f"redis_url={redis_url}")
+    return load_config(None, overrides + [f"{k}={v}" for k, v in over.items()])
+
+
+# ---- the run directory -------------------------------------------------------------------
+
+
+def test_metrics_tail_reads_only_what_was_added_and_waits_for_a_whole_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = runfiles.MetricsTail(path)
+    assert tail.read() == []  # no file yet
+    append(path, step_row(1, 0.1), step_row(2, 0.2))
+    with path.open("a") as handle:
+        handle.write('{"step": 3, "training/global_step": 3.0, "critic/sc')  # torn write
+    assert [r["step"] for r in tail.read()] == [1, 2]
+    with path.open("a") as handle:
+        handle.write('ore/mean": 0.3}\n{"step": 3, "val-core/arith/reward/mean@1": 0.5}\n')
+    rows = tail.read()
+    assert [r["step"] for r in rows] == [1, 2, 3, 3]
+    assert rows[2]["critic/score/mean"] == 0.3
+
+
+def test_metrics_tail_starts_a_new_series_when_a_new_run_begins(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = runfiles.MetricsTail(path)
+    append(path, step_row(1, 0.1), step_row(2, 0.2), step_row(3, 0.3))
+    assert len(tail.read()) == 3
+    append(path, step_row(1, 0.9))  # a second run appended to the same file
+    assert [(r["step"], r["critic/score/mean"]) for r in tail.read()] == [(1, 0.9)]
+    path.unlink()
+    append(path, step_row(1, 0.4), step_row(2, 0.5))  # a file made anew
+    assert [r["critic/score/mean"] for r in tail.read()] == [0.4, 0.5]
+
+
+def test_curves_pick_the_first_present_metric_and_validation_rows():
+    rows = [
+        step_row(1, 0.1, **{"actor/ppo_kl": 0.01}),
+        step_row(2, 0.2, **{"actor/kl_loss": 0.5, "actor/ppo_kl": 0.02}),
+        {"step": 2, "val-core/arith/reward/mean@1": 0.7, "training/time_s": 3.0},
+    ]
+    curves = runfiles.curves(rows, max_points=100)
+    assert curves["reward"] == [[1, 0.1], [2, 0.2]]
+    assert curves["kl"] == [[1, 0.01], [2, 0.5]]  # the loss term wins where it is logged
+    assert curves["val:arith/reward/mean@1"] == [[2, 0.7]]
+    assert curves["staleness"] == []
+
+
+def test_thin_keeps_the_ends_and_the_limit():
+    points = [[i, float(i)] for i in range(1000)]
+    thinned = runfiles.thin(points, 50)
+    assert len(thinned) == 50 and thinned[0] == [0, 0.0] and thinned[-1] == [999, 999.0]
+    assert runfiles.thin(points[:10], 50) == points[:10]
+
+
+def test_step_times_and_time_left():
+    rows = [step_row(s, 0.1) for s in range(1, 31)]
+    times = runfiles.step_times(rows, window=20)
+    assert times["window"] == 20
+    assert times["mean"]["generate"] == pytest.approx(0.3)
+    assert times["mean"]["update"] == pytest.approx(0.1)
+    assert times["mean"]["push"] == 0.0
+    left = time_left(rows, total_steps=50, started_at=time.time())
+    assert left["step"] == 30 and left["seconds_left"] == pytest.approx(10.0)
+    assert time_left([], 50, time.time())["seconds_left"] is None
+
+
+def test_tail_jsonl_returns_the_last_rows_of_a_long_file(tmp_path):
+    path = tmp_path / "val_samples.jsonl"
+    append(path, *({"step": i, "prompt": "x" * 50} for i in range(5000)))
+    rows = runfiles.tail_jsonl(path, 3, block=4096)
+    assert [r["step"] for r in rows] == [4997, 4998, 4999]
+    assert runfiles.tail_jsonl(tmp_path / "missing.jsonl", 3) == []
+
+
+# ---- training samples -------------------------------------------------------------------
+
+
+def test_train_samples_writes_the_first_sample_of_the_first_groups(tmp_path):
+    records = [PromptRecord(prompt=f"{g}+1=", data_source="arith", ground_truth=str(g + 1))
+               for g in range(3) for _ in range(2)]  # fmt: skip
+    batch = RolloutBatch(records=records, group_ids=[0, 0, 1, 1, 2, 2],
+                         texts=["a", "b", "c", "d", "e", "f"],
+                         scores=[1.0, 0.0, 0.0, 1.0, 0.5, 0.5],
+                         weight_versions=[4] * 6, replica_ids=["r0", "r1"] * 3)  # fmt: skip
+    writer = TrainSamples(tmp_path / "train_samples.jsonl", per_step=2)
+    writer.write(5, batch)
+    rows = [
+        json.loads(line) for line in (tmp_path / "train_samples.jsonl").read_text().splitlines()
+    ]
+    assert rows == [
+        {"step": 5, "prompt": "0+1=", "response": "a", "score": 1.0, "weight_version": 4,
+         "replica": "r0"},
+        {"step": 5, "prompt": "1+1=", "response": "c", "score": 0.0, "weight_version": 4,
+         "replica": "r0"},
+    ]  # fmt: skip
+    assert (
+        prompt_text([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]) == "q"
+    )
+
+
+# ---- the document and its key --------------------------------------------------------------
+
+
+async def test_state_endpoint_serves_the_document_and_marks_dead_roles_down(tmp_path):
+    append(tmp_path / "metrics.jsonl", step_row(1, 0.25), step_row(2, 0.5))
+    append(tmp_path / "train_samples.jsonl", {"step": 2, "prompt": "1+1=", "response": "2",
+                                              "score": 1.0})  # fmt: skip
+    config = dead_config(tmp_path, **{"trainer.total_steps": 10})
+    state = DashboardState(config)
+    await state.refresh()
+    await state.close()
+    body = TestClient(create_app(state, api_key=None)).get("/api/state").json()
+    assert body["curves"]["reward"] == [[1, 0.25], [2, 0.5]]
+    assert body["progress"]["step"] == 2 and body["progress"]["total_steps"] == 10
+    assert body["samples"]["training"][0]["response"] == "2"
+    roles = {r["name"]: r["up"] for r in body["fleet"]["roles"]}
+    assert {"router", "reward", "trainer"} <= set(roles) and not any(roles.values())
+    assert body["fleet"]["trainer"]["up"] is False
+    assert body["fleet"]["replicas"] == []  # no router and no Redis: nothing is known
+    assert body["fleet"]["replica_source"].startswith("unknown")
+    assert body["config"]["total_steps"] == 10
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "secret", "Bearer secret2"])
+def test_state_endpoint_refuses_a_missing_or_wrong_key_with_401_and_no_data(tmp_path, header):
+    state = DashboardState(dead_config(tmp_path))
+    state.document = {"curves": {"reward": [[1, 0.5]]}, "version": 1}
+    client = TestClient(create_app(state, api_key="secret"))
+    reply = client.get("/api/state", headers={"Authorization": header} if header else {})
+    assert reply.status_code == 401
+    assert "curves" not in reply.text and "reward" not in reply.text
+    ok = client.get("/api/state", headers={"Authorization": "Bearer secret"})
+    assert ok.status_code == 200 and ok.json()["curves"]["reward"] == [[1, 0.5]]
+
+
+def test_page_is_plain_html_with_no_outside_assets_and_no_data(tmp_path):
+    state = DashboardState(dead_config(tmp_path, **{"dashboard.refresh_s": 0.5}))
+    state.document = {"curves": {"reward": [[1, 0.123456]]}, "version": 1}
+    page = TestClient(create_app(state, api_key="secret")).get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "const REFRESH_MS = 500;" in page.text
+    assert "http://" not in page.text and "https://" not in page.text  # nothing from outside
+    assert "0.123456" not in page.text
+
+
+# ---- the probe against the registry --------------------------------------------------------
+
+
+async def test_probe_falls_back_to_the_registry_and_shows_an_expired_replica_down(
+    tmp_path, redis_url, redis_client, cluster_name
+):
+    from rlfleet.common.keys import Keys
+
+    config = dead_config(tmp_path, redis_url, cluster=cluster_name)
+    registry = ReplicaRegistry(redis_client, Keys(cluster_name), heartbeat_ttl_s=0.3)
+    await registry.register(ReplicaInfo("r-live", "", 7, ReplicaState.SERVING, "hf", 3))
+    await registry.register(ReplicaInfo("r-gone", "", 5, ReplicaState.SERVING, "hf", 1))
+    await redis_client.delete(Keys(cluster_name).heartbeat("r-gone"))  # as if it died
+    await redis_client.xadd(Keys(cluster_name).reward_stream, {"job": "1"})
+    await redis_client.xgroup_create(Keys(cluster_name).reward_stream, "reward", id="0")
+    probe = FleetProbe(config)
+    try:
+        fleet = await probe.fleet()
+    finally:
+        await probe.close()
+    assert fleet["replica_source"].startswith("redis registry")
+    rows = {r["replica_id"]: r for r in fleet["replicas"]}
+    assert rows["r-live"]["up"] and rows["r-live"]["weight_version"] == 7
+    assert not rows["r-gone"]["up"] and rows["r-gone"]["state"] == "dead"
+    assert fleet["queues"]["reward"] == {"waiting": 1, "pending": 0}
+
+
+def test_replica_metrics_urls_come_from_the_launcher_entries():
+    endpoints = {"rollout-0": {"metrics": "http://h:1/metrics"}, "router": {"grpc": "h:2"},
+                 "rollout-1": {"grpc": "h:3"}}  # fmt: skip
+    assert replica_metrics_urls(endpoints) == {"rollout-0": "http://h:1/metrics"}

@@ -96,7 +96,8 @@ def test_stale_rows_are_dropped_whole_groups():
     batch = asyncio.run(trainer.collector.generate(prompts(2), 0, 1))
     batch.weight_versions = [1] * 8 + [3] * 8
     # per-token versions agree with the rows' (staleness is per token)
-    batch.token_versions = [[v] * len(r) for v, r in zip(batch.weight_versions, batch.responses)]
+    rows = zip(batch.weight_versions, batch.responses, strict=True)
+    batch.token_versions = [[v] * len(r) for v, r in rows]
     kept, dropped = drop_stale(batch, oldest=2)
     assert dropped == 8 and len(kept) == 8
     assert kept.group_ids == [1] * 8 and kept.prompts == batch.prompts[8:]

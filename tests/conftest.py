@@ -12,8 +12,8 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-import redis
 import redis.asyncio as aioredis
+from redis_servers import empty_database
 
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_server import EmbeddedRedis
@@ -35,13 +35,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedR
 @pytest.fixture
 def redis_url(redis_server: EmbeddedRedis) -> str:
     """URL of an empty scratch database on the session's server."""
-    url = redis_server.url.rsplit("/", 1)[0] + f"/{SCRATCH_DB}"
-    client = redis.Redis.from_url(url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
-    return url
+    return empty_database(redis_server, SCRATCH_DB)
 
 
 @pytest.fixture

@@ -54,7 +54,12 @@ def redis_kind_server(request, tmp_path_factory) -> Iterator[EmbeddedRedis]:
 @pytest.fixture
 def any_redis_url(redis_kind_server: EmbeddedRedis) -> str:
     """An empty database on a server of each kind."""
-    url = redis_kind_server.url.rsplit("/", 1)[0] + "/1"
+    return empty_database(redis_kind_server, 1)
+
+
+def empty_database(server: EmbeddedRedis, db: int) -> str:
+    """The URL of database `db` on `server`, flushed first."""
+    url = server.url.rsplit("/", 1)[0] + f"/{db}"
     client = redis.Redis.from_url(url)
     try:
         client.flushdb()

@@ -45,6 +45,7 @@ class JobRunner:
     ) -> None:  # fmt: skip
         self.config, self.engine, self.queue, self.replica_id = config, engine, queue, replica_id
         self._inflight, self._version, self._requeue = inflight, version, requeue
+        self._limits = PromptLimits.of(config.rollout)  # text bounded before it is tokenized
         self.served = 0  # requests answered
         self.generated_tokens = 0  # completion tokens so far (metrics: tokens/s)
         self.discarded = 0  # answers dropped by the fence (lease lapsed, or job moved away)
@@ -52,10 +53,9 @@ class JobRunner:
     async def generate(self, request: GenerateRequest, key: str) -> GenerateResult:
         """One request on the engine (``key``: its engine request id), tagged with the weight
         version it was generated with."""
-        limits = PromptLimits.of(self.config.rollout)  # text bounded before it is tokenized
-        limits.check(request)
+        self._limits.check(request)
         prompt = request.prompt_token_ids or await tokenize.encode(
-            self.engine, request.prompt_text or "", limits
+            self.engine, request.prompt_text or "", self._limits
         )  # off the event loop: the lease, the stream and other jobs go on meanwhile
         self._check_request(request, prompt)
         completions = await continuation.generate(self._inflight.gate, self.engine, key, prompt,

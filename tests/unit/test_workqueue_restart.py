@@ -85,23 +85,25 @@ async def test_bound_waiter_sees_its_request_vanish(queue, redis_client) -> None
         await queue.wait_answer("r1", 10, poll_s=0.1, bound=True)
 
 
-async def test_a_lapsed_lease_still_discards_a_late_answer(queue, redis_client) -> None:
+async def fenced_job(queue, redis_client):
+    """A replica's lease "r0" fencing the queue, and job "r1" read under it."""
     lease = queue.keys.heartbeat("r0")
     await redis_client.set(lease, "token")
     queue.fence = (lease, "token")
     assert await queue.submit("r1", b"x")
     [job] = await queue.read("w1", block_ms=200)
+    return lease, job
+
+
+async def test_a_lapsed_lease_still_discards_a_late_answer(queue, redis_client) -> None:
+    lease, job = await fenced_job(queue, redis_client)
     await redis_client.delete(lease)  # lapsed on a live server: the work may have moved
     assert await queue.finish(job, encode_result(b"late")) is Finish.FENCED
     assert await queue.get_result("r1") is None
 
 
 async def test_an_answer_computed_across_an_empty_restart_is_kept(queue, redis_client) -> None:
-    lease = queue.keys.heartbeat("r0")
-    await redis_client.set(lease, "token")
-    queue.fence = (lease, "token")
-    assert await queue.submit("r1", b"x")
-    [job] = await queue.read("w1", block_ms=200)
+    lease, job = await fenced_job(queue, redis_client)
     waiter = asyncio.create_task(queue.wait_answer("r1", 10, poll_s=5.0))
     await asyncio.sleep(0.1)  # parked in BLPOP: the stored answer must wake it
     await redis_client.flushdb()  # lease and entry gone with the data

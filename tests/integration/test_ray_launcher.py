@@ -149,7 +149,8 @@ def test_agent_job_runs_the_env_role_and_keeps_secrets_off_command_lines(tmp_pat
     run_dir, temp_dir, key = tmp_path / "run", short_temp_dir(), f"sk-{uuid.uuid4().hex[:12]}"
     argv = up_argv(run_dir, "--ray", "--config", str(ROOT / "configs" / "agent_calc.yaml"),
                    "--rollout-replicas", "1", "--env-processes", "2", f"ray.temp_dir={temp_dir}",
-                   "trainer.total_steps=2", "trainer.ppo_mini_batch_size=8",
+                   "trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4",
+                   "data.val_size=8", "trainer.ppo_mini_batch_size=16",
                    "trainer.val_before_train=false", "trainer.test_freq=0", f"api_key={key}")  # fmt: skip
     up = ServiceProcess.start(argv, tmp_path / "up.log", "rlfleet up --ray", clean_env())
     lines: dict[int, str] = {}

@@ -25,14 +25,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import logging
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -41,6 +39,8 @@ from typing import TYPE_CHECKING
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from rlfleet.common.pdeathsig import die_with_parent
 
 if TYPE_CHECKING:
     from rlfleet.common.config import RlfleetConfig
@@ -233,12 +233,13 @@ class EmbeddedRedis:
         """Launch once; True when it answers, False if it exited early and we may retry."""
         with open(self.log_path, "ab") as logfile:
             self._log_offset = logfile.tell()
+            prefix, preexec = die_with_parent(signal.SIGTERM)
             self._proc = subprocess.Popen(
-                self._command(),
+                [*prefix, *self._command()],
                 stdout=logfile,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=preexec,
             )
         deadline, pid = time.monotonic() + self.startup_timeout_s, self._proc.pid
         while time.monotonic() < deadline:
@@ -276,17 +277,3 @@ class EmbeddedRedis:
         raise RuntimeError(
             f"Redis server on port {self.port} {why}; log {self.log_path}:\n{self.log_tail()}"
         )
-
-
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
-"""Looked up once, in the parent: between fork and exec a threaded parent's child must do as
-little as possible (a ``dlopen``/``dlsym`` there can meet a lock another thread held at the
-fork, and the child crashes before it prints anything)."""
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: the kernel sends it SIGTERM when the thread that started
-    it exits, so a parent killed outright (SIGKILL, a CI timeout's SIGTERM) leaves no server
-    behind. Hence: call ``start()`` from a long-lived thread, normally the main one."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

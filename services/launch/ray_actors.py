@@ -16,7 +16,6 @@ Ray is imported only inside methods: this module is imported on the driver befor
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -26,7 +25,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
+from rlfleet.common.pdeathsig import die_with_parent
+
 STOP_GRACE_S = 10.0
 CONFIG_SECTION = {"env": "agent"}
 """The config section holding a role's ``host`` and ``port`` where it is not the role's name."""
@@ -67,12 +67,6 @@ class Launch:
     """``RLFLEET_*`` variables for settings kept off command lines (``split_secrets``)."""
 
 
-def die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the process that started it dies."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class RoleActor:
     """Starts ``rlfleet VERB`` for one role on this actor's node and supervises it."""
 
@@ -97,8 +91,10 @@ class RoleActor:
         overrides = [*launch.common, *self._bind(), *self.spec.extra]
         argv = role_argv(self.spec.role, launch.config_path, overrides, self.spec.flags)
         log = Path(launch.log_dir) / f"{self.spec.name}.log"
-        child = Child(self.spec.name, argv, role_env(launch.redis_url, launch.secrets), log)
-        child.start(preexec_fn=die_with_parent)
+        prefix, preexec = die_with_parent(signal.SIGKILL)  # the actor's death ends the role
+        env = role_env(launch.redis_url, launch.secrets)
+        child = Child(self.spec.name, [*prefix, *argv], env, log)
+        child.start(preexec_fn=preexec)
         return child
 
     def _announce(self) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from procs import ROOT, ServiceProcess
-from up_proc import read_metrics, run_up, up_argv
+from up_proc import failure_report, read_metrics, run_up, up_argv
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ def test_three_grpo_steps_through_every_service(tmp_path, backend):
     run_dir = tmp_path / "run"
     # the synchronous loop with the KL loss, so the refcritic runs too
     result = run_up(run_dir, backend, extra=["trainer.mode=sync", "trainer.use_kl_loss=true"])
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert result.returncode == 0, failure_report(result, run_dir)
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     # version 1 is pushed at start; each step trains on version k and then pushes k + 1

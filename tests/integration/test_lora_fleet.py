@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from replica_proc import MODEL
-from up_proc import read_metrics, run_up
+from up_proc import failure_report, read_metrics, run_up
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def test_a_lora_run_pushes_only_the_adapter_and_raises_held_out_accuracy(tmp_pat
              f"trainer.test_freq={STEPS}", "trainer.val_before_train=true",
              "trainer.logger=[console,jsonl,tensorboard]", "--rollout-replicas", "1"]  # fmt: skip
     result = run_up(run_dir, "hf", steps=STEPS, extra=extra)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert result.returncode == 0, failure_report(result, run_dir)
     metrics = read_metrics(run_dir)
     steps = [m for m in metrics if "timing_s/step" in m]
     assert [m["training/weight_version"] for m in steps] == [float(v) for v in range(2, STEPS + 2)]

@@ -52,3 +52,19 @@ def up_argv(
 def read_metrics(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+ERROR_WORDS = ("Error", "error:", "Exception", "failed", "Killed", "Traceback")
+
+
+def failure_report(result: subprocess.CompletedProcess, run_dir: Path, lines: int = 40) -> str:
+    """What a failed ``rlfleet up`` said, and the error lines of every role's log: the root cause
+    (a vLLM worker's traceback, say) sits far above the tail of the launcher's output."""
+    parts = [result.stdout[-3000:], result.stderr[-2000:]]
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        text = log.read_text(errors="replace").splitlines()
+        hits = [line for line in text if any(word in line for word in ERROR_WORDS)]
+        if hits:
+            parts.append(f"--- {log.name}: {len(hits)} error lines, the last {lines}:")
+            parts.extend(hits[-lines:])
+    return "\n".join(parts)

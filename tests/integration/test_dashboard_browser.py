@@ -61,7 +61,7 @@ def fleet(tmp_path_factory):
     """A run that goes on for as long as the tests look at it (stopped at the end)."""
     tmp = tmp_path_factory.mktemp("dashboard")
     run_dir = tmp / "run"
-    extra = ["trainer.test_freq=10", "dashboard.refresh_s=0.5"]
+    extra = ["trainer.test_freq=10", "dashboard.enabled=true", "dashboard.refresh_s=0.5"]
     up = ServiceProcess.start(up_argv(run_dir, "hf", 100_000, extra), tmp / "up.log",
                               name="rlfleet up")  # fmt: skip
     try:
@@ -114,6 +114,10 @@ def test_curves_grow_and_versions_advance_while_the_run_goes(fleet, browser):
     assert page.inner_text("#conn") == "live"
     assert page.locator('tr[data-role="router"].up').count() == 1
     assert page.locator('tr[data-role="reward"].up').count() == 1
+    # the trainer is training: its row and the header say so (its health probe's channel
+    # must not still back off from the minute it spent loading before it listened)
+    assert page.locator('tr[data-role="trainer"].up').count() == 1
+    assert page.inner_text("#trainer-state") != "down"
     assert page.locator("#train-samples tbody tr").count() > 0
     shot = tmp / "dashboard.png"
     page.screenshot(path=str(shot), full_page=True)

@@ -45,6 +45,7 @@ def up_argv(
         "data.val_size=16",
         "data.train_batch_size=4",
         "trainer.replica_wait_s=240",
+        "dashboard.enabled=false",  # one process less per fleet; the dashboard test turns it on
         *(extra or []),
     ]
 

@@ -27,7 +27,11 @@ BENCHES = {
     "engines": "bench_engines", "queue": "bench_queue", "weights": "bench_weights",
     "reward_throughput": "bench_reward_throughput", "router": "bench_router",
     "ddp": "bench_ddp", "actor_update": "bench_actor_update", "agent": "bench_agent",
+    "inflight": "bench_inflight",
+    "real_model": "bench_real_model",
 }  # fmt: skip
+OPT_IN = {"real_model", "inflight"}
+"""Run only when named in ``--only``: needs ``make smollm2`` and takes ~20 minutes."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -50,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(names) - set(BENCHES))
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
-    args.names = [n for n in BENCHES if n in names] if names else list(BENCHES)
+    args.names = [n for n in BENCHES if n in names or not names and n not in OPT_IN]
     return args
 
 

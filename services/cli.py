@@ -51,5 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
+def run() -> None:
+    """The ``rlfleet`` console script: ``main``, then a quick exit (``rlfleet.common.exit``)."""
+    from rlfleet.common.exit import exit_with
+
+    exit_with(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -69,9 +70,12 @@ def quiet_libraries(level: str) -> None:
 
 
 def resolve(
-    parser: argparse.ArgumentParser, role: str, argv: list[str] | None
-) -> tuple[RlfleetConfig, argparse.Namespace]:
-    """Parse args, print field docs on --help-config, load the config and report it."""
+    parser: argparse.ArgumentParser, role: str, argv: list[str] | None,
+    settle: Callable[[RlfleetConfig], RlfleetConfig] | None = None,
+) -> tuple[RlfleetConfig, argparse.Namespace]:  # fmt: skip
+    """Parse args, print field docs on --help-config, load the config and report it.
+    ``settle`` fills in what the role decides itself (a replica's generated id) before the
+    config is recorded, so the record is what the process runs with."""
     args = parser.parse_intermixed_args(argv)
     if args.help_config:
         print("\n".join(describe_fields()))
@@ -80,6 +84,8 @@ def resolve(
         config = load_config(args.config, args.overrides)
     except (ValueError, OSError) as exc:
         parser.error(f"bad config: {exc}")
+    if settle is not None:
+        config = settle(config)
     setup_logging(config.log_level, role)
     quiet_libraries(config.log_level)
     tls.use(config.tls)  # every server and client of this process

@@ -27,4 +27,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from rlfleet.common.exit import exit_with
+
+    exit_with(main())

@@ -63,11 +63,13 @@ class FleetProbe:
         self.metrics_urls = metrics_urls or {}
         """Replica id -> its ``/metrics`` URL (from ``endpoints.json``), for prefix-cache hits."""
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._retired: list[grpc.aio.Channel] = []
         self._redis = None
 
     # ---- the whole look ----------------------------------------------------------------
 
     async def fleet(self) -> dict[str, Any]:
+        await self._close_retired()
         replicas, source = await self.replicas()
         roles, trainer, queues = await asyncio.gather(
             self.roles(), self.trainer(), self.queues([r.replica_id for r in replicas])
@@ -89,6 +91,7 @@ class FleetProbe:
             statuses = await self._router_replicas()
             source = f"router {self.config.endpoints.router}"
         except Exception as exc:  # noqa: BLE001 - any failure: try the registry
+            self._retire(self.config.endpoints.router)
             try:
                 statuses = await self._registry_replicas()
             except Exception as exc2:  # noqa: BLE001 - nothing answered: say so
@@ -187,9 +190,8 @@ class FleetProbe:
         stub = health_pb2_grpc.HealthStub(self._channel(address))
         try:
             reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            return RoleHealth(name, address, False, exc.code().name)
         except Exception as exc:  # noqa: BLE001 - a probe never fails the page
+            self._retire(address)
             return RoleHealth(name, address, False, _what(exc))
         seen = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         return RoleHealth(name, address, reply.status == health_pb2.HealthCheckResponse.SERVING,
@@ -203,6 +205,7 @@ class FleetProbe:
             status = await stub.GetStatus(common_pb2.Empty(), timeout=self.timeout_s,
                                           metadata=auth_metadata(self.config.api_key))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a trainer that is gone or not yet up
+            self._retire(self.config.endpoints.trainer)
             return {"up": False, "seen": _what(exc)}
         return {"up": True, "state": status.state, "step": status.step,
                 "total_steps": status.total_steps, "weight_version": status.weight_version}  # fmt: skip
@@ -245,6 +248,22 @@ class FleetProbe:
                                                    retry=False)  # fmt: skip
         return self._channels[address]
 
+    def _retire(self, address: str) -> None:
+        """A call to ``address`` failed: the next probe opens a new channel. Why: a channel
+        whose server was not up keeps doubling its reconnect backoff (1 s, 1.6 s ... up to
+        2 min) and fails every call at once meanwhile, so a trainer that came up after a
+        minute of model loading was drawn down for tens of seconds more while it trained.
+        A new channel connects at the first call. The old one is closed at the next look,
+        once calls of this look that share it are done."""
+        channel = self._channels.pop(address, None)
+        if channel is not None:
+            self._retired.append(channel)
+
+    async def _close_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for channel in retired:
+            await channel.close()
+
     def _redis_client(self):
         if self._redis is None:
             if not self.config.redis_url:
@@ -256,6 +275,7 @@ class FleetProbe:
         return self._redis
 
     async def close(self) -> None:
+        await self._close_retired()
         for channel in self._channels.values():
             await channel.close()
         if self._redis is not None:

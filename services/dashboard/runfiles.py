@@ -3,8 +3,11 @@ per step, and one per validation) and the samples files.
 
 Why incremental: the page polls every second and a long run's file holds thousands of rows;
 ``MetricsTail`` reads only the bytes added since the last call. A file that shrank or was
-replaced (a new run in the same directory) is read again from the start, and rows whose step
-goes back below the previous row's start a new series, so two runs never mix on one curve.
+replaced (a fresh run moves the previous run's file aside: ``rlfleet.trainer.run_record``) is
+read again from the start. A resumed run appends to the file, its rows marked ``segment``: they
+replace the rows of the steps it trains again and keep the earlier ones (the trainer's own
+``standing_rows``). An unmarked step that goes back starts a new series, so two runs never mix
+on one curve.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import os
 from collections import deque
 from pathlib import Path
 from typing import Any
+
+from rlfleet.trainer import report
 
 CURVES: dict[str, tuple[str, ...]] = {
     "reward": ("critic/score/mean",),
@@ -26,18 +31,11 @@ CURVES: dict[str, tuple[str, ...]] = {
 """Curve name -> the metrics that may hold it, first present wins (KL is the loss term when the
 loss has one, else the PPO KL between old and new policy, else the in-reward penalty)."""
 
-VAL_PREFIX = "val-core/"
+VAL_PREFIX = report.VAL_PREFIX
 """Held-out metrics (``val-core/<source>/reward/mean@1`` ...): a row with one is a validation."""
 
-PHASES: dict[str, tuple[str, ...]] = {
-    "generate": ("timing_s/gen",),
-    "reward": ("timing_s/reward",),
-    "reference": ("timing_s/ref", "timing_s/old_log_prob", "timing_s/values"),
-    "update": ("timing_s/adv", "timing_s/update_critic", "timing_s/update_actor"),
-    "push": ("timing_s/push_weights",),
-    "idle": ("timing_s/idle_trainer",),
-}
-"""Step-time phases the page stacks, each the sum of the trainer's ``timing_s/*`` parts."""
+PHASES = report.PHASES
+"""Step-time phases the page stacks, the same ones the end-of-run report shows."""
 
 
 class MetricsTail:
@@ -49,6 +47,8 @@ class MetricsTail:
         self._offset = 0
         self._inode: int | None = None
         self._partial = b""
+        self._segment = 0
+        """The ``segment`` of the last row read (0: a fresh run's rows; 1, 2 ... resumes)."""
 
     def read(self) -> list[dict[str, Any]]:
         """New rows appended since the last call are parsed; returns every row so far."""
@@ -58,6 +58,7 @@ class MetricsTail:
             return self.rows
         if stat.st_ino != self._inode or stat.st_size < self._offset:
             self.rows, self._offset, self._partial, self._inode = [], 0, b"", stat.st_ino
+            self._segment = 0
         with self.path.open("rb") as handle:
             handle.seek(self._offset)
             chunk = handle.read()
@@ -74,12 +75,19 @@ class MetricsTail:
             return  # a torn or foreign line is skipped, not fatal
         if not isinstance(row, dict) or "step" not in row:
             return
-        is_step = "training/global_step" in row
-        last_step = next((r["step"] for r in reversed(self.rows) if "training/global_step" in r),
-                         None)  # fmt: skip
-        if is_step and last_step is not None and row["step"] <= last_step:
-            self.rows = []  # the step went back: a new run began in this directory
+        segment = int(row.get("segment", 0))
+        if segment > self._segment:  # a resumed run: what it trains again replaces the dead one's
+            self.rows = [r for r in self.rows if r["step"] < row["step"]]
+        elif self._went_back(row):
+            self.rows = []  # the step went back within a segment: a new run began here
+        self._segment = segment
         self.rows.append(row)
+
+    def _went_back(self, row: dict[str, Any]) -> bool:
+        if "training/global_step" not in row:
+            return False
+        last = next((r["step"] for r in reversed(self.rows) if "training/global_step" in r), None)
+        return last is not None and row["step"] <= last
 
 
 def first_of(row: dict[str, Any], keys: tuple[str, ...]) -> float | None:

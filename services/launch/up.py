@@ -5,7 +5,6 @@ one actor per role, with ``--ray`` or ``launcher: ray``)."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rlfleet.common.config import load_config
 
@@ -57,4 +56,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rlfleet.common.exit import exit_with
+
+    exit_with(main())

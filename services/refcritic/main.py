@@ -8,7 +8,6 @@ direct path, or the Redis queue path when ``redis_url`` is set), imported after 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
@@ -39,4 +38,6 @@ def check_args(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rlfleet.common.exit import exit_with
+
+    exit_with(main())

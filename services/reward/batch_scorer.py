@@ -6,7 +6,9 @@ thread of its own (``lanes.ThreadLanes``) and an ``async def`` one on the loop, 
 timeout counted from when the item starts running, so a hung function costs its items an
 error (and, without a sandbox, a thread left running), not the process. Pure-Python built-ins
 run inline; blocking built-ins (``math``) run on lanes of their own, so built-in scorers never
-wait for user functions. Every list scored is one owner of the process's lanes (round-robin,
+wait for user functions. Model scorers (``judge``, ``reward_model``) take seconds an item:
+they are spread like user functions, but run on the built-ins' lanes (the reward model) or time
+themselves (the judge). Every list scored is one owner of the process's lanes (round-robin,
 ``lanes.owned_by``): its items never queue behind another caller's whole batch. When the
 caller goes away (cancellation), items not started are never started and sandboxed ones
 running are killed. A function in verl's batch form is called once for all of a list's items
@@ -47,7 +49,7 @@ class ScoringLanes:
 def waits_for_nobody(scorer: Scorer) -> bool:
     """A built-in scored in the process that received it, never queued: inline ones, and
     blocking ones on their own lanes. The ``code`` scorer runs programs (seconds): it is
-    spread over workers like user functions."""
+    spread over workers like user functions, and so are model scorers (kind ``model``)."""
     return scorer.kind == "builtin" and not scorer.sandboxed
 
 
@@ -100,7 +102,7 @@ class BatchScorer:
         return units
 
     async def _run(self, scorer: Scorer, requests: list[ScoreRequest]) -> list[ScoreResult]:
-        if scorer.sandboxed:  # timed by the sandbox, from when a process takes the item
+        if scorer.sandboxed or scorer.self_timed:  # timed by the sandbox or by the scorer
             return await scorer.ascore_many(requests)
         if not scorer.blocking and not scorer.is_async:
             return scorer.score_many(requests)
@@ -108,7 +110,7 @@ class BatchScorer:
         try:
             if scorer.is_async:
                 return await asyncio.wait_for(scorer.ascore_many(requests), timeout_s)
-            lanes = self.lanes.builtin if scorer.kind == "builtin" else self.lanes.user
+            lanes = self.lanes.user if scorer.kind == "user" else self.lanes.builtin
             return await lanes.call(partial(scorer.score_many, requests), timeout_s)
         except TimeoutError:
             log.warning("scorer %s timed out on %s", scorer.name, requests[0].id)

@@ -104,7 +104,7 @@ class ScorerInfo:
     """What ``ListScorers`` reports about one scorer."""
 
     name: str
-    kind: str  # "builtin" | "user"
+    kind: str  # "builtin" | "user" | "model"
     data_sources: list[str]
     description: str = ""
 

@@ -20,7 +20,6 @@ import logging
 import os
 import socket
 import sys
-import uuid
 from collections.abc import Awaitable, Iterator
 
 from redis.asyncio import Redis
@@ -32,6 +31,7 @@ from rlfleet.common.redis_client import connect
 from rlfleet.rollout.engines.factory import make_engine
 from rlfleet.rollout.metrics import MeteredReplica, serve_metrics
 from rlfleet.rollout.replica import Replica
+from rlfleet.rollout.replica_id import default_replica_id
 from rlfleet.rollout.server import registration
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ async def serve(config: RlfleetConfig) -> None:
     """Build the replica and its servers, run them, and take them down in order."""
     rollout = config.rollout
     redis = connect(config.redis_url)
-    replica_id = rollout.replica_id or default_replica_id()
+    replica_id = rollout.replica_id or default_replica_id()  # the CLI resolved it already
     replica = MeteredReplica(config, make_engine(config), redis, Keys(config.cluster),
                              replica_id, "")  # fmt: skip
     server = GrpcServer([registration(replica)], rollout.host, rollout.port,
@@ -61,12 +61,6 @@ async def serve(config: RlfleetConfig) -> None:
             await _run_until(stop, replica, server)
     finally:
         await _shutdown(replica, server, redis)
-
-
-def default_replica_id() -> str:
-    """Host name plus a random suffix; ':' and spaces are not allowed in Redis key parts."""
-    host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())
-    return f"rollout-{host}-{uuid.uuid4().hex[:6]}"
 
 
 def advertised_host(rollout: RolloutConfig) -> str:

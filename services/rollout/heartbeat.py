@@ -14,7 +14,9 @@ and registers again (``lease.py``), then hands the thread the new token.
 A loop that is hung for good must still lose its lease, or its work would never move: once
 serving, the loop marks itself alive (``tick``) at every interval, and past
 ``rollout.loop_stall_s`` without a mark the thread stops renewing. SIGSTOP stops the thread
-with the loop, so a stopped replica still lapses as before.
+with the loop, so a stopped replica still lapses as before. ``held_back`` tells the two kinds
+of lapse apart: a hung loop may be the work's doing (a poison request), so the jobs it drops
+keep their delivery; a stopped process or a lost key is not, so they get it back (``lease.py``).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class HeartbeatThread:
         self._on_lapse: Callable[[], None] = lambda: None
         self.last_beat = 0.0  # time.time() of the last renewal that held
         self.stalled = False  # the thread stopped renewing because the loop looked hung
+        self.held_back = False  # renewals of the current lease were withheld (loop hung)
 
     def start(self, token: str, on_lapse: Callable[[], None]) -> None:
         """Start renewing ``token``; ``on_lapse`` runs on the caller's loop when it lapses."""
@@ -63,6 +66,8 @@ class HeartbeatThread:
 
     def hand(self, token: str) -> None:
         """The lease to renew from now on (after the loop registered again)."""
+        if token != self._token:
+            self.held_back = False
         self._token = token
 
     def tick(self) -> None:
@@ -90,7 +95,10 @@ class HeartbeatThread:
 
     async def _renew(self, registry: ReplicaRegistry) -> None:
         token = self._token
-        if not token or self._loop_hung():
+        if not token:
+            return
+        if self._loop_hung():
+            self.held_back = True  # a lapse of this lease is then the loop's doing
             return
         try:
             held = await registry.renew(self._describe(), token)
@@ -98,7 +106,7 @@ class HeartbeatThread:
             log.warning("heartbeat (thread) failed: %s", exc)
             return
         if held:
-            self.last_beat = time.time()
+            self.last_beat, self.held_back = time.time(), False  # the hang did not cost it
         elif token == self._token:  # not handed a new one meanwhile: the loop must re-take it
             self._token = ""
             self._on_lapse()

@@ -67,6 +67,10 @@ class Backlog:
     def parked(self) -> list[Job]:
         return [job for _, job in self._parked]
 
+    def held(self) -> list[Job]:
+        """Every job held here, to retry and parked."""
+        return [*self._retry, *self.parked()]
+
     def drop_parked(self, jobs: list[Job]) -> None:
         dropped = {id(job) for job in jobs}
         self._parked = [(n, job) for n, job in self._parked if id(job) not in dropped]

@@ -5,7 +5,12 @@ is stored only while the key still holds ours and the entry is still in our stre
 step, ``WorkQueue.fence``). A replica stalled past ``heartbeat_ttl_s`` (SIGSTOP, a long GC)
 has lost its lease, and the janitor may have moved its work: its late answers are discarded,
 and at its next beat it drops the jobs it held, registers again with a new token and re-reads
-whatever of its stream is still there.
+whatever of its stream is still there. Nothing it held is lost: what was moved is answered
+where it went, the rest is read again here. The re-read does not count as a delivery (the
+replica gives it back, ``Consumer.forgive``), unless the lease lapsed because the event loop
+hung (``HeartbeatThread.held_back``: the work may be what hangs it), so a replica stopped
+again and again does not dead-letter sound requests. A registration that fails (Redis away)
+is tried again at every interval until one holds, dropping what was read meanwhile.
 
 Renewals run in a thread of their own (``heartbeat.py``), from the first registration on, so
 a busy event loop or a loading engine does not lose the lease; a lapse the thread finds is
@@ -48,6 +53,7 @@ class Lease:
         self._pulsing = False
         self._lapsed = asyncio.Event()  # set (on the loop) when the thread found it lapsed
         self._token = ""  # our token in the heartbeat key; "" until the first registration
+        self._relapsed = False  # lost a lease and not registered again yet: drop what we hold
         self._last_beat = 0.0  # time.time() of the last successful beat on the loop
         self._renewed = False  # a lease renewed once: the engine has started, beats are due
         self.failed = asyncio.Event()  # the engine died: stop, let the heartbeat TTL lapse
@@ -79,34 +85,49 @@ class Lease:
 
     async def _relet(self, info: ReplicaInfo) -> None:
         """Take a new lease. After a lapse (not at start): our work may have moved, so the jobs
-        we hold are cancelled (their answers would be fenced anyway) and forgotten, and the
-        next read starts again with whatever of our stream is still pending for us."""
+        we hold are dropped (``_drop_held``), again at each try until a registration holds
+        (jobs read meanwhile would be fenced)."""
         if self._token:  # expected while the engine started (no beats then): not a warning
             level = logging.WARNING if self._renewed else logging.DEBUG
             log.log(level, "replica %s lost its lease (no heartbeat for %.1f s): dropping %d jobs "
                     "and registering again", self.replica_id, time.time() - self.last_beat,
                     len(self._inflight.jobs()))  # fmt: skip
-            self._token = ""  # cancelled jobs are not queued for a retry
-            await self._inflight.cancel_jobs()
-            self._backlog.clear()
-            self.queue.replay(self.replica_id)
+            self._token, self._relapsed = "", True  # cancelled jobs are not queued for a retry
+        if self._relapsed:
+            await self._drop_held()
         token = uuid.uuid4().hex
         self.queue.fence = (self.registry.lease_key(self.replica_id), token)
         await self.registry.register(info, token)
-        self._token = token
+        self._token, self._relapsed = token, False
         self._pulse.hand(token)
         if not self._pulsing:  # from the first registration on, the engine loading too
             self._pulse.start(token, self._lapsed.set)
             self._pulsing = True
 
+    async def _drop_held(self) -> None:
+        """Cancel and forget every job we hold (their answers would be fenced), and have the
+        next read start again with whatever of our stream is still pending for us (what the
+        janitor did not move). Unless the loop hung, the dropped jobs get their delivery back
+        first: the lapse was not their doing."""
+        held = [*self._inflight.jobs().values(), *self._backlog.held()]
+        if held and not self._pulse.held_back:
+            try:
+                await self.queue.forgive(self.replica_id, held)
+            except Exception as exc:  # noqa: BLE001 - then the re-read counts, nothing worse
+                log.warning("could not give back the deliveries of %d jobs: %s", len(held), exc)
+        await self._inflight.cancel_jobs()
+        self._backlog.clear()
+        self.queue.replay(self.replica_id)
+
     async def run(self, engine: Engine, interval_s: float) -> None:
         """While the engine lives: show the heartbeat thread the loop is alive, re-take a
-        lease it found lapsed, check for drain, every ``interval_s``; then set ``failed``."""
+        lease it found lapsed (or retry a registration that failed), check for drain, every
+        ``interval_s``; then set ``failed``."""
         while engine.is_alive():
             self._pulse.tick()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._lapsed.wait(), interval_s)
-            if self._lapsed.is_set():
+            if self._lapsed.is_set() or not self._token:  # or a registration failed
                 self._lapsed.clear()
                 await self.beat()  # finds the lease gone: drops our jobs, registers again
             await self._check_drained()

@@ -14,6 +14,7 @@ import sys
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
 from rlfleet.common.keys import Keys
+from rlfleet.rollout.replica_id import default_replica_id
 
 
 def parse(argv: list[str] | None) -> RlfleetConfig:
@@ -21,7 +22,7 @@ def parse(argv: list[str] | None) -> RlfleetConfig:
     parser.add_argument("--replica-id", help="stable replica id (overrides rollout.replica_id)")
     parser.add_argument("--port", type=int, help="gRPC port (overrides rollout.port; 0 = free)")
     config, _ = resolve(parser, "rollout", [*(argv if argv is not None else sys.argv[1:]),
-                                            *_flag_overrides(argv)])  # fmt: skip
+                                            *_flag_overrides(argv)], with_replica_id)  # fmt: skip
     if not config.redis_url:
         parser.error("rlfleet rollout needs Redis: set RLFLEET_REDIS_URL or redis_url=redis://...")
     try:
@@ -42,6 +43,17 @@ def _flag_overrides(argv: list[str] | None) -> list[str]:
     return overrides + ([f"rollout.port={known.port}"] if known.port is not None else [])
 
 
+def with_replica_id(config: RlfleetConfig) -> RlfleetConfig:
+    """``config`` with its replica id resolved (generated when neither ``--replica-id`` nor
+    ``rollout.replica_id`` gave one) before it is recorded: each replica started without an
+    id writes a config file of its own (``config.rollout-<host>-<suffix>.yaml``), not one
+    ``config.rollout.yaml`` they all overwrite."""
+    if config.rollout.replica_id:
+        return config
+    rollout = config.rollout.model_copy(update={"replica_id": default_replica_id()})
+    return config.model_copy(update={"rollout": rollout})
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run a replica; after a clean stop the process exits at once (``app.exit_now``), so call
     ``app.serve`` instead to run one inside another program."""
@@ -53,4 +65,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from rlfleet.common.exit import exit_with
+
+    exit_with(main())

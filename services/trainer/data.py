@@ -38,7 +38,19 @@ class PromptRecord:
             solution_str=text,
             ground_truth=self.ground_truth,
             extra_info=self.extra_info,
+            prompt=self.prompt_text,
         )
+
+    @property
+    def prompt_text(self) -> str:
+        """The question as text, for scorers that read it (a judge, a reward model): the
+        prompt itself, or the last user message of a chat prompt."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        users = [
+            m.get("content") for m in self.prompt if isinstance(m, dict) and m.get("role") == "user"
+        ]
+        return users[-1] if users and isinstance(users[-1], str) else ""
 
 
 def read_rows(path: str | Path) -> list[dict]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from rlfleet.common.entry import base_parser, resolve
 
@@ -19,6 +18,7 @@ def print_summary(summary: dict) -> None:
     print(f"training time (validation excluded): {summary['training_time_s']} s")
     print(f"metrics: {summary['metrics_file']}")
     print(f"reward curve: {summary['reward_curve']}")
+    print(f"report: {summary['report']}")
     print(f"checkpoint: {summary['checkpoint']}")
 
 
@@ -34,4 +34,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rlfleet.common.exit import exit_with
+
+    exit_with(main())

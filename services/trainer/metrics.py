@@ -1,4 +1,5 @@
-"""Step metrics under verl's names, written one JSON line per step, plus the reward curve.
+"""Step metrics under verl's names, written one JSON line per step (the pictures drawn from
+them at the end of a run are ``rlfleet.trainer.report``'s).
 
 Names follow verl (``critic/score/mean``, ``actor/pg_loss``, ``timing_s/gen`` ...) so
 dashboards and scripts written for verl read our ``metrics.jsonl`` unchanged.
@@ -7,12 +8,9 @@ dashboards and scripts written for verl read our ``metrics.jsonl`` unchanged.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from contextlib import contextmanager
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 
 def _stats(prefix: str, values: list[float]) -> dict[str, float]:
@@ -162,34 +160,3 @@ def standing_rows(rows: list[dict], through: int | None = None) -> list[dict]:
             latest[row["step"]] = max(latest.get(row["step"], 0), int(row.get("segment", 0)))
     return [row for row in rows
             if row["step"] in latest and int(row.get("segment", 0)) == latest[row["step"]]]  # fmt: skip
-
-
-def plot_reward_curve(history: list[dict], path: Path, val: dict[str, float]) -> Path | None:
-    """Mean sampled reward per step (and a moving average); None if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log.warning("matplotlib not installed: no reward curve")
-        return None
-    steps = [r["step"] for r in history if "critic/score/mean" in r]
-    scores = [r["critic/score/mean"] for r in history if "critic/score/mean" in r]
-    window = max(1, len(scores) // 20)
-    smooth = [
-        sum(scores[max(0, i - window + 1) : i + 1]) / len(scores[max(0, i - window + 1) : i + 1])
-        for i in range(len(scores))
-    ]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, scores, alpha=0.3, label="critic/score/mean")
-    ax.plot(steps, smooth, label=f"moving average ({window})")
-    title = "rlfleet GRPO: mean sampled reward"
-    if val:
-        title += " · held-out acc " + " → ".join(f"{v:.2f}" for v in val.values())
-    ax.set(xlabel="step", ylabel="reward", title=title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path

@@ -13,7 +13,8 @@ from rlfleet.trainer.clock import TrainingClock
 from rlfleet.trainer.data import batches, load_records
 from rlfleet.trainer.evaluate import Evaluator
 from rlfleet.trainer.loggers import Tracker, progress_postfix
-from rlfleet.trainer.metrics import plot_reward_curve
+from rlfleet.trainer.report import curve_series, plot_reward_curve, write_report
+from rlfleet.trainer.run_record import set_aside_previous
 from rlfleet.trainer.samples import TrainSamples
 from rlfleet.trainer.state import TrainerState
 from rlfleet.trainer.trainer import Trainer
@@ -234,10 +235,13 @@ async def save_step_checkpoint(trainer: Trainer, clock: TrainingClock | None = N
 
 async def run_training(config: RlfleetConfig, control_server_factory=None) -> dict:
     """The whole job; returns the summary also written to ``run_dir/summary.json``."""
+    from rlfleet.trainer.checkpoints import resume_path
     from rlfleet.trainer.fleet import connect_fleet
 
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if resume_path(config) is None:  # one run, one record: a fresh run starts its files afresh
+        set_aside_previous(run_dir)
     tokenizer, actor = await asyncio.to_thread(build_actor, config)
     data, chat = config.data, config.data.apply_chat_template
     train = load_records(data.train_files, tokenizer, data.max_prompt_length, chat)
@@ -275,12 +279,8 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path, clock: Train
     clock.observe(_first(after))
     log.info("held-out after training: %s", after)
     checkpoint = await save_full_checkpoint(trainer, run_dir / "checkpoints" / "final", clock)
-    accuracy = {"before": _first(before), "after": _first(after)}
-    plot = plot_reward_curve(
-        writer.history,
-        run_dir / "reward_curve.png",
-        {k: v for k, v in accuracy.items() if v is not None},
-    )
+    series = curve_series(writer.history, before, after, trainer.step, clock.target)
+    plot = plot_reward_curve(series, run_dir / "reward_curve.png")
     trainer.state = TrainerState.DONE
     summary = {
         "steps": trainer.step,
@@ -294,9 +294,12 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path, clock: Train
         "val_after": after,
         "metrics_file": str(writer.path) if writer.path else None,
         "reward_curve": str(plot) if plot else None,
+        "report": str(run_dir / "report.html"),
         "checkpoint": str(checkpoint),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(series, writer.history, {"run_dir": str(run_dir), **summary},
+                 run_dir / "report.html")  # fmt: skip
     return summary
 
 

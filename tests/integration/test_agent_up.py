@@ -1,20 +1,25 @@
 """Agent mode through ``rlfleet up``, started the way users start it: the launcher starts the
 env role beside the router, replicas and trainer; episodes come back token-native and train.
 
-Each test is a short run (a couple of steps, a small validation) of ``configs/agent_calc.yaml``
-with the environment named in ``agent.env``: the built-in ``calc``, then users' environments
-from ``examples/agents`` (a Gymnasium-shaped text env and a TRL ``environment_factory`` class).
+Each test is a short run (2 steps of 2 tasks x 2 episodes, 4 held-out tasks, one rollout
+replica, no dashboard) of ``configs/agent_calc.yaml`` with the environment named in
+``agent.env``: the built-in ``calc``, then users' environments from ``examples/agents`` (a
+Gymnasium-shaped text env and a TRL ``environment_factory`` class). The conventions that drive
+the gateway or a server (verifiers, an ``openai``-client agent, OpenEnv) are in
+``test_agent_up_conventions``.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
-from up_proc import read_metrics, run_up
+from up_proc import failure_report, read_metrics, run_up
 
-SMALL = ["data.val_size=8", "trainer.test_freq=2", "data.train_batch_size=4", "rollout.n=4",
-         "trainer.ppo_mini_batch_size=16"]  # fmt: skip
+TASKS, GROUP = 2, 2  # the smallest batch that still forms GRPO groups
+SMALL = ["data.val_size=4", "trainer.test_freq=2", f"data.train_batch_size={TASKS}",
+         f"rollout.n={GROUP}", "dashboard.enabled=false"]  # fmt: skip
 
 
 def trained_steps(run_dir) -> list[dict]:
@@ -33,13 +38,15 @@ def trained_steps(run_dir) -> list[dict]:
 )
 def test_episodes_train_through_the_whole_fleet(tmp_path, env, multi_turn):
     run_dir = tmp_path / "run"
-    result = run_up(run_dir, "hf", steps=2, config="agent_calc.yaml",
+    started = time.monotonic()
+    result = run_up(run_dir, "hf", steps=2, config="agent_calc.yaml", replicas=1,
                     extra=[*SMALL, f"agent.env={env}", f"cluster=agent{abs(hash(env)) % 997}"])  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"rlfleet up agent.env={env}: {time.monotonic() - started:.1f} s")
+    assert result.returncode == 0, failure_report(result, run_dir)
     steps = trained_steps(run_dir)
-    assert [row["step"] for row in steps] == [1, 2]
+    assert [row["step"] for row in steps] == [1, 2], failure_report(result, run_dir)
     for row in steps:
-        assert row["agent/episodes"] == 4 * 4
+        assert row["agent/episodes"] == TASKS * GROUP
         assert row["agent/failed"] == 0.0
         assert row["response_length/mean"] > 0
         if multi_turn:

@@ -1,7 +1,7 @@
 """The dashboard in a real browser: headless Chromium (Debian's ``chromium``, driven by
 playwright with ``executable_path``, so no browser is downloaded) on the page a short fleet run
-serves. While the run goes, the curves gain points and a replica's weight version advances;
-a screenshot is saved (the test's tmp dir, and ``docs/dashboard.png`` for the docs). Then a
+serves. While the run goes, the curves gain points, a replica's weight version advances and
+the trainer (and router, reward) is drawn up; a screenshot is saved (the test's tmp dir, and ``docs/dashboard.png`` for the docs). Then a
 replica is SIGKILLed: the page marks it down, and up again once ``rlfleet up`` restarted it.
 
 Skipped, saying why, where playwright or a Chromium binary is missing

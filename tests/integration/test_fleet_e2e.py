@@ -22,8 +22,13 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
 def test_three_grpo_steps_through_every_service(tmp_path, backend):
     run_dir = tmp_path / "run"
+    # vLLM: one replica with time to start. Importing vLLM and building its engine took 3.5
+    # min at load 20 (the CI failures: the trainer's 240 s wait ran out, and the teardown then
+    # killed the engine's worker mid-start); the weight fan-out is covered by the hf run.
+    replicas = 2 if backend == "hf" else 1
     # the synchronous loop with the KL loss, so the refcritic runs too
-    result = run_up(run_dir, backend, extra=["trainer.mode=sync", "trainer.use_kl_loss=true"])
+    extra = ["trainer.mode=sync", "trainer.use_kl_loss=true", "trainer.replica_wait_s=600"]
+    result = run_up(run_dir, backend, extra=extra, replicas=replicas)
     assert result.returncode == 0, failure_report(result, run_dir)
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]
@@ -31,11 +36,11 @@ def test_three_grpo_steps_through_every_service(tmp_path, backend):
     assert [m["training/weight_version"] for m in metrics] == [2.0, 3.0, 4.0]
     for m in metrics:
         assert 0.0 <= m["critic/score/mean"] <= 1.0
-        assert m["weight_sync/replicas"] == 2.0
+        assert m["weight_sync/replicas"] == replicas
         assert "actor/pg_loss" in m and "actor/kl_loss" in m and "timing_s/gen" in m
         # fat hops: the whole step's generation is one call, each replica gets one push
         assert m["perf/grpc_calls/GenerateBatch"] == 1.0
-        assert m["perf/grpc_calls/UpdateWeights"] == 2.0
+        assert m["perf/grpc_calls/UpdateWeights"] == replicas
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3
     assert (Path(summary["checkpoint"]) / "model.safetensors").is_file()

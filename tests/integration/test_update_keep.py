@@ -16,6 +16,7 @@ the update lands mid-generation.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import shutil
 import uuid
@@ -142,3 +143,75 @@ async def test_restart_reruns_from_scratch_and_counts_the_tokens_thrown_away(
     [ref] = await fresh.generate("ref", fresh.encode("12+34="), greedy)
     assert c.token_ids == ref.token_ids
     assert stats.requests_restarted == 1 and 0 < stats.tokens_discarded < MAX_TOKENS
+
+
+VLLM_POSITIONS, VLLM_TOKENS = 512, 400
+"""vLLM decodes the tiny model fast: a 400-token run lasts long enough for the update to land
+inside it whatever the machine's load (the copy's positions are raised; RoPE, weights as is)."""
+
+
+@pytest.fixture
+def vllm_model(long_model: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "vllm-model"
+    shutil.copytree(long_model, target)
+    raw = json.loads((target / "config.json").read_text())
+    raw["max_position_embeddings"] = VLLM_POSITIONS
+    (target / "config.json").write_text(json.dumps(raw))
+    return target
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+async def test_keep_on_vllm_continues_aborted_requests_under_the_new_weights(
+    vllm_model: Path, redis_url: str
+) -> None:
+    """vLLM's abort answers with the tokens decoded so far; ``keep`` continues them. A greedy
+    request's kept part equals the old weights' greedy run, its continuation the new weights'
+    greedy run from prompt + kept tokens (same engine, cache flushed at the update), to the
+    same end (the new weights may reach ``<unk>``, the copy's end, before ``max_tokens``); a
+    sampled request with ``n = 2`` comes back with both samples, each token stamped."""
+    from rlfleet.rollout.engines.vllm import VllmEngine
+
+    config = config_for(vllm_model, "rollout.backend=vllm", "rollout.update_policy=keep",
+                        f"rollout.max_model_len={VLLM_POSITIONS}")  # fmt: skip
+    redis, engine = Redis.from_url(redis_url), VllmEngine(config)
+    core = Replica(config, engine, redis, Keys(f"t{uuid.uuid4().hex[:12]}"), "r-vkeep",
+                   "127.0.0.1:1")  # fmt: skip
+    greedy = SamplingParams(temperature=0, max_tokens=VLLM_TOKENS)
+    sampled = SamplingParams(n=2, temperature=1.0, max_tokens=VLLM_TOKENS)
+    try:
+        await core.start()
+        await core.update_weights(*weights.encode(original(vllm_model), 1))
+        prompt = engine.encode("12+34=")
+        [before] = await engine.generate("ref-old", prompt, greedy)
+        one = asyncio.create_task(core.generate_direct(GenerateRequest("g", greedy, prompt)))
+        two = asyncio.create_task(core.generate_direct(GenerateRequest("s", sampled, prompt)))
+        while len(engine._live) < 2:
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0.1)  # some decoding steps under v1
+        await core.update_weights(*weights.encode(perturbed(vllm_model), 2))
+        first, second = await asyncio.wait_for(asyncio.gather(one, two), 120)
+        [c] = first.completions
+        old, total = c.weight_versions.count(1), len(c.token_ids)
+        assert 0 < old < total, "the update did not land mid-generation"
+        assert c.weight_versions == [1] * old + [2] * (total - old)
+        assert len(c.logprobs) == total and c.finish_reason in ("length", "stop")
+        assert c.token_ids[:old] == before.token_ids[:old]
+        assert c.logprobs[:old] == pytest.approx(before.logprobs[:old], abs=1e-4)
+        rest = SamplingParams(temperature=0, max_tokens=VLLM_TOKENS - old)
+        [after] = await engine.generate("ref-new", prompt + c.token_ids[:old], rest)
+        assert c.token_ids[old:] == after.token_ids and c.finish_reason == after.finish_reason
+        assert c.logprobs[old:] == pytest.approx(after.logprobs, abs=1e-4)
+        # sampled at temperature 1 the copy may draw <unk> (its end): a sample ends anywhere
+        assert len(second.completions) == 2
+        for s in second.completions:
+            assert len(s.token_ids) == len(s.logprobs) == len(s.weight_versions) <= VLLM_TOKENS
+            assert s.weight_versions == sorted(s.weight_versions)
+            assert s.finish_reason == "length" or s.token_ids[-1] == UNK
+        stats = core.inflight.gate.stats
+        assert (stats.tokens_discarded, stats.requests_restarted) == (0, 0)
+        assert stats.requests_resumed >= 1 and stats.tokens_kept >= old
+    finally:
+        await asyncio.wait_for(core.shutdown(grace_s=0), 30)
+        await engine.close()
+        await redis.aclose()

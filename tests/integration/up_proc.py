@@ -1,9 +1,9 @@
 """Run a short training job through the whole fleet, started the way users start it.
 
-``run_up`` runs ``python -m rlfleet.cli up`` (embedded Redis, router, two rollout replicas,
-reward, refcritic when the config needs it, trainer) to the end, on the default config with a
-small batch, and ``read_metrics`` reads the ``metrics.jsonl`` it left in its run directory.
-Shared by the end-to-end tests (``test_fleet_e2e``, ``test_lora_fleet``).
+``run_up`` runs ``python -m rlfleet.cli up`` (embedded Redis, router, two rollout replicas unless
+told otherwise, reward, refcritic when the config needs it, trainer) to the end, on the default
+config with a small batch, and ``read_metrics`` reads the ``metrics.jsonl`` it left in its run
+directory. Shared by the end-to-end tests (``test_fleet_e2e``, ``test_lora_fleet``).
 """
 
 from __future__ import annotations
@@ -19,16 +19,19 @@ from procs import ROOT
 
 def run_up(
     run_dir: Path, backend: str, steps: int = 3, extra: list[str] | None = None,
-    config: str = "default.yaml",
+    config: str = "default.yaml", replicas: int = 2,
 ) -> subprocess.CompletedProcess:  # fmt: skip
-    argv = up_argv(run_dir, backend, steps, extra, config)
+    """``rlfleet up`` to its end; ``replicas`` rollout replicas (the agent tests run one: a
+    second replica costs a model load and its share of the two CI cores)."""
+    argv = up_argv(run_dir, backend, steps, extra, config, replicas)
     env = {k: v for k, v in os.environ.items() if k != "RLFLEET_REDIS_URL"}
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
 def up_argv(
-    run_dir: Path, backend: str, steps: int, extra: list[str] | None, config: str = "default.yaml"
-) -> list[str]:
+    run_dir: Path, backend: str, steps: int, extra: list[str] | None,
+    config: str = "default.yaml", replicas: int = 2,
+) -> list[str]:  # fmt: skip
     return [
         sys.executable,
         "-m",
@@ -37,7 +40,7 @@ def up_argv(
         "--config",
         str(ROOT / "configs" / config),
         "--rollout-replicas",
-        "2",
+        str(replicas),
         f"run_dir={run_dir}",
         f"cluster=e2e{backend}",
         f"rollout.backend={backend}",

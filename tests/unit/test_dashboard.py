@@ -4,6 +4,7 @@ holds the registry; the addresses probed have nobody listening)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -23,7 +24,7 @@ from rlfleet.trainer.rollout_batch import RolloutBatch
 from rlfleet.trainer.samples import TrainSamples, prompt_text
 
 
-def step_row(step: int, score: float, **extra: float) -> dict:
+def step_row(step: int, score: float, **extra) -> dict:
     return {"step": step, "training/global_step": float(step), "critic/score/mean": score,
             "actor/entropy": 0.5, "response_length/mean": 3.0, "timing_s/step": 0.5,
             "timing_s/gen": 0.3, "timing_s/update_actor": 0.1, **extra}  # fmt: skip
@@ -78,6 +79,29 @@ def test_metrics_tail_starts_a_new_series_when_a_new_run_begins(tmp_path):
     path.unlink()
     append(path, step_row(1, 0.4), step_row(2, 0.5))  # a file made anew
     assert [r["critic/score/mean"] for r in tail.read()] == [0.4, 0.5]
+
+
+def test_metrics_tail_keeps_the_rows_a_resumed_run_does_not_train_again(tmp_path):
+    """A run killed after step 5 (checkpoint at step 3, a validation at step 2) resumes: its
+    rows (``segment`` 1) replace steps 4-5 of the dead one and keep steps 1-3 and the
+    validation, as the trainer's ``standing_rows`` does; a second resume does the same."""
+    path = tmp_path / "metrics.jsonl"
+    tail = runfiles.MetricsTail(path)
+    validation = {"step": 2, "val-core/arith/reward/mean@1": 0.4}
+    append(path, step_row(1, 0.1), step_row(2, 0.2), validation, step_row(3, 0.3),
+           step_row(4, 0.4), step_row(5, 0.5))  # fmt: skip
+    assert len(tail.read()) == 6
+    append(path, step_row(4, 0.41, segment=1, retrained=True))
+    assert [(r["step"], r.get("critic/score/mean")) for r in tail.read()] == [
+        (1, 0.1), (2, 0.2), (2, None), (3, 0.3), (4, 0.41)]  # fmt: skip
+    append(path, step_row(5, 0.51, segment=1, retrained=True), step_row(6, 0.6, segment=1))
+    append(path, step_row(6, 0.61, segment=2, retrained=True))  # resumed again at step 5
+    rows = tail.read()
+    assert [r["step"] for r in rows] == [1, 2, 2, 3, 4, 5, 6]
+    assert rows[-1]["critic/score/mean"] == 0.61
+    fresh = runfiles.MetricsTail(path)  # a page opened later reads the same
+    assert [(r["step"], r.get("segment", 0)) for r in fresh.read()] == [
+        (r["step"], r.get("segment", 0)) for r in rows]  # fmt: skip
 
 
 def test_curves_pick_the_first_present_metric_and_validation_rows():
@@ -222,3 +246,28 @@ def test_replica_metrics_urls_come_from_the_launcher_entries():
     endpoints = {"rollout-0": {"metrics": "http://h:1/metrics"}, "router": {"grpc": "h:2"},
                  "rollout-1": {"grpc": "h:3"}}  # fmt: skip
     assert replica_metrics_urls(endpoints) == {"rollout-0": "http://h:1/metrics"}
+
+
+async def test_probe_sees_a_role_up_at_once_when_it_comes_up_after_a_long_wait(tmp_path):
+    """A trainer loads its model for a minute before its server starts. The probe's channel
+    to it must not carry the reconnect backoff of all the failed looks (which drew a
+    training trainer as "down UNAVAILABLE"): the first look after it starts sees it up."""
+    from rlfleet.common.grpc_server import GrpcServer
+
+    config = dead_config(tmp_path)
+    trainer_address = config.endpoints.trainer
+    probe = FleetProbe(config)
+    server = GrpcServer([], "127.0.0.1", int(trainer_address.rsplit(":", 1)[1]))
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 8:  # ~16 looks: a shared channel backs off ~4 s
+            fleet = await probe.fleet()
+            assert not {r["name"]: r["up"] for r in fleet["roles"]}["trainer"]
+            await asyncio.sleep(0.5)
+        await server.start()
+        fleet = await probe.fleet()
+    finally:
+        await probe.close()
+        await server.stop(0)
+    trainer = next(r for r in fleet["roles"] if r["name"] == "trainer")
+    assert trainer["up"], trainer

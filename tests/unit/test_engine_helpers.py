@@ -21,11 +21,12 @@ def test_plan_batches_groups_by_settings_and_isolates_seeds() -> None:
         a, b = make(SamplingParams(n=2)), make(SamplingParams(n=3))
         c = make(SamplingParams(temperature=0))
         d, e = make(SamplingParams(seed=1)), make(SamplingParams(seed=1))
-        big = [make(SamplingParams(n=300, max_tokens=4)) for _ in range(2)]
-        groups = plan_batches([a, c, b, d, e, *big])
+        big = [make(SamplingParams(n=300, top_k=5)) for _ in range(2)]
+        short = make(SamplingParams(n=2, max_tokens=3))  # each row stops at its own budget
+        groups = plan_batches([a, c, b, d, e, *big, short])
     finally:
         loop.close()
-    assert [a, b] in groups and [c] in groups and [d] in groups and [e] in groups
+    assert [a, b, short] in groups and [c] in groups and [d] in groups and [e] in groups
     assert [big[0]] in groups and [big[1]] in groups  # 600 rows > MAX_ROWS_PER_CALL
 
 

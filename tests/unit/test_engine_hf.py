@@ -196,6 +196,27 @@ async def test_check_prompt_refuses_unknown_ids_and_overlong_requests(engine: HF
         engine.check_prompt([1] * 60, 8)  # 68 > rollout.max_model_len 64
 
 
+async def test_requests_with_other_budgets_share_a_call_and_stop_at_their_own(
+    engine: HFEngine,
+) -> None:
+    """Continued requests (``update_policy: keep``) come back with reduced ``max_tokens``:
+    they share a call with full-budget ones, each row cut at its own budget, as if alone."""
+    ids = prompt(engine, 12, 34)
+    [whole] = await engine.generate("b-alone", ids, SamplingParams(temperature=0, max_tokens=8))
+    before = engine.batches
+    budgets = (1, 2, 8)
+    answers = await asyncio.gather(*[
+        engine.generate(f"b{m}", ids, SamplingParams(temperature=0, max_tokens=m))
+        for m in budgets
+    ])  # fmt: skip
+    assert engine.batches - before == 1
+    for m, [c] in zip(budgets, answers, strict=True):
+        assert c.token_ids == whole.token_ids[:m] and len(c.logprobs) == len(c.token_ids)
+        reason = "stop" if len(whole.token_ids) <= m else "length"
+        assert c.finish_reason == reason
+        assert c.logprobs == pytest.approx(whole.logprobs[:m], abs=1e-4)
+
+
 @pytest.mark.parametrize("window_ms", [0.0, 20.0])
 async def test_requests_of_one_tick_share_one_generate_call(
     engine: HFEngine, window_ms: float

@@ -59,6 +59,9 @@ def default_text(field: FieldInfo) -> str:
         return "(section)"
     if isinstance(default, dict) and any(isinstance(v, BaseModel) for v in default.values()):
         return "keys " + ", ".join(f"`{key}`" for key in default)
+    if isinstance(default, str) and "\n" in default:  # a table cell holds one line
+        lines = default.splitlines()
+        return f"`{lines[0]}` ... ({len(lines)} lines)"
     return f"`{yaml_value(default)}`"
 
 

@@ -67,6 +67,19 @@ class Consumer(QueueStream):
         (after it dropped the jobs it held, e.g. on losing its lease)."""
         self._replay_from.pop(consumer, None)
 
+    async def forgive(self, consumer: str, jobs: list[Job]) -> None:
+        """Take back one delivery of each of ``consumer``'s pending ``jobs``: it drops them
+        through no fault of theirs and reads them again (its lease lapsed while it was
+        stopped, or the key was lost), so the re-read must not bring them closer to the
+        dead-letter stream. ``XCLAIM ... RETRYCOUNT`` sets the count; entries that left the
+        consumer meanwhile (moved, answered) are not in its PEL and are left alone."""
+        counts = await self._counts([(job.entry_id, {}) for job in jobs])
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for entry_id, delivered in counts.items():
+                pipe.xclaim(self.stream, self.group, consumer, 0, [entry_id],
+                            retrycount=max(0, delivered - 1), justid=True)  # fmt: skip
+            await pipe.execute()
+
     async def complete(self, job: Job, payload: bytes, failure: Failure | None = None) -> bool:
         """Answer a job (a payload, or why it failed) and drop it from the stream; True if this
         was the first answer."""

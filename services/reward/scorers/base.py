@@ -33,7 +33,10 @@ class Scorer:
     ``data_sources`` are claimed outright; ``aliases`` (verl's dataset names for a built-in)
     are taken only when no user function is the default. ``blocking`` functions (user code)
     run in a thread with a timeout; ``is_async`` ones are awaited with one; ``sandboxed`` ones
-    (``ascore_many``) are awaited as they are: their processes have their own wall clock."""
+    (``ascore_many``) are awaited as they are: their processes have their own wall clock, and
+    so are ``self_timed`` ones (the judge: a timeout per HTTP attempt and a budget per item).
+    ``kind`` is ``builtin``, ``user`` or ``model`` (judge, reward model: seconds an item, so
+    spread over the workers like user functions, but never on the user functions' lanes)."""
 
     name: str
     kind: str
@@ -47,6 +50,7 @@ class Scorer:
     takes_prompt: bool = False
     aliases: list[str] = field(default_factory=list)
     sandboxed: bool = False  # runs in sandboxed processes that enforce their own time limits
+    self_timed: bool = False  # enforces its own time limits in-process (the judge)
 
     def arguments(self, request: ScoreRequest) -> dict[str, Any]:
         args = {"data_source": request.data_source, "solution_str": request.solution_str,

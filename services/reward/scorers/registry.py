@@ -79,13 +79,29 @@ class ScorerRegistry:
         return ScorerInfo(scorer.name, scorer.kind, sources, scorer.description)
 
 
+def model_scorers(config: RewardConfig) -> list[Scorer]:
+    """``judge`` and ``reward_model`` when configured; imported only then (httpx, torch)."""
+    scorers = []
+    if config.judge is not None:
+        from rlfleet.reward.judge import judge_scorer
+
+        scorers.append(judge_scorer(config.judge))
+    if config.reward_model is not None:
+        from rlfleet.reward.reward_model import reward_model_scorer
+
+        scorers.append(reward_model_scorer(config.reward_model))
+    return scorers
+
+
 def build_registry(config: RewardConfig, sandboxed_user: Scorer | None = None) -> ScorerRegistry:
-    """Built-ins plus the configured user function (default when it names no data sources):
+    """Built-ins, the model scorers configured, plus the configured user function (default when it names no data sources):
     ``sandboxed_user`` when given (``sandbox_pool``), else loaded here to run in threads."""
     registry = ScorerRegistry()
     for scorer in builtin_scorers(config.composite):
         registry.add(scorer)
     registry.add(code_scorer(config.sandbox_limits, config.code_scoring))
+    for scorer in model_scorers(config):
+        registry.add(scorer)
     if config.custom is not None:
         custom = sandboxed_user or user_scorer(config.custom)
         registry.add(custom, default=not config.custom.data_sources)

@@ -56,11 +56,14 @@ class _Request:
     abort_step: int | None = None
 
     def batch_key(self) -> tuple:
-        """Requests with equal keys may share a ``generate`` call; seeded ones never do."""
+        """Requests with equal keys may share a ``generate`` call; seeded ones never do.
+        ``max_tokens`` is not part of it: each row stops at its own budget, so requests
+        continued after a weight update (``update_policy: keep``, budgets reduced) share a
+        call with new ones instead of splitting the batch."""
         s = self.sampling
         if s.seed is not None:
             return ("seeded", id(self))
-        return (s.temperature, s.top_p, s.top_k, s.max_tokens)
+        return (s.temperature, s.top_p, s.top_k)
 
 
 def plan_batches(requests: list[_Request]) -> list[list[_Request]]:
@@ -76,7 +79,8 @@ def plan_batches(requests: list[_Request]) -> list[list[_Request]]:
 
 
 class _AbortRows(StoppingCriteria):
-    """Stops the rows of aborted requests; remembers at which step each was aborted."""
+    """Stops the rows of aborted requests (remembering at which step each was aborted) and
+    the rows whose request's ``max_tokens`` is reached (the call runs to the largest)."""
 
     def __init__(self, owners: list[_Request], prompt_width: int) -> None:
         self.owners = owners
@@ -85,9 +89,10 @@ class _AbortRows(StoppingCriteria):
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         step = input_ids.shape[1] - self.prompt_width
         for request in self.owners:
-            if request.aborted and request.abort_step is None:
+            done = step >= request.sampling.max_tokens  # then it ended by length, whole
+            if request.aborted and request.abort_step is None and not done:
                 request.abort_step = step
-        flags = [request.aborted for request in self.owners]
+        flags = [r.aborted or step >= r.sampling.max_tokens for r in self.owners]
         return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
 
 
@@ -214,7 +219,8 @@ class HFEngine(Engine):
         sampling = group[0].sampling
         with torch.no_grad(), _seeded(sampling.seed):
             out = self._model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_tokens,
+                input_ids=ids, attention_mask=mask,
+                max_new_tokens=max(r.sampling.max_tokens for r in group),
                 past_key_values=shared_prompt_cache(self._model, ids, mask),
                 pad_token_id=self._pad_id, eos_token_id=sorted(self._eos_ids),
                 output_logits=True, return_dict_in_generate=True,
@@ -363,8 +369,10 @@ def _cut_row(
     tokens: list[int], eos_ids: set[int], abort_step: int | None, sampling: SamplingParams
 ) -> tuple[list[int], str]:
     """Tokens up to and including the first EOS ("stop"), else up to the abort step ("abort"),
-    else all of them ("length")."""
-    limit = len(tokens) if abort_step is None else min(abort_step, len(tokens))
+    else up to the request's ``max_tokens`` ("length"; a row of a call that ran longer for
+    other requests is padded past it)."""
+    limit = min(len(tokens), sampling.max_tokens)
+    limit = limit if abort_step is None else min(abort_step, limit)
     eos_at = next((i for i, t in enumerate(tokens[:limit]) if t in eos_ids), None)
     if eos_at is not None:
         return tokens[: eos_at + 1], "stop"

@@ -84,7 +84,7 @@ class BatchPath:
             done = await wait_entries(self._answers(), list(entries), deadline,
                                       lambda pending: _batch_timeout(pending, entries),
                                       epoch)  # fmt: skip
-            outcomes, served = await self._collect(entries, plan, done)
+            outcomes, served = await self._collect(entries, plan, done, epoch)
             return outcomes
         finally:
             await self.registry.release_many(served)
@@ -112,13 +112,18 @@ class BatchPath:
         return plan
 
     async def _collect(
-        self, entries: dict[str, str], plan: Assignment, done: dict[str, Result]
+        self, entries: dict[str, str], plan: Assignment, done: dict[str, Result], epoch: str
     ) -> tuple[dict[str, Outcome], dict[str, int]]:
         """Each member's outcome (its stored answer, or its entry's failure), and how many
-        requests each serving replica held (a migrated entry counts where it was served)."""
+        requests each serving replica held (a migrated entry counts where it was served).
+        Members whose answers vanished with the server's data after their entry's answer was
+        seen (an empty restart in between) raise ``Vanished``, so they are queued again."""
         answered = [r.request_id for eid, rid in entries.items() if done[eid].ok
                     for r in plan.groups[rid]]  # fmt: skip
         stored = await self._answers().get_results(answered)
+        lost = [rid for rid in answered if rid not in stored]
+        if lost and await self._answers().epoch() != epoch:
+            raise Vanished(lost)
         outcomes: dict[str, Outcome] = {}
         served: Counter[str] = Counter()
         for eid, rid in entries.items():

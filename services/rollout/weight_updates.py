@@ -2,13 +2,14 @@
 
 Why apart from the replica's other work: every refusal rule of an update lives here, before
 anything changes. A header is checked before its bytes arrive (malformed, not newer than ours
-unless ``force``, bigger than this model can take); the payload is verified (size, checksum,
-finite values) in a worker thread while the replica still serves; the engine checks names
-and shapes and refuses a mismatch before any parameter changes. So a bad update leaves the
-old weights serving. A load that fails midway (weights possibly half replaced) leaves
-``intact`` False, and the replica out of routing (``update_failed``), until an update
-succeeds. After a load the KV/prefix cache is flushed (``rollout.flush_cache_on_update`` and
-the header's ``flush_cache``), so no answer mixes new weights with old cache.
+unless ``force``, in a dtype this replica would round on load, bigger than this model can
+take); the payload is verified (size, checksum, finite values) in a worker thread while the
+replica still serves; the engine checks names and shapes and refuses a mismatch before any
+parameter changes. So a bad update leaves the old weights serving. A load that fails midway
+(weights possibly half replaced) leaves ``intact`` False, and the replica out of routing
+(``update_failed``), until an update succeeds. After a load the KV/prefix cache is flushed
+(``rollout.flush_cache_on_update`` and the header's ``flush_cache``), so no answer mixes new
+weights with old cache.
 
 The replica (``replica.py``) runs the steps around this: stop taking work, make way for the
 update as ``rollout.update_policy`` says (``InFlight.make_way``: let in-flight requests
@@ -25,7 +26,7 @@ from collections.abc import Callable
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
-from rlfleet.model import weights
+from rlfleet.model import lora, weights
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.types import UpdateOutcome
 
@@ -52,6 +53,7 @@ class WeightUpdater:
         if header.version <= self.version and not header.force:
             raise FailedPrecondition(f"weight version {header.version} is not newer than "
                                      f"{self.version} (set force to roll back)")  # fmt: skip
+        check_no_narrowing(header, self.config.model.dtype)
         numel = self.engine.weight_numel()
         if numel and header.total_bytes > weights.max_bytes_for(numel):
             raise InvalidArgument(f"weight update of {header.total_bytes} bytes is larger than "
@@ -77,6 +79,32 @@ class WeightUpdater:
         log.log(level, "weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
                 old, self.version, seconds, flushed)  # fmt: skip
         return UpdateOutcome(self.version, seconds, flushed)
+
+
+def check_no_narrowing(header: weights.WeightHeader, serving_dtype: str) -> None:
+    """InvalidArgument when a full-weight update holds a floating tensor this replica would
+    round on load (float32 pushed to a ``bfloat16`` replica, float16 to bfloat16, ...).
+
+    Why refuse rather than cast: the engines copy pushed tensors into parameters of
+    ``model.dtype``, and a narrowing copy would serve weights that differ from the actor's
+    with nothing said. A bf16 actor pushes bf16 and its replicas load the same bits; widening
+    (bf16 onto a float32 replica) is exact and allowed. LoRA adapter tensors are exempt: they
+    are merged (``W0 + B @ A`` in float32, then the base's dtype) or handed to vLLM as an
+    adapter, never copied over a parameter."""
+    import torch
+
+    target = getattr(torch, serving_dtype)
+    for entry in header.tensors:
+        if entry.name.startswith(lora.PREFIX):
+            continue
+        dtype = getattr(torch, entry.dtype, None)
+        if isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype != target:
+            if torch.promote_types(dtype, target) != target:
+                raise InvalidArgument(
+                    f"tensor {entry.name!r} arrives in {entry.dtype}, which this replica "
+                    f"(model.dtype={serving_dtype}) would round on load; give the trainer and "
+                    f"the replicas the same model.dtype"
+                )
 
 
 def verified(header: weights.WeightHeader, payload: weights.BytesLike) -> dict:

@@ -42,7 +42,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, RESULTS_DIR, BenchResult, Options, Stats, abba, progress, ratio, stop_child
+from common import (
+    REPO,
+    RESULTS_DIR,
+    BenchResult,
+    Options,
+    Stats,
+    abba,
+    progress,
+    ratio,
+    stop_child,
+    wait_serving,
+)
 
 NAME = "real_model"
 TITLE = "SmolLM2-135M: rollout vLLM vs transformers, weight pushes, actor update fp32 vs bf16"
@@ -133,23 +144,6 @@ def _start_replica(redis_url: str, label: str, overrides: list[str], options: Op
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     progress(f"{NAME}: replica {label} pid {proc.pid} starting on port {port}")
     return Replica(proc, f"127.0.0.1:{port}", log_path, label)
-
-
-async def _wait_serving(client: Any, replica: Replica) -> Any:
-    """The replica's status once its engine is loaded; fail fast if it died."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if replica.proc.poll() is not None:
-            tail = replica.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"replica {replica.label} exited {replica.proc.returncode}:\n{tail}")
-        try:
-            status = await client.status()
-            if status.state == "serving":
-                return status
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"replica {replica.label} not serving within {START_TIMEOUT_S:.0f}s")
 
 
 def _tree_peak_gb(pid: int) -> float:
@@ -540,3 +534,8 @@ if __name__ == "__main__":
     import run_all
 
     sys.exit(run_all.main(["--only", NAME, *sys.argv[1:]]))
+
+
+async def _wait_serving(client: Any, replica: Replica) -> Any:
+    return await wait_serving(client, replica.proc, replica.log_path, replica.label,
+                              START_TIMEOUT_S, poll_s=0.5)  # fmt: skip

@@ -41,6 +41,7 @@ from common import (
     ratio,
     stop_child,
     timed,
+    wait_serving,
 )
 
 NAME = "weights"
@@ -163,20 +164,7 @@ def _encode_once(state_dict: dict[str, Any]) -> dict[str, float]:
 
 
 async def _wait_serving(client: Any, replica: Replica) -> Any:
-    """The replica's status once its engine is loaded (state ``serving``); fail fast if it died."""
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if replica.proc.poll() is not None:
-            tail = replica.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"replica exited with {replica.proc.returncode}:\n{tail}")
-        try:
-            status = await client.status()
-            if status.state == "serving":
-                return status
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        await asyncio.sleep(0.25)
-    raise TimeoutError(f"replica not serving within {START_TIMEOUT_S:.0f}s")
+    return await wait_serving(client, replica.proc, replica.log_path, "", START_TIMEOUT_S)
 
 
 def _state_dict(model: Path, dtype: str) -> dict[str, Any]:

@@ -83,6 +83,29 @@ def stop_child(proc: subprocess.Popen, grace_s: float = 20.0, group: bool = Fals
             pass
 
 
+async def wait_serving(
+    client: Any, proc: subprocess.Popen, log_path: Path, label: str, timeout_s: float,
+    poll_s: float = 0.25,
+) -> Any:  # fmt: skip
+    """A replica's status once its engine is loaded (state ``serving``); fails fast, with the
+    log's tail, if its process ``proc`` died. ``client`` is its ``RolloutClient``."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"replica {label} exited with {proc.returncode}:\n{tail}")
+        try:
+            status = await client.status()
+            if status.state == "serving":
+                return status
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        await asyncio.sleep(poll_s)
+    raise TimeoutError(f"replica {label} not serving within {timeout_s:.0f}s")
+
+
 def progress(message: str) -> None:
     """One line on stderr with the time since start, so a long run shows it is alive."""
     print(f"[{time.monotonic() - _T0:6.1f}s] {message}", file=sys.stderr, flush=True)

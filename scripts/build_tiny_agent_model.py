@@ -1,11 +1,18 @@
 """Build the agent job's tiny tool-using Qwen2 policy: a ChatML tokenizer with tool-call tokens,
-a small Qwen2 model, and a short supervised warm start on ideal calc episodes.
+a small Qwen2 model, and a short, shaped supervised warm start on calc episodes.
 
 Why: the agent job must show RL improving a multi-turn, tool-calling policy on a CPU in minutes.
-A random model never calls `add` correctly and a fully trained one leaves nothing to learn, so
-the warm start stops as soon as greedy held-out *episode* success (whole episodes, tools run)
-lands in a band (0.15-0.35 by default). Like scripts/build_tiny_model.py, whose training pieces
-it reuses, the model is a real Qwen2 so vLLM, transformers and the trainer load it as usual.
+A random model never calls `add` correctly and a fully trained one leaves nothing to learn.
+A warm start stopped early on ideal episodes leaves the wrong thing to learn: its failures are
+wrong operands spread over every call, which RL on a CPU fixed slowly (0.23 -> 0.30 in
+80 steps, docs/agents.md). So the warm start is shaped instead: it learns 3-number sums well,
+but on 4-number sums most of its training episodes (`--early-share`, 0.6) answer one call
+early (the running total after two calls), so that the greedy policy stops early on 4-number
+sums while sampling still makes the third call in the rest: one frequent, rewarded choice
+for RL to reinforce. Training stops once greedy held-out *episode* success (whole episodes,
+tools run) on 3-number sums reaches `--target-3`; overall success then sits well below the
+ceiling (band 0.25-0.6). Like scripts/build_tiny_model.py, whose training pieces it reuses,
+the model is a real Qwen2 so vLLM, transformers and the trainer load it as usual.
 """
 
 from __future__ import annotations
@@ -13,18 +20,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 # `python scripts/...` puts scripts/ on the import path: reuse the arith build's training pieces.
-from build_tiny_model import SftResult, padded_batch, save, train_step
+from build_tiny_model import padded_batch, save, train_step
 
 from rlfleet.agent.render import ChatRenderer
 from rlfleet.agent.tool_calls import ParsedTurn, parse_tool_calls
-from rlfleet.tasks.calc import add, check_answer, from_verl_record, ideal_messages, prompt_messages
+from rlfleet.tasks.calc import (
+    Problem,
+    add,
+    check_answer,
+    from_verl_record,
+    ideal_messages,
+    prompt_messages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +77,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default="data/calc", help="directory with train/test.jsonl")
     parser.add_argument("--hidden", type=int, default=128, help="hidden size (head size 32)")
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--steps-max", type=int, default=1500, help="give up after this many")
-    parser.add_argument("--target-low", type=float, default=0.15)
-    parser.add_argument("--target-high", type=float, default=0.35)
-    parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations")
+    parser.add_argument("--steps-max", type=int, default=2500, help="give up after this many")
+    parser.add_argument(
+        "--early-share", type=float, default=0.6,
+        help="share of 4-number training episodes that answer one call early",
+    )  # fmt: skip
+    parser.add_argument(
+        "--target-3", type=float, default=0.85,
+        help="stop once greedy held-out success on 3-number sums reaches this",
+    )  # fmt: skip
+    parser.add_argument("--target-low", type=float, default=0.25, help="band on all sums")
+    parser.add_argument("--target-high", type=float, default=0.6, help="band on all sums")
+    parser.add_argument("--eval-every", type=int, default=25, help="steps between evaluations")
     parser.add_argument("--eval-n", type=int, default=200, help="held-out episodes per eval")
     parser.add_argument("--n-sft", type=int, default=8000, help="training episodes to use")
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -123,6 +147,53 @@ def build_model(tokenizer: Any, args: argparse.Namespace) -> Any:
     )
     torch.manual_seed(args.seed)
     return Qwen2ForCausalLM(config).float()
+
+
+@dataclass(frozen=True)
+class Success:
+    """Greedy held-out episode success: on all problems, on 3-number and on 4-number sums."""
+
+    all: float
+    three: float
+    four: float
+
+    def __str__(self) -> str:
+        return f"{self.all:.3f} (3-num {self.three:.3f}, 4-num {self.four:.3f})"
+
+
+@dataclass
+class WarmStart:
+    """What the warm start reached, for the log and the model card."""
+
+    steps: int
+    success: Success
+    seconds: float
+    history: list[tuple[int, Success]]
+
+
+def early_messages(problem: Problem) -> list[dict]:
+    """The ideal episode cut one call short: after the second call and its reply, the assistant
+    answers that reply's running total (the sum of the first three numbers), a wrong answer.
+
+    Why: mixed into the 4-number episodes, it makes the warm start stop one call early on
+    4-number sums while still making the third call in a good share of sampled episodes, so the
+    one thing RL has to learn is a frequent, rewarded choice.
+    """
+    messages = ideal_messages(problem)
+    if len(problem.numbers) < 4:
+        raise ValueError(f"only 4-number sums answer early, got {problem.prompt}")
+    return [*messages[:-3], {"role": "assistant", "content": messages[-4]["content"]}]
+
+
+def sft_messages(problems: list[Problem], early_share: float, seed: int) -> list[list[dict]]:
+    """The warm start's episodes: ideal ones, except that a seeded `early_share` of the
+    4-number problems get `early_messages` instead."""
+    rng = random.Random(seed)
+    return [
+        early_messages(p) if len(p.numbers) == 4 and rng.random() < early_share
+        else ideal_messages(p)
+        for p in problems
+    ]  # fmt: skip
 
 
 def assistant_ids(tokenizer: Any, message: dict) -> list[int]:
@@ -210,18 +281,33 @@ def episode_rewards(turns: Callable, renderer: Any, problems: list, max_turns: i
     return rewards
 
 
-def success_rate(model: Any, renderer: Any, problems: list) -> float:
-    """Greedy held-out episode success of `model` (transformers) on `problems`."""
+def mean_where(rewards: list[float], keep: list[bool]) -> float:
+    """The mean of the rewards `keep` marks (0.0 when it marks none)."""
+    kept = [r for r, k in zip(rewards, keep, strict=True) if k]
+    return sum(kept) / len(kept) if kept else 0.0
+
+
+def success_rate(model: Any, renderer: Any, problems: list[Problem]) -> Success:
+    """Greedy held-out episode success of `model` (transformers) on `problems`, overall and by
+    how many numbers a problem sums (the warm start treats the two kinds differently)."""
     model.eval()
     turns = partial(greedy_turns, model, renderer.tokenizer, max_new=40)
-    return sum(episode_rewards(turns, renderer, problems)) / len(problems)
+    rewards = episode_rewards(turns, renderer, problems)
+    counts = [len(p.numbers) for p in problems]
+    return Success(
+        all=sum(rewards) / len(problems),
+        three=mean_where(rewards, [c == 3 for c in counts]),
+        four=mean_where(rewards, [c == 4 for c in counts]),
+    )
 
 
-def sft(model: Any, renderer: Any, train: list, test: list, args: argparse.Namespace) -> SftResult:
-    """Train on ideal episodes until held-out episode success reaches the band, or steps run out."""
+def sft(model: Any, renderer: Any, train: list, test: list, args: argparse.Namespace) -> WarmStart:
+    """Train on the shaped episodes until greedy held-out success on 3-number sums reaches
+    `--target-3`, or steps run out."""
     import torch
 
-    examples = [sft_example(renderer, ideal_messages(p)) for p in train[: args.n_sft]]
+    episodes = sft_messages(train[: args.n_sft], args.early_share, args.seed)
+    examples = [sft_example(renderer, messages) for messages in episodes]
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(args.seed)
     history, start = [(0, success_rate(model, renderer, test))], time.perf_counter()
@@ -231,20 +317,20 @@ def sft(model: Any, renderer: Any, train: list, test: list, args: argparse.Names
         loss = train_step(model, optimizer, padded_batch(inputs, labels, model.config.pad_token_id))
         if step % args.eval_every == 0:
             history.append((step, success_rate(model, renderer, test)))
-            log.info("step %d loss %.3f success %.3f", step, loss, history[-1][1])
-            if history[-1][1] >= args.target_low:
+            log.info("step %d loss %.3f success %s", step, loss, history[-1][1])
+            if history[-1][1].three >= args.target_3:
                 break
-    return SftResult(history[-1][0], history[-1][1], time.perf_counter() - start, history)
+    return WarmStart(history[-1][0], history[-1][1], time.perf_counter() - start, history)
 
 
 def load_split(path: Path) -> list:
     return [from_verl_record(json.loads(line)) for line in path.open(encoding="utf-8")]
 
 
-def model_card(args: argparse.Namespace, result: SftResult, n_params: int, full: float) -> str:
+def model_card(args: argparse.Namespace, result: WarmStart, n_params: int, full: Success) -> str:
     """The README saved next to the weights: what it is, how it was built, what it measured."""
-    shown = [(s, a) for s, a in result.history if s % 50 == 0 or s >= result.steps - 20]
-    curve = ", ".join(f"{s}: {a:.3f}" for s, a in shown)
+    shown = [(s, a) for s, a in result.history if s % 250 == 0 or s >= result.steps - 50]
+    curve = ", ".join(f"{s}: {a.all:.3f}/{a.three:.3f}/{a.four:.3f}" for s, a in shown)
     heads, kv_heads = args.hidden // 32, max(1, args.hidden // 64)
     return f"""# tiny-qwen2-agent
 
@@ -263,15 +349,23 @@ of rlfleet's agent job (task `rlfleet.tasks.calc`). Built by
   content, `tool` messages with role `tool`; a `tools` argument is accepted, not rendered.
 - Model: hidden {args.hidden}, {args.layers} layers, {heads} heads (head size 32), {kv_heads} KV
   heads, intermediate {2 * args.hidden}, tied embeddings, 512 positions, float32.
-- Warm start: supervised on the ideal episodes of {args.n_sft} problems of
-  `{args.data}/train.jsonl` (AdamW lr {args.lr}, batch {args.batch_size}, loss on assistant
-  tokens only), stopped once greedy held-out episode success on the first {args.eval_n}
-  problems of `{args.data}/test.jsonl` reached {args.target_low:.2f}-{args.target_high:.2f},
-  so that RL has room to improve it. An episode: greedy turns until `<|im_end|>`, `add` run
-  for each call, success when the final answer is right within 5 assistant turns.
+- Warm start, shaped on purpose so that RL has one clear thing to learn: supervised on
+  episodes of {args.n_sft} problems of `{args.data}/train.jsonl` (AdamW lr {args.lr}, batch
+  {args.batch_size}, loss on assistant tokens only). 3-number sums get their ideal episode;
+  of the 4-number sums, a seeded {args.early_share:.0%} get an episode that **answers one call
+  early** (after the second call it answers that call's result, the sum of the first three
+  numbers: wrong) and the rest their ideal episode. So the greedy policy is good at 3-number
+  sums and stops one call early on 4-number ones, while sampled episodes still make the
+  third call in part; RL is meant to raise success by learning to make that call. Stopped once
+  greedy held-out success on the 3-number sums among the first {args.eval_n} problems of
+  `{args.data}/test.jsonl` reached {args.target_3:.2f} (band on all sums
+  {args.target_low:.2f}-{args.target_high:.2f}). An episode: greedy turns until
+  `<|im_end|>`, `add` run for each call, success when the final answer is right within 5
+  assistant turns.
 - Result: **{result.steps} steps, {result.seconds:.0f} s (wall, shared 2-core CPU), held-out
-  episode success {result.accuracy:.3f}** ({full:.3f} on all of `test.jsonl`).
-- Success by step: {curve}.
+  episode success {result.success}** on the first {args.eval_n}; on all of `test.jsonl`
+  {full}.
+- Success by step (all/3-num/4-num): {curve}.
 - Decode sampled turns with `skip_special_tokens=False`: `<tool_call>` is a special token.
   AutoTokenizer (and so vLLM) loads this directory as Qwen2Tokenizer: same ids and the same
   chat template for the alphabet above, but unknown characters are dropped, not `<unk>`.
@@ -296,12 +390,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     log.info("training %d parameters on %d episodes", model.num_parameters(), args.n_sft)
     result = sft(model, renderer, train, test[: args.eval_n], args)
-    if not args.target_low <= result.accuracy <= args.target_high:
-        log.warning("success %.3f is outside the target band", result.accuracy)
+    if not args.target_low <= result.success.all <= args.target_high:
+        log.warning("success %s is outside the target band", result.success)
     full = success_rate(model, renderer, test)
-    log.info("success %.3f (all %d: %.3f) after %d steps, %.1f s", result.accuracy, len(test),
-             full, result.steps, result.seconds)  # fmt: skip
-    print("history:", " ".join(f"{s}:{a:.3f}" for s, a in result.history))
+    log.info("success %s (all %d: %s) after %d steps, %.1f s", result.success, len(test), full,
+             result.steps, result.seconds)  # fmt: skip
+    print("history:", " ".join(f"{s}:{a.all:.3f}/{a.three:.3f}" for s, a in result.history))
     save_policy(
         model, tokenizer, Path(args.out), model_card(args, result, model.num_parameters(), full)
     )

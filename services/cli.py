@@ -52,10 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The ``rlfleet`` console script: ``main``, then a quick exit (``rlfleet.common.exit``)."""
-    from rlfleet.common.exit import exit_with
-
-    exit_with(main())
+    """The ``rlfleet`` console script."""
+    raise SystemExit(main())
 
 
 if __name__ == "__main__":

@@ -38,6 +38,4 @@ def check_args(
 
 
 if __name__ == "__main__":
-    from rlfleet.common.exit import exit_with
-
-    exit_with(main())
+    raise SystemExit(main())

@@ -32,6 +32,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    from rlfleet.common.exit import exit_with
-
-    exit_with(main())
+    raise SystemExit(main())

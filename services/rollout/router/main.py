@@ -26,6 +26,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rlfleet.common.exit import exit_with
-
-    exit_with(main())
+    raise SystemExit(main())

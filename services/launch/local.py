@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.pdeathsig import die_with_parent
 from rlfleet.launch.process import Child, free_port, role_argv, role_env, split_secrets
 from rlfleet.launch.session import print_run_summary, say, start_redis
 
@@ -35,9 +36,12 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
         *overrides,
     ]
     env = role_env(redis_url, secrets)  # Redis too: its URL may hold a password
+    # Every role gets SIGTERM if `rlfleet up` dies outright (SIGKILL): no fleet left running
+    # on its own. Children are started and restarted from the main thread, the signal's anchor.
+    die_with_us, _ = die_with_parent(signal.SIGTERM)
 
     def child(name, verb, *extra, env_extra=None, flags=()):
-        argv = role_argv(verb, args.config, [*common, *extra], flags)
+        argv = [*die_with_us, *role_argv(verb, args.config, [*common, *extra], flags)]
         return Child(name, argv, {**env, **(env_extra or {})}, log_dir / f"{name}.log")
 
     cores = os.cpu_count() or 1

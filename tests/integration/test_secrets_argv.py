@@ -52,7 +52,7 @@ def descendants(root: int) -> dict[int, list[str]]:
 
 def role_of(argv: list[str]) -> str | None:
     """``rollout`` for ``python -m rlfleet.cli rollout ...``; None for other processes."""
-    return argv[argv.index("rlfleet.cli") + 1] if "rlfleet.cli" in argv[:4] else None
+    return argv[argv.index("rlfleet.cli") + 1] if "rlfleet.cli" in argv[:8] else None
 
 
 def environ(pid: int) -> dict[str, str]:

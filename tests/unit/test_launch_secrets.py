@@ -72,7 +72,8 @@ def test_extra_env_processes_are_worker_only_with_the_flag_before_overrides(tmp_
     workers = [c for c in children if c.name.startswith("env-")]
     assert [c.name for c in workers] == ["env-1", "env-2"]
     for child in workers:
-        assert child.argv[3:7] == ["env", "--config", AGENT_CONFIG, "--worker-only"]
+        verb = child.argv.index("rlfleet.cli") + 1  # after a `setpriv --pdeathsig` prefix
+        assert child.argv[verb : verb + 4] == ["env", "--config", AGENT_CONFIG, "--worker-only"]
     front = next(c for c in children if c.name == "env")
     assert "--worker-only" not in front.argv
 

@@ -33,7 +33,8 @@ def page_html(refresh_s: float) -> str:
 
 
 def create_app(state: DashboardState, api_key: str | None) -> FastAPI:
-    """The app over ``state`` (whose ``document`` the background loop keeps fresh)."""
+    """The app over ``state`` (whose ``document`` the background loop keeps fresh while it is
+    read)."""
     app = FastAPI(title="rlfleet dashboard", version="1", docs_url=None, redoc_url=None)
     auth = [Depends(api_key_checker(api_key))]
     page = page_html(state.config.dashboard.refresh_s)
@@ -49,7 +50,7 @@ def create_app(state: DashboardState, api_key: str | None) -> FastAPI:
 
     @app.get("/api/state", dependencies=auth)
     async def document() -> dict[str, Any]:
-        return state.document
+        return await state.latest()
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:

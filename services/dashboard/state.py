@@ -1,8 +1,12 @@
-"""The one JSON document the page draws, refreshed in the background every ``refresh_s``.
+"""The one JSON document the page draws, refreshed in the background every ``refresh_s``
+while someone reads it.
 
-Why a background loop rather than work per request: any number of open pages (and
-``rlfleet status --watch``) cost the fleet one probe a period, and a request never waits on a
-slow role; it gets the latest document, whose ``updated_at`` says how fresh it is.
+Why a background loop rather than work per request: any number of open pages cost the fleet
+one probe a period, and a request never waits on a slow role; it gets the latest document,
+whose ``updated_at`` says how fresh it is. Why only while read: probing every role and
+re-reading the run's files each second took ~13% of a core on the 2-core default job, whose
+step shares those cores; with no request for ``dashboard.idle_after_s`` the loop sleeps until
+the next one, which then waits for one refresh rather than getting an old document.
 """
 
 from __future__ import annotations
@@ -57,6 +61,28 @@ class DashboardState:
         self.metrics = runfiles.MetricsTail(self.run_dir / "metrics.jsonl")
         self.started_at = time.time()
         self.document: dict[str, Any] = {"updated_at": None, "version": 0}
+        self._last_read = -float("inf")  # time.monotonic() of the last reader's request
+        self._read = asyncio.Event()  # set by a reader; wakes an idle loop
+        self._refreshing = asyncio.Lock()  # one refresh at a time (loop or a waking reader)
+
+    async def latest(self) -> dict[str, Any]:
+        """The document for a reader (``GET /api/state``): keeps the loop refreshing, and
+        refreshes first when the loop was idle, so a reader never gets a document gone stale."""
+        self._last_read = time.monotonic()
+        self._read.set()
+        if self._stale():
+            async with self._refreshing:
+                if self._stale():  # another reader may have refreshed it meanwhile
+                    await self.refresh()
+        return self.document
+
+    def watched(self) -> bool:
+        """A reader asked within ``dashboard.idle_after_s``."""
+        return time.monotonic() - self._last_read < self.config.dashboard.idle_after_s
+
+    def _stale(self) -> bool:
+        updated = self.document.get("updated_at")
+        return updated is None or time.time() - updated > 2 * self.config.dashboard.refresh_s
 
     def run_part(self) -> dict[str, Any]:
         """Everything read from the run directory (no network)."""
@@ -83,9 +109,13 @@ class DashboardState:
     async def run(self) -> None:
         period = self.config.dashboard.refresh_s
         while True:
+            if not self.watched():
+                self._read.clear()
+                await self._read.wait()  # nobody reads the page: probe nothing
             started = time.monotonic()
             try:
-                await self.refresh()
+                async with self._refreshing:
+                    await self.refresh()
             except Exception:  # noqa: BLE001 - the next period tries again; the page shows age
                 log.warning("dashboard refresh failed", exc_info=True)
             await asyncio.sleep(max(0.05, period - (time.monotonic() - started)))

@@ -196,7 +196,7 @@ async def test_state_endpoint_serves_the_document_and_marks_dead_roles_down(tmp_
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "secret", "Bearer secret2"])
 def test_state_endpoint_refuses_a_missing_or_wrong_key_with_401_and_no_data(tmp_path, header):
     state = DashboardState(dead_config(tmp_path))
-    state.document = {"curves": {"reward": [[1, 0.5]]}, "version": 1}
+    state.document = {"curves": {"reward": [[1, 0.5]]}, "version": 1, "updated_at": time.time()}
     client = TestClient(create_app(state, api_key="secret"))
     reply = client.get("/api/state", headers={"Authorization": header} if header else {})
     assert reply.status_code == 401
@@ -213,6 +213,42 @@ def test_page_is_plain_html_with_no_outside_assets_and_no_data(tmp_path):
     assert "const REFRESH_MS = 500;" in page.text
     assert "http://" not in page.text and "https://" not in page.text  # nothing from outside
     assert "0.123456" not in page.text
+
+
+class CountingProbe:
+    """Stands in for the fleet probe: counts how often the dashboard probed."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def fleet(self) -> dict:
+        self.calls += 1
+        return {"roles": [], "replicas": []}
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_an_unread_dashboard_probes_nothing_and_a_reader_wakes_it(tmp_path):
+    config = dead_config(tmp_path, **{"dashboard.refresh_s": 0.05, "dashboard.idle_after_s": 0.3})
+    probe = CountingProbe()
+    state = DashboardState(config, probe)
+    loop = asyncio.create_task(state.run())
+    try:
+        await asyncio.sleep(0.4)
+        assert probe.calls == 0  # no page open: no probe, no file read
+        append(tmp_path / "metrics.jsonl", step_row(1, 0.25))
+        document = await state.latest()  # the first reader gets a fresh document at once
+        assert document["curves"]["reward"] == [[1, 0.25]] and probe.calls == 1
+        await asyncio.sleep(0.2)
+        assert probe.calls >= 3  # while read, the loop refreshes every period
+        await asyncio.sleep(0.5)  # past idle_after_s without a reader
+        settled = probe.calls
+        await asyncio.sleep(0.3)
+        assert probe.calls == settled  # idle again
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
 
 
 # ---- the probe against the registry --------------------------------------------------------

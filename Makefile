@@ -4,8 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Two test processes, whole files per process (module fixtures: one fleet per file, shared by
 # its tests). Integration tests mostly wait on process start-up and I/O, so 2 on 2 cores halves
-# the wall time. `make test PYTEST_ARGS=` runs serially.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# the wall time; the 30 slowest tests are listed at the end (where CI time goes). `make test
+# PYTEST_ARGS=` runs serially.
+PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
 
 .PHONY: setup run test test-unit test-integration lint layers format proto proto-check model data smollm2 data-real bench bench-e2e chaos compose-test clean
 

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +250,110 @@ NOTES = [
     "4 replicas cannot receive, verify and load in parallel with each other.",
 ]
 
+
+def measure_delta(model: Path, dtype: str, lr: float = 1e-6) -> dict[str, Any]:
+    """Full push vs delta for one real AdamW step (LM loss on random tokens, ``lr``): bytes,
+    tensors changed, the trainer's and one in-process replica's seconds, and what XOR of the
+    old and new bytes plus zlib would have sent. No replica processes: the wire is not timed
+    (a gRPC stream costs about a memcpy per MiB, so bytes are the wire's share)."""
+    import torch
+
+    from rlfleet.model.model_io import load_causal_lm
+    from rlfleet.model.optim import adamw
+
+    torch.manual_seed(0)
+    net = load_causal_lm(str(model), dtype)
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    optimizer = adamw(list(net.parameters()), lr=lr, weight_decay=0.0)
+    ids = torch.randint(0, net.config.vocab_size, (4, 64))
+    net(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    after = {n: p.detach() for n, p in net.named_parameters()}
+    return asyncio.run(_delta_rows(model, dtype, before, after))
+
+
+async def _delta_rows(model: Path, dtype: str, before: dict, after: dict) -> dict[str, Any]:
+    import zlib
+
+    import numpy
+
+    from rlfleet.trainer.weight_sync import GrpcWeightTransport
+
+    transport = GrpcWeightTransport(lambda a: None, lambda h, p, c: None, CHUNK_BYTES)
+    transport.delta = "always"
+    full1 = transport._encode(before, 1, True, False, False)
+    transport._plan_delta(before, full1, 1, False)
+    started = time.perf_counter()
+    full2 = transport._encode(after, 2, True, False, False)
+    encode_s = time.perf_counter() - started
+    delta = transport._plan_delta(after, full2, 2, False)
+    plan_s = time.perf_counter() - started - encode_s
+    changed = delta.encoded.header.tensors[1:] if delta else full2.header.tensors
+    old = numpy.frombuffer(full1.payload, numpy.uint8)
+    xor = numpy.bitwise_xor(old, numpy.frombuffer(full2.payload, numpy.uint8))
+    started = time.perf_counter()
+    packed = len(zlib.compress(xor.tobytes(), 1))
+    xor_s = time.perf_counter() - started
+    replica = await _replica_seconds(model, dtype, full1, full2, delta)
+    return {"model": model.name, "dtype": dtype, "tensors": len(full2.header.tensors),
+            "tensors_changed": len(changed), "full_MiB": full2.header.total_bytes / 2**20,
+            "delta_MiB": (delta.encoded.header.total_bytes / 2**20) if delta else None,
+            "bytes_changed_fraction": float(numpy.count_nonzero(xor)) / len(xor),
+            "xor_zlib1_MiB": packed / 2**20, "xor_zlib1_s": xor_s,
+            "trainer_encode_full_s": encode_s, "trainer_delta_plan_s": plan_s, **replica,
+            "note": "delta is None: every tensor changed, the transport sends the full push"
+            if delta is None else ""}  # fmt: skip
+
+
+async def _replica_seconds(model: Path, dtype: str, full1, full2, delta) -> dict[str, float]:
+    """One in-process replica (``WeightUpdater`` over an HF engine): verify+load seconds of
+    the full push, and of the delta when there is one."""
+    from rlfleet.common.config import load_config
+    from rlfleet.rollout.engines.hf import HFEngine
+    from rlfleet.rollout.weight_updates import WeightUpdater, verified
+
+    config = load_config(overrides=[f"model.path={model}", f"model.dtype={dtype}",
+                                    "rollout.backend=hf", "trainer.weight_delta=always"])  # fmt: skip
+    engine = HFEngine(config)
+    await engine.start()
+    try:
+        updater = WeightUpdater(config, engine, lambda _: None)
+        out = {}
+        for label, encoded in (("full", full1), ("full", full2), ("delta", delta)):
+            if encoded is None:
+                continue
+            encoded = getattr(encoded, "encoded", encoded)
+            if label == "delta":  # back to v1 so the delta's base is served
+                updater.version = 0
+                await updater.load(full1.header, verified(full1.header, full1.payload))
+            header = replace(encoded.header, force=label == "full")
+            started = time.perf_counter()
+            updater.check(header)
+            await updater.load(header, verified(header, encoded.payload))
+            out[f"replica_{label}_s"] = time.perf_counter() - started
+        return out
+    finally:
+        await engine.close()
+
+
+def _delta_main(argv: list[str]) -> int:
+    """``python bench/bench_weights.py --delta [--lr 1e-6] [--smollm2-only]``: the delta rows
+    as JSON lines (SmolLM2 rows when ``make smollm2`` has built it)."""
+    import json
+
+    from rlfleet.model.local_models import SMOLLM2, is_built, model_dir
+
+    lr = float(argv[argv.index("--lr") + 1]) if "--lr" in argv else 1e-6
+    cases = [] if "--smollm2-only" in argv else [(MODEL_DIR, "float32"), (MODEL_DIR, "bfloat16")]
+    if is_built(model_dir(SMOLLM2)):  # float32: the shipped recipe's dtype
+        cases += [(model_dir(SMOLLM2), "float32"), (model_dir(SMOLLM2), "bfloat16")]
+    for model, dtype in cases:
+        print(json.dumps({"lr": lr, **measure_delta(Path(model), dtype, lr)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__" and "--delta" in sys.argv:
+    sys.exit(_delta_main(sys.argv[1:]))
 
 if __name__ == "__main__":
     import run_all

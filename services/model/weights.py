@@ -227,6 +227,13 @@ def decode(header: WeightHeader, payload: BytesLike) -> dict[str, torch.Tensor]:
     return {entry.name: _rebuild(buffer, entry) for entry in header.tensors}
 
 
+def decode_unchecked(header: WeightHeader, payload: BytesLike) -> dict[str, torch.Tensor]:
+    """``{name: tensor}`` viewing a payload this process encoded itself (no checksum pass:
+    the trainer picking tensors out of its own push, e.g. for a delta)."""
+    buffer = _as_tensor(payload)
+    return {entry.name: _rebuild(buffer, entry) for entry in header.tensors}
+
+
 def _as_tensor(payload: BytesLike) -> torch.Tensor:
     import torch
 

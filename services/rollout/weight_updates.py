@@ -15,6 +15,13 @@ The replica (``replica.py``) runs the steps around this: stop taking work, make 
 update as ``rollout.update_policy`` says (``InFlight.make_way``: let in-flight requests
 finish, cancel them, or stop them to continue under the new weights), then ``load``, then
 let the stopped requests go on (``InFlight.reopen``), whether the load succeeded or not.
+
+Delta updates (``weights_delta``, ``trainer.weight_delta``): with it on, the updater keeps the
+full weights it last loaded (views of that update's buffer; a copy when they came through
+shared memory, whose file the trainer writes again). A delta whose base is not the version
+served, or that arrives where no base is kept, is refused from its header (FAILED_PRECONDITION);
+one that is accepted is assembled over the kept base and checked against the full push's
+checksum before the engine sees it, so the engine always loads complete weights.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from collections.abc import Callable
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
-from rlfleet.model import lora, weights
+from rlfleet.model import lora, weights, weights_delta
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.types import UpdateOutcome
 
@@ -44,6 +51,9 @@ class WeightUpdater:
         self.version = 0
         self.intact = True  # False after a load that failed midway
         self.lock = asyncio.Lock()  # one update at a time
+        self.keep_base = config.trainer.weight_delta != "never"
+        self.base: dict | None = None
+        """The full plain weights last loaded (kept only with ``keep_base``), a delta's base."""
 
     def check(self, header: weights.WeightHeader) -> None:
         """Refuse an update before its bytes arrive: a malformed header (InvalidArgument), a
@@ -54,20 +64,45 @@ class WeightUpdater:
             raise FailedPrecondition(f"weight version {header.version} is not newer than "
                                      f"{self.version} (set force to roll back)")  # fmt: skip
         check_no_narrowing(header, self.config.model.dtype)
+        if weights_delta.is_delta(header):
+            self._check_delta(header)
         numel = self.engine.weight_numel()
         if numel and header.total_bytes > weights.max_bytes_for(numel):
             raise InvalidArgument(f"weight update of {header.total_bytes} bytes is larger than "
                                   f"this model ({numel} parameters) can take")  # fmt: skip
 
+    def _check_delta(self, header: weights.WeightHeader) -> None:
+        """FailedPrecondition unless a delta applies here: we keep a base, it is intact, and it
+        is the version the delta was made from (the trainer then pushes the full weights)."""
+        if header.force:
+            raise InvalidArgument("a weight delta cannot be forced (it needs its base)")
+        base = weights_delta.base_version(header)
+        if self.base is None or not self.intact:
+            raise FailedPrecondition(f"weight delta on v{base} refused: this replica keeps no "
+                                     f"base weights (trainer.weight_delta is never here, or no "
+                                     f"full update landed yet); a full push is needed")  # fmt: skip
+        if base != self.version:
+            raise FailedPrecondition(f"weight delta on v{base} refused: this replica serves "
+                                     f"v{self.version}; a full push is needed")  # fmt: skip
+
     async def load(self, header: weights.WeightHeader, state_dict: dict) -> UpdateOutcome:
-        """Load in one step, bump the version, flush the cache (nothing may be running)."""
+        """Load in one step, bump the version, flush the cache (nothing may be running). A
+        delta is first made whole over the kept base (refused, nothing changed, if it does not
+        give the trainer's weights)."""
         started = time.perf_counter()
+        if weights_delta.is_delta(header):
+            self._check_delta(header)  # another update may have landed since
+            state_dict = await asyncio.to_thread(weights_delta.apply, state_dict, self.base)
         intact, self.intact = self.intact, False
         try:
             await self.engine.load_weights(state_dict)
         except InvalidArgument:
             self.intact = intact  # engines refuse a mismatch before changing anything
             raise
+        except BaseException:
+            self.base = None  # half loaded: no delta may build on this
+            raise
+        await self._keep_base(header, state_dict)
         old, self.version, self.intact = self.version, header.version, True
         self.engine.serving_version = self.version  # vLLM's cache salt follows it
         self._on_new_version(self.version)
@@ -79,6 +114,20 @@ class WeightUpdater:
         log.log(level, "weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
                 old, self.version, seconds, flushed)  # fmt: skip
         return UpdateOutcome(self.version, seconds, flushed)
+
+    async def _keep_base(self, header: weights.WeightHeader, state_dict: dict) -> None:
+        """Keep plain full weights as the next delta's base (an adapter merges over the base
+        the engine already holds, which stays the base). Tensors from a shared-memory file are
+        copied: the trainer writes the next push into the same file."""
+        if not self.keep_base or lora.is_adapter_update(state_dict):
+            return
+        if header.shared_memory:
+            state_dict = await asyncio.to_thread(_copied, state_dict)
+        self.base = state_dict
+
+
+def _copied(state_dict: dict) -> dict:
+    return {name: tensor.clone() for name, tensor in state_dict.items()}
 
 
 def check_no_narrowing(header: weights.WeightHeader, serving_dtype: str) -> None:

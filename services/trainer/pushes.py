@@ -36,6 +36,9 @@ class WeightPushes:
         self.landed_version = 0
         self._landed = asyncio.Condition()
         self._task: asyncio.Task | None = None
+        use_delta = getattr(fleet.weight_sync, "use_delta", None)  # test doubles may lack it
+        if use_delta is not None:
+            use_delta(config.trainer.weight_delta)
 
     async def push(self, version: int, only_stale: bool = False) -> dict[str, float]:
         """Send the actor's weights as ``version`` to replicas, and wait for them."""

@@ -16,6 +16,11 @@ Replicas refuse a version that is not newer than theirs unless the push is force
 push of a ``WeightSync`` is forced: a trainer that starts (or resumes from a checkpoint older
 than what the replicas serve) is the only writer, and its weights win. A replica whose load
 failed midway reports ``update_failed`` and stays a target until a push to it succeeds.
+
+With ``trainer.weight_delta`` (``use_delta``), a replica serving the version of the previous
+push gets only the tensors that changed since (``weights_delta``), streamed, when that is
+smaller than the full push; a replica that refuses the delta (FAILED_PRECONDITION: another
+base; INVALID_ARGUMENT: it arrived damaged) gets the full push at once, in the same push.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from rlfleet.common.errors import NotFound, Unavailable
-from rlfleet.model import weights, weights_shm
+from rlfleet.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from rlfleet.model import weights, weights_delta, weights_shm
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
 
 if TYPE_CHECKING:
@@ -57,6 +62,8 @@ class PushResult:
     seconds: float = 0.0
     bytes: int = 0
     error: str = ""
+    delta: bool = False
+    """The replica took a delta (only the changed tensors)."""
 
 
 class ReplicaDirectory(Protocol):
@@ -76,6 +83,12 @@ class WeightTransport(Protocol):
     ) -> list[PushResult]: ...  # fmt: skip
 
     async def close(self) -> None: ...
+
+
+DeltaMode = str  # "never" | "auto" | "always" (``trainer.weight_delta``)
+AUTO_DELTA_FRACTION = 0.5
+"""``auto`` sends a delta only when it is at most this fraction of the full push: below that
+the saving outweighs hashing every tensor and the replica assembling the weights."""
 
 
 class WeightReceiver(Protocol):
@@ -120,6 +133,9 @@ class GrpcWeightTransport:
         self._spare: weights_shm.SharedPayload | None = None
         """The file of the last push every target took, to be written again."""
         self._spare_lock = threading.Lock()  # encodes run in worker threads
+        self.delta: DeltaMode = "never"
+        self._sent: tuple[int, dict[str, str]] | None = None
+        """(version, per-tensor digests) of the last push, the base of the next delta."""
 
     async def push(
         self, state_dict: StateDict, version: int, flush_cache: bool,
@@ -128,12 +144,38 @@ class GrpcWeightTransport:
         shared = self._shared_memory and any(t.address not in self._streamed for t in targets)
         encoded = await asyncio.to_thread(self._encode, state_dict, version, flush_cache, force,
                                           shared)  # fmt: skip
+        delta = await asyncio.to_thread(self._plan_delta, state_dict, encoded, version, force)
         results: list[PushResult] = []
         try:
-            results = list(await asyncio.gather(*(self._push_one(t, encoded) for t in targets)))
+            results = list(await asyncio.gather(
+                *(self._push_one(t, encoded, _delta_for(t, delta)) for t in targets)))  # fmt: skip
             return results
         finally:
             self._release(encoded, reusable=bool(results) and all(r.ok for r in results))
+
+    def _plan_delta(
+        self, state_dict: StateDict, encoded: _Encoded, version: int, force: bool
+    ) -> _Delta | None:
+        """The delta on the previous push's version, when ``delta`` allows one and it is
+        smaller than the full push; records this push as the next base either way."""
+        if self.delta == "never" or not weights_delta.applicable(state_dict):
+            self._sent = None
+            return None
+        full = encoded.header
+        digests = weights_delta.tensor_digests(full, encoded.payload)
+        sent, self._sent = self._sent, (version, digests)
+        if sent is None or force or sent[0] >= version:
+            return None
+        changed = weights_delta.changed_names(sent[1], digests)
+        if changed is None or not self._worth_it(weights_delta.delta_nbytes(full, changed), full):
+            return None
+        tensors = weights_delta.delta_state(full, encoded.payload, changed, sent[0])
+        header, payload = weights.encode(tensors, version, full.flush_cache)
+        return _Delta(sent[0], _Encoded(header, payload, self._prepare, self._chunk_bytes))
+
+    def _worth_it(self, delta_bytes: int, full: weights.WeightHeader) -> bool:
+        limit = full.total_bytes * (AUTO_DELTA_FRACTION if self.delta == "auto" else 1.0)
+        return delta_bytes < limit
 
     def _encode(
         self, state_dict: StateDict, version: int, flush_cache: bool, force: bool, shared: bool
@@ -179,17 +221,33 @@ class GrpcWeightTransport:
         if file is not None:
             file.close()
 
-    async def _push_one(self, target: ReplicaStatus, encoded: _Encoded) -> PushResult:
+    async def _push_one(
+        self, target: ReplicaStatus, encoded: _Encoded, delta: _Encoded | None = None
+    ) -> PushResult:
         started = time.perf_counter()
         try:
-            outcome = await self._deliver(target, encoded)
+            outcome, sent = await self._deliver_delta_or_full(target, encoded, delta)
         except Exception as exc:  # noqa: BLE001 - one bad replica must not stop training
             error = f"{type(exc).__name__}: {exc}"
             seconds = time.perf_counter() - started
             return PushResult(target.replica_id, False, target.weight_version, seconds, 0, error)
         seconds = time.perf_counter() - started
         return PushResult(target.replica_id, True, outcome.version, seconds,
-                          encoded.header.total_bytes)  # fmt: skip
+                          sent.header.total_bytes, delta=sent is delta)  # fmt: skip
+
+    async def _deliver_delta_or_full(
+        self, target: ReplicaStatus, encoded: _Encoded, delta: _Encoded | None
+    ) -> tuple[UpdateOutcome, _Encoded]:
+        """The delta (streamed) when there is one; the full push if there is none or the
+        replica refuses it as not applying to what it holds."""
+        if delta is not None:
+            try:
+                return await self._client(target.address).push_prepared(
+                    await delta.streamed()), delta  # fmt: skip
+            except (FailedPrecondition, InvalidArgument) as exc:
+                log.info("replica %s refused a weight delta (%s): pushing the full weights",
+                         target.replica_id, exc)  # fmt: skip
+        return await self._deliver(target, encoded), encoded
 
     async def _deliver(self, target: ReplicaStatus, encoded: _Encoded) -> UpdateOutcome:
         """By reference where the replica may see the file, else (or on NOT_FOUND) streamed."""
@@ -218,6 +276,20 @@ class GrpcWeightTransport:
             spare.close()
 
 
+@dataclass
+class _Delta:
+    base: int
+    """The version the delta applies to: only replicas serving it get the delta."""
+    encoded: _Encoded
+
+
+def _delta_for(target: ReplicaStatus, delta: _Delta | None) -> _Encoded | None:
+    """The delta for a serving replica on its base version, else None (the full push)."""
+    if delta is None or target.state is not ReplicaState.SERVING:
+        return None
+    return delta.encoded if target.weight_version == delta.base else None
+
+
 class _Encoded:
     """One push's encoded weights: the header-only message for shared memory, and the
     streamed messages, serialized once (off the event loop) when a replica first needs them."""
@@ -226,7 +298,7 @@ class _Encoded:
         self, header: weights.WeightHeader, payload: memoryview, prepare: Prepare,
         chunk_bytes: int, shared: weights_shm.SharedPayload | None = None,
     ) -> None:  # fmt: skip
-        self.header, self.shared = header, shared
+        self.header, self.shared, self.payload = header, shared, payload
         self._payload, self._prepare, self._chunk_bytes = payload, prepare, chunk_bytes
         self._streamed: asyncio.Future | None = None
         self._by_reference: PreparedUpdate | None = None
@@ -256,6 +328,11 @@ class WeightSync:
         self.versions: dict[str, int] = {}
         """Replica id -> the version it reported after our last push to it."""
         self._forced_once = False
+
+    def use_delta(self, mode: DeltaMode) -> None:
+        """Send deltas as ``trainer.weight_delta`` says, where the transport can."""
+        if hasattr(self._transport, "delta"):
+            self._transport.delta = mode
 
     async def push(
         self, state_dict: StateDict, version: int, flush_cache: bool = True,
@@ -343,6 +420,7 @@ def push_metrics(results: Sequence[PushResult]) -> dict[str, float]:
         "weight_sync/mbytes": max((r.bytes for r in results), default=0) / 2**20,
         "weight_sync/push_s_max": max(seconds),
         "weight_sync/push_s_mean": sum(seconds) / len(seconds),
+        "weight_sync/delta_replicas": float(sum(r.delta for r in accepted)),
     }
     for r in results:
         metrics[f"weight_sync/{r.replica_id}/seconds"] = r.seconds

@@ -246,3 +246,52 @@ async def test_a_failed_load_leaves_routing_until_a_retry_succeeds(redis_url: st
     finally:
         await asyncio.wait_for(core.shutdown(grace_s=0), 30)
         await redis.aclose()
+
+
+@pytest.fixture(scope="module")
+def delta_replica(redis_server: EmbeddedRedis, tmp_path_factory) -> Iterator[ReplicaProc]:
+    """A replica that keeps its base weights (``trainer.weight_delta=always``)."""
+    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
+    log_path = tmp_path_factory.mktemp("weight-delta") / "replica.log"
+    proc = start_replica(redis_server.url, keys, "r-delta", log_path, "rollout.backend=hf",
+                         "trainer.weight_delta=always")  # fmt: skip
+    yield proc
+    stop_replica(proc)
+    assert proc.proc.returncode == 0, proc.log_tail()
+
+
+async def greedy(client: RolloutClient) -> tuple[int, list[int]]:
+    request = GenerateRequest(f"delta-{uuid.uuid4().hex[:8]}", GREEDY, prompt_text="12+34=")
+    result = await client.generate(request)
+    return result.weight_version, list(result.completions[0].token_ids)
+
+
+async def test_a_delta_push_serves_what_the_full_push_serves_and_falls_back_when_refused(
+    delta_replica: ReplicaProc,
+) -> None:
+    """Only the changed tensor travels, and the replica then answers as after the full push;
+    a replica on another version gets the full push; one whose base content differs from the
+    trainer's refuses the delta (full checksum) and is sent the full push in the same push."""
+    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 4 * 2**20)
+    transport.delta = "always"
+    changed = original()
+    changed["model.norm.weight"].mul_(-3.0)  # enough to change what greedy decoding says
+    async with RolloutClient(delta_replica.address) as client:
+        base = (await version_and_state(client))[0] + 1
+        [first] = await transport.push(original(), base, True, [await client.status()], True)
+        assert first.ok and not first.delta
+        before = await greedy(client)
+        [by_delta] = await transport.push(changed, base + 1, True, [await client.status()])
+        assert by_delta.ok and by_delta.delta and by_delta.bytes < first.bytes / 10
+        after_delta = await greedy(client)
+        assert await push(client, base + 1, force=True, state=changed) == base + 1  # full
+        assert after_delta == await greedy(client) and after_delta[1] != before[1]
+        # another trainer wrote the same version number with other weights (in a tensor the
+        # next delta leaves out): the delta is refused, the full push sent instead
+        other = original()
+        other["model.embed_tokens.weight"].mul_(0.5)
+        assert await push(client, base + 1, force=True, state=other) == base + 1
+        [fallback] = await transport.push(original(), base + 2, True, [await client.status()])
+        assert fallback.ok and not fallback.delta and fallback.bytes == first.bytes
+        assert (await greedy(client))[1] == before[1]
+    await transport.close()

@@ -128,10 +128,13 @@ class TrainerConfig(Section):
     strategy: Literal["single", "ddp", "fsdp"] = "single"
     """How the actor trains: ``single`` (in the trainer process), ``ddp`` (forward and backward
     data-parallel on ``world_size`` Ray workers with torch DistributedDataParallel: gloo on CPU,
-    NCCL on GPU; weights pushed from rank 0) or ``fsdp`` (FSDP2; not built yet)."""
+    NCCL on GPU; weights pushed from rank 0) or ``fsdp`` (the same workers with the model and
+    its optimizer state sharded by FSDP2 ``fully_shard``, one unit per decoder layer; float32;
+    the full weights gathered for each push and checkpoint)."""
     world_size: int = Field(1, ge=1)
-    """Data-parallel workers (ranks) of the ``ddp`` actor, one placement-group bundle each; the
-    rows of every mini-batch are split between them. Must be 1 with ``strategy: single``."""
+    """Data-parallel workers (ranks) of the ``ddp``/``fsdp`` actor, one placement-group bundle
+    each; the rows of every mini-batch are split between them. Must be 1 with ``strategy:
+    single``."""
     worker_gpus: float = Field(0.0, ge=0)
     """GPUs per data-parallel worker (0 = CPU and gloo; 1 = one GPU each and NCCL)."""
     resume_from: str | None = None
@@ -195,6 +198,15 @@ class TrainerConfig(Section):
     (the header still travels over ``Rollout.UpdateWeights``) instead of streaming the bytes
     to each; replicas that cannot see the file (other machines, containers with their own
     ``/dev/shm``) get the bytes streamed. False: always stream."""
+    weight_delta: Literal["never", "auto", "always"] = "never"
+    """Send replicas only the tensors that changed since the version they serve
+    (``rlfleet.model.weights_delta``; checked against the full weights' checksum, refused by
+    a replica on another version, which then gets the full push). ``auto``: only when the
+    changed tensors are at most half the full push; ``always``: whenever they are fewer bytes;
+    ``never``: always full. Replicas keep a copy of their last full weights when it is not
+    ``never`` (the names are not on/off: YAML reads those as booleans). ``never`` by
+    default: after a real AdamW step nearly every byte of the model is in a changed tensor
+    (measured on the tiny model and SmolLM2, docs/weight_delta.md), so it pays only with frozen layers."""
     logger: list[Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]] = [
         "console",
         "jsonl",

@@ -1,7 +1,9 @@
 """Chaos experiments against a real fleet: kill, stop and restart its parts under load.
 
 Usage: ``python bench/chaos.py`` (``make chaos``; a few minutes on a 2-core machine). Writes
-bench/results/chaos.json and chaos.md.
+bench/results/chaos.json and chaos.md. ``--only NAME[,NAME]`` runs only those experiments (by
+their function names, ``EXPERIMENTS``) and merges their rows into the results already there,
+noting when each was measured: the other rows stay those of the last full run.
 
 The fleet: an embedded Redis (AOF on, as ``rlfleet up`` starts it), two routers, two hf
 replicas on the tiny model (each queued request held ``DELAY_S`` on its replica, so work is
@@ -18,15 +20,20 @@ they are in flight, and counts:
 - ``recovery_s``: from the fault to the last answer; ``max_latency_s``: the slowest call.
 
 The experiments: SIGKILL a replica (restarted after), SIGSTOP a replica past its heartbeat TTL
-(then SIGCONT), SIGKILL a router (restarted after), restart Redis with its AOF (SIGTERM, 2 s
+(then SIGCONT), SIGSTOP both replicas past it (every lease lapses while its replica holds work,
+and no live replica is left to move that work to: each must find its lease gone after SIGCONT,
+register again and re-read its own stream), SIGKILL a router (restarted after), restart Redis with its AOF (SIGTERM, 2 s
 down), restart Redis empty (SIGKILL, its AOF deleted, 2 s down), and a reward batch holding a
 hanging item while other callers score small requests.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -288,6 +295,27 @@ async def stop_replica(fleet: Fleet) -> dict:
     return result
 
 
+async def lapse_all_leases(fleet: Fleet) -> dict:
+    """Both replicas stopped for twice the TTL while they hold work: the janitor finds no live
+    replica to move it to, so it stays in their streams; after SIGCONT each finds its lease
+    gone, registers again and runs what it held. recovery_s counts from the stop."""
+
+    async def fault() -> None:
+        for name in ("ra", "rb"):
+            fleet.procs[name].signal(signal.SIGSTOP)
+        loop = asyncio.get_running_loop()
+        for name in ("ra", "rb"):
+            loop.call_later(4.0, fleet.procs[name].signal, signal.SIGCONT)
+
+    logs = {n: fleet.procs[n].log for n in ("ra", "rb")}
+    seen = {n: log.stat().st_size for n, log in logs.items()}  # logs are appended to
+    result = await generate_experiment(fleet, "lease_lapse_all_replicas_4s", fault)
+    await until_serving(fleet, ["ra", "rb"])
+    lapses = sum(log.read_bytes()[seen[n] :].count(b"lost its lease") for n, log in logs.items())
+    result["lease_lapses_logged"] = lapses  # 2 when both noticed they lost their lease
+    return result
+
+
 async def kill_router(fleet: Fleet) -> dict:
     result = await generate_experiment(fleet, "sigkill_router",
                                        lambda: _signal(fleet, "router1", signal.SIGKILL))  # fmt: skip
@@ -382,16 +410,27 @@ def _hung_error(outcome: Timed) -> str:
 # ---- the run ------------------------------------------------------------------------------
 
 
-async def experiments(fleet: Fleet) -> list[dict]:
+async def restart_redis_aof(fleet: Fleet) -> dict:
+    return await restart_redis(fleet, empty=False)
+
+
+async def restart_redis_empty(fleet: Fleet) -> dict:
+    return await restart_redis(fleet, empty=True)
+
+
+EXPERIMENTS = {f.__name__: f for f in (kill_replica, stop_replica, lapse_all_leases, kill_router,
+                                       restart_redis_aof, restart_redis_empty,
+                                       hanging_reward_item)}  # fmt: skip
+"""Every experiment, in the order a full run makes them (``--only`` picks among them)."""
+
+
+async def experiments(fleet: Fleet, names: list[str]) -> list[dict]:
     await until_serving(fleet, ["ra", "rb"])
     await asyncio.sleep(2.0)  # routers see both replicas
-    rows = [await kill_replica(fleet), await stop_replica(fleet), await kill_router(fleet),
-            await restart_redis(fleet, empty=False), await restart_redis(fleet, empty=True),
-            await hanging_reward_item(fleet)]  # fmt: skip
-    return rows
+    return [await EXPERIMENTS[name](fleet) for name in names]
 
 
-def run(work: Path) -> common.BenchResult:
+def run(work: Path, names: list[str] | None = None) -> common.BenchResult:
     from rlfleet.common.redis_server import EmbeddedRedis
 
     work.mkdir(parents=True, exist_ok=True)
@@ -407,8 +446,10 @@ def run(work: Path) -> common.BenchResult:
         fleet.router("router2")
         fleet.replica("ra")
         fleet.replica("rb")
-        fleet.reward(user_fn)
-        rows = asyncio.run(experiments(fleet))
+        names = names or list(EXPERIMENTS)
+        if "hanging_reward_item" in names:
+            fleet.reward(user_fn)
+        rows = asyncio.run(experiments(fleet, names))
     finally:
         fleet.stop()
         fleet.redis.stop()
@@ -421,8 +462,7 @@ def run(work: Path) -> common.BenchResult:
 
 
 def notes(rows: list[dict]) -> list[str]:
-    lost = sum(r["lost"] for r in rows)
-    out = [f"{sum(r['sent'] for r in rows)} calls in all, {lost} lost."]
+    out = [totals(rows)]
     out += [f"{r['experiment']}: errors {r['errors']}" for r in rows if r.get("errors")]
     out += [f"hanging_reward_item: the hung item's answer: {r['hung_item_error']}"
             for r in rows if "hung_item_error" in r]  # fmt: skip
@@ -431,15 +471,59 @@ def notes(rows: list[dict]) -> list[str]:
     return out
 
 
+def merged(result: common.BenchResult, machine: dict, names: list[str]) -> tuple:
+    """The committed full run with this partial run's rows put in (a row of the same
+    experiment replaced in place, a new one appended) and a note saying when they were
+    measured. Without a committed run the partial run stands alone."""
+    path = common.RESULTS_DIR / "chaos.json"
+    if not path.exists():
+        return result, machine
+    data = json.loads(path.read_text())
+    fresh = {r["experiment"]: r for r in result.rows}
+    rows = [fresh.pop(r["experiment"], r) for r in data["rows"]] + list(fresh.values())
+    measured = ", ".join(r["experiment"] for r in result.rows)
+    note = (
+        f"{measured}: measured alone (--only {','.join(names)}) at {machine.get('timestamp')}, "
+        f"commit {machine.get('git_commit')}, load average before "
+        f"{result.load_avg.get('before')}, after {result.load_avg.get('after')}, "
+        f"{result.seconds:.0f} s; the other rows are from the full run above."
+    )
+    kept = [n for n in data.get("notes", [])
+            if not n.startswith(f"{measured}:") and not TOTALS.fullmatch(n)]  # fmt: skip
+    full = common.BenchResult(
+        data["name"], data["title"], data["columns"], rows, data.get("ratios", {}),
+        data.get("params", {}), [totals(rows), *kept, note], data.get("seconds", 0.0),
+        data.get("load_avg", {}), data.get("error"),
+    )  # fmt: skip
+    return full, data["machine"]
+
+
+TOTALS = re.compile(r"\d+ calls in all, \d+ lost\.")  # the first note: replaced on a merge
+
+
+def totals(rows: list[dict]) -> str:
+    return f"{sum(r['sent'] for r in rows)} calls in all, {sum(r['lost'] for r in rows)} lost."
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="comma-separated experiments: "
+                        + ", ".join(EXPERIMENTS) + " (default: all)")  # fmt: skip
+    args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    if unknown := [n for n in names if n not in EXPERIMENTS]:
+        parser.error(f"unknown experiments {unknown}; choose among {list(EXPERIMENTS)}")
     work = common.RESULTS_DIR / "work" / "chaos"
     machine, load_before = common.machine_info(), common.load_avg()
-    result = run(work)
+    result = run(work, names or None)
     result.load_avg = {"before": load_before, "after": common.load_avg()}
+    shown = result.rows
+    if names:
+        result, machine = merged(result, machine, names)
     path = common.write_result(result, machine, common.RESULTS_DIR)
-    print(common.markdown_table(COLUMNS, result.rows))
+    print(common.markdown_table(COLUMNS, shown))
     print(f"-> {path}")
-    return 1 if any(r["lost"] for r in result.rows) else 0
+    return 1 if any(r["lost"] for r in shown) else 0
 
 
 if __name__ == "__main__":

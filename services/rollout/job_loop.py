@@ -100,7 +100,7 @@ class JobLoop:
             if free <= 0:
                 await self._phase.wait_changed(0.05)
                 continue
-            jobs = self._backlog.take(free) or await self._read(free)
+            jobs = self._backlog.take(free) or self._not_held(await self._read(free))
             for job in jobs:
                 if (needed := _needed_version(job)) > self._version():
                     self._backlog.park(job, needed, self._version())
@@ -108,6 +108,14 @@ class JobLoop:
                     self._inflight.track(lambda key, job=job: self._runner.run(job, key), job)
                 else:
                     self._backlog.retry(job)  # read just as an update began: run it after
+
+    def _not_held(self, jobs: list[Job]) -> list[Job]:
+        """``jobs`` less the entries we already run or hold. After a lapse the next read
+        replays our pending entries, but a read that was in flight across the lapse (blocked
+        in Redis while we were stopped, say) may already have started some of them after the
+        held jobs were dropped: they are pending too, and would run a second time here."""
+        held = {job.entry_id for job in (*self._inflight.jobs().values(), *self._backlog.held())}
+        return [job for job in jobs if job.entry_id not in held]
 
     async def _read(self, count: int) -> list[Job]:
         try:

@@ -48,6 +48,9 @@ class RoleSpec:
     """Exit code 0 means done (the trainer), not a crash to restart."""
     flags: tuple[str, ...] = ()
     """Command-line flags of the role (``--worker-only`` for an env process without a front)."""
+    node_host: bool = True
+    """Bind the node's address (or ``Launch.host``), so other nodes reach it; False keeps the
+    config's host (the dashboard: loopback unless the user opens it up)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,8 @@ class RoleActor:
     def _bind(self) -> list[str]:
         section = CONFIG_SECTION.get(self.spec.role, self.spec.role)
         port = [f"{section}.port={self.spec.port}"] if self.spec.port else []
-        return [f"{section}.host={self.host}", *port]
+        host = [f"{section}.host={self.host}"] if self.spec.node_host else []
+        return [*host, *port]
 
     def _watch(self) -> None:
         """When the role process ends: done (a finished trainer), or crash this actor so Ray

@@ -8,11 +8,16 @@ import os
 from typing import Any
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.config.ray import RayConfig, demand
+from rlfleet.common.config.ray import RayConfig, RayRoleConfig, demand
 from rlfleet.launch.ray_actors import RoleSpec
 
 SERVER_ROLES = ("router", "reward", "refcritic")
 """Started first: their addresses (node IP + port) go into every other role's endpoints."""
+DASHBOARD_ACTOR = RayRoleConfig(num_cpus=0.0)
+"""What the dashboard's actor asks of Ray: no CPU slot (a page that idles while nobody
+watches it must not keep a replica from starting). It has no ``ray.roles`` entry: it always
+goes to the launcher's own node, where its loopback address (``dashboard.host``) is the
+user's."""
 
 
 def replica_spec(index: int) -> RoleSpec:
@@ -53,6 +58,14 @@ def server_specs(config: RlfleetConfig, ports: dict[str, int], http_port: int) -
     return [RoleSpec(role, role, extra.get(role, ()), ports[role]) for role in roles]
 
 
+def dashboard_spec(port: int, trainer_address: str | None) -> RoleSpec:
+    """The live page, started last: it probes every other role, the trainer included. It
+    binds ``dashboard.host`` as configured (loopback by default: the page shows prompts and
+    answers), not its node's address like the servers."""
+    extra = (f"endpoints.trainer={trainer_address}",) if trainer_address else ()
+    return RoleSpec("dashboard", "dashboard", extra, port, node_host=False)
+
+
 def trainer_spec(port: int, replicas: int) -> RoleSpec:
     return RoleSpec("trainer", "trainer", (f"trainer.min_replicas={replicas}",), port, True)
 
@@ -76,18 +89,38 @@ def local_cpus(ray: RayConfig, actors: dict[str, int]) -> int:
     return max(os.cpu_count() or 1, math.ceil(asked))
 
 
+def role_demand(ray_config: RayConfig, role: str) -> RayRoleConfig:
+    """What each actor of ``role`` asks of Ray: ``ray.roles.<role>``, or the dashboard's."""
+    return DASHBOARD_ACTOR if role == "dashboard" else ray_config.role(role)
+
+
+def role_restarts(ray_config: RayConfig, role: str) -> int:
+    return ray_config.max_restarts if role == "dashboard" else ray_config.restarts(role)
+
+
+def on_this_node():
+    """A scheduling strategy for the node this driver runs on (and nowhere else)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
 def actor_options(ray_config: RayConfig, role: str, name: str, groups: dict) -> dict[str, Any]:
     """``ActorClass.options(...)`` for one actor of ``role``: resources, restarts, and its
-    pool's placement group when it has one (any bundle with room)."""
-    spec = ray_config.role(role)
+    pool's placement group when it has one (any bundle with room); the dashboard goes to the
+    launcher's node."""
+    spec = role_demand(ray_config, role)
     options: dict[str, Any] = {
         "num_cpus": spec.num_cpus,
         "num_gpus": spec.num_gpus,
         "resources": {k: v for k, v in demand(spec).items() if k not in ("CPU", "GPU")},
-        "max_restarts": ray_config.restarts(role),
+        "max_restarts": role_restarts(ray_config, role),
         "max_task_retries": -1,  # a status call in flight when it crashed waits for the restart
     }
-    if spec.pool is not None:
+    if role == "dashboard":
+        options["scheduling_strategy"] = on_this_node()
+    elif spec.pool is not None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(

@@ -1,12 +1,14 @@
 """`rlfleet up --ray` on real Ray clusters on this machine.
 
-First, the launcher's own local cluster (no address): the done-when run trains 5 steps and
-leaves no Ray process behind, and a role Ray cannot place fails the run cleanly. Then one
-module-scoped cluster of two node processes (`ray start --head`, and a second node with one
-CPU and the custom resource `node2`) under one fleet: the reward is pinned to node2 by its
-resource, router and trainer share a pool (a placement group, STRICT_PACK); a replica actor
-killed with SIGKILL is restarted by Ray, registers again and serves the trainer's current
-weights; `rlfleet scale` adds and removes a replica; Ctrl-C stops every actor and role.
+First, the launcher's own local cluster (no address), once: the done-when run trains 5 steps
+and leaves no Ray process behind. Then one module-scoped cluster of two node processes (`ray
+start --head`, and a second node with one CPU and the custom resource `node2`), joined with
+`--ray ADDRESS` (cheaper than a cluster per test): a role Ray cannot place fails its run
+cleanly; the agent job runs its env role; then one fleet: the reward is pinned to node2 by
+its resource, router and trainer share a pool (a placement group, STRICT_PACK); the dashboard
+is one more actor and sees the fleet; a replica actor killed with SIGKILL is restarted by
+Ray, registers again and serves the trainer's current weights; `rlfleet scale` adds and
+removes a replica; Ctrl-C stops every actor and role.
 Each node has its own session folder: two nodes sharing one would forward every line twice.
 
 Leftovers are checked by what is ours only: processes whose command line names our run
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -122,64 +125,6 @@ def test_done_when_five_steps_on_a_local_cluster_and_nothing_left(tmp_path):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def test_a_role_ray_cannot_place_fails_the_run_and_leaves_nothing(tmp_path):
-    run_dir, temp_dir = tmp_path / "run", short_temp_dir()
-    argv = up_argv(run_dir, "--ray", "--rollout-replicas", "1", f"ray.temp_dir={temp_dir}",
-                   "ray.roles={reward: {resources: {no_such_resource: 1}}}",
-                   "ray.start_timeout_s=5")  # fmt: skip
-    try:
-        result = subprocess.run(argv, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                                timeout=300)  # fmt: skip
-        assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-        # Only the reward actor can never be placed; on a busy machine others may also be slow.
-        assert "no node can hold ['reward']" in result.stderr, result.stderr[-3000:]
-        assert wait_gone(temp_dir) == [] and wait_gone(str(run_dir)) == []
-    finally:
-        kill_all(temp_dir)
-        kill_all(str(run_dir))
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def test_agent_job_runs_the_env_role_and_keeps_secrets_off_command_lines(tmp_path):
-    """`rlfleet up --ray --config configs/agent_calc.yaml --env-processes 2 api_key=...`:
-    the env front door and a worker-only env process both play episodes for 2 multi-turn
-    steps; no process but the launcher (given it on its own command line) has the API key on
-    its command line (it travels in the roles' environment, and every server requires it: the
-    run could not finish otherwise)."""
-    run_dir, temp_dir, key = tmp_path / "run", short_temp_dir(), f"sk-{uuid.uuid4().hex[:12]}"
-    argv = up_argv(run_dir, "--ray", "--config", str(ROOT / "configs" / "agent_calc.yaml"),
-                   "--rollout-replicas", "1", "--env-processes", "2", f"ray.temp_dir={temp_dir}",
-                   "trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4",
-                   "data.val_size=8", "trainer.ppo_mini_batch_size=16",
-                   "trainer.val_before_train=false", "trainer.test_freq=0", f"api_key={key}")  # fmt: skip
-    up = ServiceProcess.start(argv, tmp_path / "up.log", "rlfleet up --ray", clean_env())
-    lines: dict[int, str] = {}
-    try:
-        while up.poll() is None:
-            for pid in processes_using(str(run_dir)):
-                with contextlib.suppress(OSError):
-                    lines.setdefault(pid, Path(f"/proc/{pid}/cmdline").read_bytes().decode())
-            time.sleep(0.5)
-        assert up.returncode == 0, up.log_tail(60)
-        roles = [line.split("\0") for line in lines.values() if "rlfleet.cli\0" in line]
-        assert ["env", "--config"] in [r[r.index("rlfleet.cli") + 1 :][:2] for r in roles]
-        envs = [r for r in roles if r[r.index("rlfleet.cli") + 1] == "env"]
-        assert len(envs) == 2 and any("--worker-only" in r for r in envs)  # env and env-1
-        assert all(any(a.startswith("agent.gateway_url=http://") for a in r) for r in envs)
-        assert not [line for pid, line in lines.items() if key in line and pid != up.pid]
-        turns = [m["agent/turns/mean"] for m in map(json.loads, (run_dir / "metrics.jsonl")
-                 .read_text().splitlines()) if "agent/turns/mean" in m]  # fmt: skip
-        assert len(turns) == 2 and min(turns) > 1
-        played = re.findall(r"\[(env(?:-1)?)\].*env workers stopped after (\d+) episodes", up.log())
-        assert {name for name, count in played if int(count) > 0} == {"env", "env-1"}, played
-        assert wait_gone(temp_dir) == [] and wait_gone(str(run_dir)) == []
-    finally:
-        up.stop(signal.SIGKILL)
-        kill_all(temp_dir)
-        kill_all(str(run_dir))
-        shutil.rmtree(temp_dir, ignore_errors=True)
-
-
 def kill_all(marker: str) -> None:
     """SIGKILL what is left of a test's own Ray session (found by its folder only)."""
     for pid in processes_using(marker):
@@ -219,6 +164,65 @@ def ray_cluster(tmp_path_factory):
         kill_all(temp_dir)
         assert wait_gone(temp_dir, 30) == []
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_role_ray_cannot_place_fails_the_run_and_leaves_nothing(ray_cluster, tmp_path):
+    """On the module's cluster (joined, not started): a role no node can hold fails the run
+    (exit 1, named), and every actor and role process of that fleet is gone afterwards."""
+    run_dir = tmp_path / "run"
+    argv = up_argv(run_dir, "--ray", ray_cluster, "--rollout-replicas", "1",
+                   "ray.roles={reward: {resources: {no_such_resource: 1}}}",
+                   "ray.start_timeout_s=5")  # fmt: skip
+    try:
+        result = subprocess.run(argv, cwd=ROOT, env=clean_env(**CLUSTER_ENV),
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+        # Only the reward actor can never be placed; on a busy machine others may also be slow.
+        assert "no node can hold ['reward']" in result.stderr, result.stderr[-3000:]
+        assert wait_gone(str(run_dir)) == []
+    finally:
+        kill_all(str(run_dir))
+
+
+def test_agent_job_runs_the_env_role_and_keeps_secrets_off_command_lines(ray_cluster, tmp_path):
+    """`rlfleet up --ray ADDRESS --config configs/agent_calc.yaml --env-processes 2 api_key=...`
+    on the module's cluster:
+    the env front door and a worker-only env process both play episodes for 2 multi-turn
+    steps; no process but the launcher (given it on its own command line) has the API key on
+    its command line (it travels in the roles' environment, and every server requires it: the
+    run could not finish otherwise)."""
+    run_dir, key = tmp_path / "run", f"sk-{uuid.uuid4().hex[:12]}"
+    argv = up_argv(run_dir, "--ray", ray_cluster, "--config",
+                   str(ROOT / "configs" / "agent_calc.yaml"),
+                   "--rollout-replicas", "1", "--env-processes", "2",
+                   "trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4",
+                   "data.val_size=8", "trainer.ppo_mini_batch_size=16",
+                   "trainer.val_before_train=false", "trainer.test_freq=0", f"api_key={key}")  # fmt: skip
+    env = clean_env(**CLUSTER_ENV)
+    up = ServiceProcess.start(argv, tmp_path / "up.log", "rlfleet up --ray", env)
+    lines: dict[int, str] = {}
+    try:
+        while up.poll() is None:
+            for pid in processes_using(str(run_dir)):
+                with contextlib.suppress(OSError):
+                    lines.setdefault(pid, Path(f"/proc/{pid}/cmdline").read_bytes().decode())
+            time.sleep(0.5)
+        assert up.returncode == 0, up.log_tail(60)
+        roles = [line.split("\0") for line in lines.values() if "rlfleet.cli\0" in line]
+        assert ["env", "--config"] in [r[r.index("rlfleet.cli") + 1 :][:2] for r in roles]
+        envs = [r for r in roles if r[r.index("rlfleet.cli") + 1] == "env"]
+        assert len(envs) == 2 and any("--worker-only" in r for r in envs)  # env and env-1
+        assert all(any(a.startswith("agent.gateway_url=http://") for a in r) for r in envs)
+        assert not [line for pid, line in lines.items() if key in line and pid != up.pid]
+        turns = [m["agent/turns/mean"] for m in map(json.loads, (run_dir / "metrics.jsonl")
+                 .read_text().splitlines()) if "agent/turns/mean" in m]  # fmt: skip
+        assert len(turns) == 2 and min(turns) > 1
+        played = re.findall(r"\[(env(?:-1)?)\].*env workers stopped after (\d+) episodes", up.log())
+        assert {name for name, count in played if int(count) > 0} == {"env", "env-1"}, played
+        assert wait_gone(str(run_dir)) == []
+    finally:
+        up.stop(signal.SIGKILL)
+        kill_all(str(run_dir))
 
 
 @pytest.fixture(scope="module")
@@ -281,6 +285,34 @@ def test_roles_are_placed_by_custom_resource_and_pool(fleet):
     assert placed["router"]["node_id"] == placed["trainer"]["node_id"]  # one STRICT_PACK pool
     assert "node2" not in placed["router"]["node_resources"]
     assert {"router", "reward", "trainer", "rollout-0", "rollout-1"} <= set(placed)
+
+
+def test_the_dashboard_runs_as_an_actor_and_sees_the_ray_fleet(fleet):
+    """`dashboard.enabled` (the default): one more role actor, its page recorded as the
+    `dashboard` entry of endpoints.json and printed with the other endpoints; `/healthz`
+    answers, and `/api/state` shows the fleet's replicas, and its router, reward and trainer
+    up (the launcher gave it their addresses on the cluster)."""
+    up, run_dir = fleet
+    url = json.loads((run_dir / "endpoints.json").read_text())["dashboard"]["http"]
+    assert f"dashboard: http={url}" in up.log()
+    assert "dashboard" in placement(run_dir)
+    assert http_json(url + "healthz") == (200, {"ok": True})
+    state = up.wait_until(lambda: fleet_seen(url), 120, "the dashboard seeing the fleet")
+    assert {"rollout-0", "rollout-1"} <= {r["replica_id"] for r in state["fleet"]["replicas"]}
+
+
+def http_json(url: str) -> tuple[int, dict]:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return reply.status, json.loads(reply.read())
+
+
+def fleet_seen(url: str) -> dict | None:
+    """The dashboard's state once it shows router, reward and trainer up and two replicas."""
+    status, state = http_json(url + "api/state")
+    fleet = state.get("fleet", {}) if status == 200 else {}
+    roles = {role["name"]: role["up"] for role in fleet.get("roles", [])}
+    up = all(roles.get(name) for name in ("router", "reward", "trainer"))
+    return state if up and fleet["trainer"].get("up") and len(fleet["replicas"]) >= 2 else None
 
 
 def test_killed_replica_restarts_and_a_scaled_one_joins_both_on_current_weights(fleet):

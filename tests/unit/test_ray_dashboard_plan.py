@@ -1,0 +1,44 @@
+"""The dashboard under `rlfleet up --ray`, planned without a cluster: what its actor binds,
+what it asks Ray for, and what the launcher records of it (tests/integration/
+test_ray_launcher.py checks the page of a real Ray fleet)."""
+
+from __future__ import annotations
+
+from rlfleet.common.config import load_config
+from rlfleet.common.config.ray import demand
+from rlfleet.launch.ray_actors import RoleActor
+from rlfleet.launch.ray_plan import dashboard_spec, role_demand, role_restarts
+from rlfleet.launch.ray_up import RayFleet
+
+
+def test_the_dashboard_keeps_its_configured_host_and_gets_the_trainer():
+    spec = dashboard_spec(8265, "10.0.0.3:50081")
+    assert (spec.name, spec.role, spec.port) == ("dashboard", "dashboard", 8265)
+    assert spec.extra == ("endpoints.trainer=10.0.0.3:50081",)
+    actor = RoleActor.__new__(RoleActor)  # only its planning, no Ray and no process
+    actor.spec, actor.host = spec, "10.0.0.2"
+    assert actor._bind() == ["dashboard.port=8265"]  # dashboard.host stays loopback
+    assert dashboard_spec(0, None).extra == ()  # --no-trainer: nothing to point at
+
+
+def test_the_dashboard_asks_for_no_cpu_and_restarts_like_the_rest():
+    config = load_config(None, ["ray.max_restarts=5", "ray.roles.reward.max_restarts=1"])
+    assert demand(role_demand(config.ray, "dashboard")) == {}
+    assert role_restarts(config.ray, "dashboard") == 5
+    assert role_restarts(config.ray, "reward") == 1
+    assert role_demand(config.ray, "reward") is config.ray.roles.reward
+
+
+def test_the_launcher_records_the_page_on_the_dashboard_host():
+    config = load_config(None, ["dashboard.host=127.0.0.1"])
+    fleet = RayFleet.__new__(RayFleet)
+    fleet.config = config
+    assert fleet.endpoints_of("dashboard", "10.0.0.2:8265", 9000) == {
+        "http": "http://127.0.0.1:8265/"
+    }
+    assert fleet.endpoints_of("router", "10.0.0.2:50051", 9000) == {
+        "grpc": "10.0.0.2:50051", "http": "http://10.0.0.2:9000/v1"
+    }  # fmt: skip
+    assert fleet.endpoints_of("rollout-0", None, 9000) == {}
+    config.tls.cert_file = "c.pem"  # the dashboard then serves https (and records it so)
+    assert fleet.endpoints_of("dashboard", "10.0.0.2:8265", 9000)["http"].startswith("https://")

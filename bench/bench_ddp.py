@@ -1,13 +1,15 @@
-"""The data-parallel actor's update step (2 gloo ranks on Ray) against the single-process one.
+"""The data-parallel actors' update step (2 gloo ranks on Ray, DDP and FSDP2) against one process.
 
-Why: ``trainer.strategy: ddp`` moves the actor's forward and backward onto Ray workers. This
+Why: ``trainer.strategy: ddp`` (and ``fsdp``, the same workers with the model and optimizer
+sharded by FSDP2) moves the actor's forward and backward onto Ray workers. This
 measures what one update costs that way on the default job's batch (32 prompts x 8 samples x 8
 tokens, mini-batches of 128: two optimizer steps) with the shipped tiny policy, next to the
 single-process ``Actor`` with 1 and with 2 torch threads: the DDP step adds the batch's trip
 through the object store, the per-mini-batch all-reduce and Ray's call overhead, and splits
-the compute. Also timed: fetching rank 0's weights for the push (once per version). Before
-timing, one update on the same batch and row order checks that both give the same weights
-(the max abs difference is recorded).
+the compute; FSDP adds a weight all-gather per layer per forward and backward and a gradient
+reduce-scatter. Also timed: fetching rank 0's weights for the push (once per version; for
+FSDP every rank gathers them first). Before timing, one update on the same batch and row order
+checks that each gives the single actor's weights (the max abs difference is recorded).
 
 On a 2-core machine shared with other work, expect no speed-up: two ranks of one thread each
 compete with everything else for the same two cores. Variants are interleaved (ABBA).
@@ -30,9 +32,10 @@ import common
 from common import MODEL_DIR, BenchResult, Options, Stats, abba, progress, ratio, timed
 
 NAME = "ddp"
-TITLE = "Actor update: 2 DDP ranks on Ray vs one process"
+TITLE = "Actor update: 2 DDP or FSDP ranks on Ray vs one process"
 PROMPTS, SAMPLES, TOKENS, MINI_BATCH = 32, 8, 8, 128
-VARIANTS = ("single_1thread", "single_2threads", "ddp_2ranks")
+VARIANTS = ("single_1thread", "single_2threads", "ddp_2ranks", "fsdp_2ranks")
+STRATEGIES = ("ddp", "fsdp")
 
 
 def run(options: Options) -> BenchResult:
@@ -42,22 +45,23 @@ def run(options: Options) -> BenchResult:
     temp = tempfile.mkdtemp(prefix="rlf-ddp-", dir="/tmp")  # not /tmp/ray: others' clusters
     ray.init(
         address="local",
-        num_cpus=2,
+        num_cpus=4,  # logical: two placement groups of 2 ranks (idle while the other runs)
         object_store_memory=100 * 1024**2,
         include_dashboard=False,
         log_to_driver=options.verbose,
         _temp_dir=temp,
     )
+    actors, start_s, weight_diff = {}, {}, {}
     try:
-        progress("starting 2 DDP ranks")
-        start_s, ddp = timed(lambda: _ddp_actor(torch))
-        try:
-            weight_diff = _equality_check(ddp, torch)
-            progress(f"DDP vs single: max |weight diff| {weight_diff:.2e}")
-            samples = _measure(ddp, torch, options.pick(20, 6))
-        finally:
-            ddp.close()
+        for strategy in STRATEGIES:
+            progress(f"starting 2 {strategy} ranks")
+            start_s[strategy], actors[strategy] = timed(lambda s=strategy: _parallel_actor(s))
+            weight_diff[strategy] = _equality_check(actors[strategy], torch)
+            progress(f"{strategy} vs single: max |weight diff| {weight_diff[strategy]:.2e}")
+        samples = _measure(actors, torch, options.pick(20, 6))
     finally:
+        for actor in actors.values():
+            actor.close()
         ray.shutdown()
         shutil.rmtree(temp, ignore_errors=True)
     return _result(samples, start_s, weight_diff, options)
@@ -75,7 +79,7 @@ def _config(strategy: str):
         "trainer.use_kl_loss": "false",
         "trainer.torch_threads": 1,
         "trainer.strategy": strategy,
-        "trainer.world_size": 2 if strategy == "ddp" else 1,
+        "trainer.world_size": 1 if strategy == "single" else 2,
     }
     return load_config(None, [f"{k}={v}" for k, v in items.items()], env={})
 
@@ -86,20 +90,21 @@ def _model():
     return load_causal_lm(MODEL_DIR)
 
 
-def _ddp_actor(torch):
+def _parallel_actor(strategy: str):
     from rlfleet.trainer.ddp import parallel_actor
 
-    return parallel_actor(_config("ddp"), _model(), pad_id=0)
+    return parallel_actor(_config(strategy), _model(), pad_id=0)
 
 
 def _single_like(ddp, torch):
-    """A single-process actor with rank 0's weights and optimizer state."""
+    """A single-process actor with rank 0's weights and optimizer state (``ddp``: either
+    data-parallel actor)."""
     from rlfleet.trainer.actor import Actor
 
     model = _model()
     model.load_state_dict(ddp.model.state_dict())
     actor = Actor(_config("single"), model, pad_id=0)
-    actor.apply_training_state(ddp.group.call_rank0("training_state"))
+    actor.apply_training_state(ddp.from_rank0("training_state"))
     return actor
 
 
@@ -132,16 +137,19 @@ def _equality_check(ddp, torch) -> float:
     )
 
 
-def _measure(ddp, torch, rounds: int) -> dict[str, list[float]]:
-    single = _single_like(ddp, torch)
+def _measure(actors: dict, torch, rounds: int) -> dict[str, list[float]]:
+    single = _single_like(actors["ddp"], torch)
     batch, advantages, mask = _batch(1, torch)
-    samples: dict[str, list[float]] = {name: [] for name in (*VARIANTS, "ddp_weight_fetch")}
+    fetches = [f"{strategy}_weight_fetch" for strategy in STRATEGIES]
+    samples: dict[str, list[float]] = {name: [] for name in (*VARIANTS, *fetches)}
     for index, variant in abba(VARIANTS, rounds + 1):
-        if variant == "ddp_2ranks":
-            elapsed, _ = timed(lambda: ddp.update(batch, advantages, mask))
-            fetch, _ = timed(ddp.state_dict_for_rollout)
+        strategy = variant.removesuffix("_2ranks")
+        if strategy in actors:
+            actor = actors[strategy]
+            elapsed, _ = timed(lambda a=actor: a.update(batch, advantages, mask))
+            fetch, _ = timed(actor.state_dict_for_rollout)
             if index:
-                samples["ddp_weight_fetch"].append(fetch)
+                samples[f"{strategy}_weight_fetch"].append(fetch)
         else:
             torch.set_num_threads(1 if variant == "single_1thread" else 2)
             elapsed, _ = timed(lambda: single.update(batch, advantages, mask))
@@ -150,16 +158,20 @@ def _measure(ddp, torch, rounds: int) -> dict[str, list[float]]:
     return samples
 
 
-def _result(samples, start_s: float, weight_diff: float, options: Options) -> BenchResult:
+def _result(samples, start_s: dict, weight_diff: dict, options: Options) -> BenchResult:
     stats = {name: Stats.of(values) for name, values in samples.items()}
     base = stats["single_1thread"].p50
     rows = [_row(name, s, base) for name, s in stats.items()]
-    ratios = {
-        "ddp_2ranks / single_1thread (p50 step)": ratio(stats["ddp_2ranks"].p50, base),
-        "ddp_2ranks / single_2threads (p50 step)": ratio(
-            stats["ddp_2ranks"].p50, stats["single_2threads"].p50
-        ),
-    }
+    ratios = {}
+    for strategy in STRATEGIES:
+        step = stats[f"{strategy}_2ranks"].p50
+        ratios[f"{strategy}_2ranks / single_1thread (p50 step)"] = ratio(step, base)
+        ratios[f"{strategy}_2ranks / single_2threads (p50 step)"] = ratio(
+            step, stats["single_2threads"].p50
+        )
+    ratios["fsdp_2ranks / ddp_2ranks (p50 step)"] = ratio(
+        stats["fsdp_2ranks"].p50, stats["ddp_2ranks"].p50
+    )
     params = {
         "batch": f"{PROMPTS}x{SAMPLES} sequences, <= {TOKENS} response tokens",
         "mini_batch": MINI_BATCH,
@@ -168,13 +180,17 @@ def _result(samples, start_s: float, weight_diff: float, options: Options) -> Be
         "quick": options.quick,
     }
     notes = [
-        f"DDP vs single-process update on the same batch and row order: max |weight diff| "
-        f"{weight_diff:.2e} (float32; only the summation order differs).",
-        f"Starting the 2 ranks (Ray actors, process group, model copies): {start_s:.1f} s, "
-        "once per run.",
+        f"DDP / FSDP vs single-process update on the same batch and row order: max |weight "
+        f"diff| {weight_diff['ddp']:.2e} / {weight_diff['fsdp']:.2e} (float32; only the "
+        "summation order differs).",
+        f"Starting the 2 ranks (Ray actors, process group, model copies): DDP "
+        f"{start_s['ddp']:.1f} s, FSDP {start_s['fsdp']:.1f} s, once per run.",
         "ddp_2ranks: the controller's call, batch through the object store, 2 ranks x 1 torch "
         "thread, one gloo all-reduce per mini-batch; ddp_weight_fetch: rank 0's parameters to "
-        "the controller (once per pushed version).",
+        "the controller (once per pushed version). fsdp_2ranks: the same with the model and "
+        "AdamW state sharded (FSDP2, one unit per decoder layer: all-gathers in forward and "
+        "backward, a reduce-scatter of the gradients); fsdp_weight_fetch: every rank gathers "
+        "the full weights, rank 0 sends them.",
         "2 cores shared with other work: no speed-up expected here; the point is the overhead.",
     ]
     return BenchResult(NAME, TITLE, ["variant", "n", "p50_ms", "p90_ms", "mean_ms", "x_single_1thread"], rows, ratios, params, notes)  # fmt: skip

@@ -1,382 +1,44 @@
-"""The data-parallel actor: forward and backward on ``trainer.world_size`` Ray workers.
+"""The data-parallel actor (``trainer.strategy: ddp``): a full replica per rank, torch DDP.
 
-``DDPActor`` has the single-process ``Actor``'s interface, so the controller loop does not
-change. Each worker holds a full replica of the policy and its optimizer (an ``Actor`` whose
-update runs through torch ``DistributedDataParallel``): gloo on CPU, NCCL when each worker has
-a GPU. The workers sit in one placement group, one bundle per rank; rank 0 picks the rendezvous
-address, and every rank gets ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``/``MASTER_ADDR``/
-``MASTER_PORT`` before ``init_process_group``.
-
-One update, as the single actor does it, on every rank at once: the controller draws the row
-order of each epoch (its RNG, the one checkpoints save) and ships the batch once through the
-object store; every rank walks the same mini-batches and drops the same zero-advantage rows,
-then trains a contiguous shard of the kept rows. A shard's loss is aggregated over the shard
-and scaled by its share of the whole mini-batch's loss denominator (``loss_denominator``) times
-the world size, so DDP's gradient mean is the whole mini-batch's gradient; gradient clipping
-and the optimizer step then run on identical gradients and the replicas stay equal. A rank
-whose shard is empty still runs one row with weight 0, because DDP needs a backward from every
-rank. Metrics are reduced the same way (share-weighted sums: exact for the losses; ``/max``
-metrics take the maximum).
-
-Weights go out from rank 0. The controller's push reads ``state_dict_for_rollout()``: the first
-call after an update fetches rank 0's parameters once, as raw bytes per tensor, written by rank
-0 into the object store (one copy; on a GPU the device-to-host copy is that copy) and read by
-the controller in place (zero-copy views of the shared-memory buffers, no second copy). They are
-kept until the next update, so the sync loop's per-step ``only_stale`` check and the push of the
-same version fetch nothing more. The controller's own module (``model``) is refreshed from them
-only when asked for (checkpoints, tests).
-
-FSDP2 (``trainer.strategy: fsdp``) is not built: ``parallel_actor`` raises NotImplementedError.
+Each Ray worker (``rlfleet.trainer.ranks``: placement group, rendezvous, the batch split and
+the weight fetch) holds a full replica of the policy and its optimizer, and its update runs
+through ``DistributedDataParallel``, whose gradient all-reduce leaves every replica the same
+gradients, so the replicas stay equal and rank 0 alone answers for the weights and the
+optimizer state. ``trainer.strategy: fsdp`` (``rlfleet.trainer.fsdp``) shards them instead.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
-import warnings
-from dataclasses import dataclass
-from pathlib import Path
-
-import torch
-
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.trainer.actor import (
-    Actor,
-    epoch_orders,
-    loss_denominator,
-    read_training_state,
-    write_training_state,
-)
-
-log = logging.getLogger(__name__)
+from rlfleet.trainer.ranks import RankedActor, RankWorker
 
 
-def parallel_actor(config: RlfleetConfig, model, pad_id: int) -> DDPActor:
+def parallel_actor(config: RlfleetConfig, model, pad_id: int) -> RankedActor:
     """The actor ``trainer.strategy`` names, for strategies other than ``single``."""
     strategy = config.trainer.strategy
     if strategy == "fsdp":
-        raise NotImplementedError(
-            "trainer.strategy: fsdp (FSDP2) is not built yet; use ddp (or single)"
-        )
+        from rlfleet.trainer.fsdp import FSDPActor
+
+        return FSDPActor(config, model, pad_id)
     if strategy != "ddp":
-        raise ValueError(f"parallel_actor needs strategy ddp, got {strategy!r}")
+        raise ValueError(f"parallel_actor needs strategy ddp or fsdp, got {strategy!r}")
     return DDPActor(config, model, pad_id)
 
 
-# --- what travels to the workers -------------------------------------------------------------
-@dataclass
-class UpdateRows:
-    """The per-sequence inputs of an update (``RolloutBatch``'s fields the actor reads)."""
-
-    prompts: list[list[int]]
-    responses: list[list[int]]
-    old_logprobs: list[list[float]]
-    ref_logprobs: list[list[float]]
-    behaviour_logprobs: list[list[float]]
-
-    @classmethod
-    def of(cls, batch) -> UpdateRows:
-        return cls(
-            batch.prompts,
-            batch.responses,
-            batch.old_logprobs,
-            batch.ref_logprobs,
-            batch.behaviour_logprobs,
-        )
-
-    def __len__(self) -> int:
-        return len(self.responses)
-
-
-def shard_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
-    """``[lo, hi)`` of rank ``rank``'s contiguous share of ``rows`` (sizes differ by <= 1)."""
-    return rows * rank // world_size, rows * (rank + 1) // world_size
-
-
-def parameter_blobs(model) -> list[tuple[str, str, tuple[int, ...], object]]:
-    """``(name, dtype, shape, raw bytes as a uint8 numpy array)`` per parameter; on the CPU the
-    arrays are views of the parameters (no copy here; Ray copies them into the object store)."""
-    blobs = []
-    for name, param in model.named_parameters():
-        flat = param.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        dtype = str(param.dtype).removeprefix("torch.")
-        blobs.append((name, dtype, tuple(param.shape), flat.numpy()))
-    return blobs
-
-
-def tensors_from_blobs(blobs) -> dict[str, torch.Tensor]:
-    """Tensors viewing ``parameter_blobs``' arrays in place (read-only object-store memory:
-    the weight push only reads them)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*not writable.*")
-        return {
-            name: torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape)
-            for name, dtype, shape, raw in blobs
-        }
-
-
-def on_cpu(state):
-    """``state`` (nested dicts/lists of tensors and plain values) with every tensor on the CPU."""
-    if isinstance(state, torch.Tensor):
-        return state.cpu()
-    if isinstance(state, dict):
-        return {key: on_cpu(value) for key, value in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(on_cpu(value) for value in state)
-    return state
-
-
-# --- one rank ----------------------------------------------------------------------------------
-class ShardedActor(Actor):
-    """One rank's actor: walks every mini-batch, trains its shard of the kept rows."""
-
-    def __init__(self, config: RlfleetConfig, model, pad_id: int, ddp_module, rank: int) -> None:
-        super().__init__(config, model, pad_id)
-        self.train_module = ddp_module
-        self.rank = rank
-        self.world_size = torch.distributed.get_world_size()
-
-    def _backward(self, batch, idx, adv, mask, rows, scale: float) -> dict[str, float]:
-        mode = self.loss_params.effective_agg_mode
-        lo, hi = shard_bounds(len(idx), self.rank, self.world_size)
-        total = loss_denominator(mode, mask).clamp_min(1)
-        share = float(loss_denominator(mode, mask[lo:hi]) / total)
-        if lo == hi:  # DDP needs a backward from every rank: one row, weighted 0
-            lo, hi, share = 0, 1, 0.0
-        pick = slice(lo, hi)
-        picked = {name: value[pick] for name, value in rows.items()}
-        loss, metrics = self.mini_batch_loss(batch, idx[pick], adv[pick], mask[pick], picked)
-        # DDP averages over ranks: times world_size, the sum of the shares' gradients.
-        (loss * (scale * share * self.world_size)).backward()
-        return self._reduce_metrics(metrics, share)
-
-    def _reduce_metrics(self, metrics: dict[str, float], share: float) -> dict[str, float]:
-        """The whole mini-batch's metrics: share-weighted sums, and maxima of ``/max`` ones."""
-        names = sorted(metrics)
-        peaks = [name for name in names if name.endswith("/max")]
-        means = [name for name in names if not name.endswith("/max")]
-        dist = torch.distributed
-        wide = {"dtype": torch.float64, "device": self.device}
-        sums = torch.tensor([metrics[n] * share for n in means], **wide)
-        dist.all_reduce(sums)
-        reduced = dict(zip(means, sums.tolist(), strict=True))
-        if peaks:  # an empty shard's (weight-0 row's) values must not win
-            highs = [metrics[n] if share else float("-inf") for n in peaks]
-            highs = torch.tensor(highs, **wide)
-            dist.all_reduce(highs, op=dist.ReduceOp.MAX)
-            reduced.update(zip(peaks, highs.tolist(), strict=True))
-        return reduced
-
-
-class DDPWorker:
+class DDPWorker(RankWorker):
     """A Ray actor holding one rank: its model replica, optimizer and process-group member."""
 
-    def __init__(self, config: RlfleetConfig, model, pad_id: int, rank: int) -> None:
-        torch.set_num_threads(config.trainer.torch_threads)
-        self.config = config
-        self.model = model
-        self.pad_id = pad_id
-        self.rank = rank
-        self.actor: ShardedActor | None = None
-
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This node's address and a free port on it (asked of rank 0)."""
-        import ray
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
-
-    def join(self, world_size: int, master: tuple[str, int], backend: str) -> None:
-        """Join the process group (every rank at once) and wrap the model in DDP."""
+    def wrap(self, on_gpu: bool):
+        """The module the update's forward and backward run through: a DDP wrapper."""
         from torch.nn.parallel import DistributedDataParallel
 
-        os.environ.update(
-            WORLD_SIZE=str(world_size),
-            RANK=str(self.rank),
-            LOCAL_RANK="0",  # Ray shows each worker only its own GPU
-            MASTER_ADDR=master[0],
-            MASTER_PORT=str(master[1]),
-        )
-        torch.distributed.init_process_group(backend, init_method="env://")
-        on_gpu = backend == "nccl"
-        if on_gpu:
-            self.model = self.model.to("cuda:0")
         # Buffers (rotary tables) are equal and constant: synced once at init, not per forward.
-        ddp = DistributedDataParallel(
+        return DistributedDataParallel(
             self.model, device_ids=[0] if on_gpu else None, forward_sync_buffers=False
         )
-        self.actor = ShardedActor(self.config, self.model, self.pad_id, ddp, self.rank)
-
-    def update(self, payload) -> tuple[dict[str, float], int]:
-        rows, advantages, mask, orders = payload
-        metrics = self.actor.update(rows, advantages, mask, orders)
-        return metrics, self.actor.updates
-
-    def logprobs(self, prompts, responses) -> list[list[float]]:
-        return self.actor.logprobs(prompts, responses)
-
-    def parameters(self):
-        return parameter_blobs(self.model)
-
-    def gradients(self) -> dict[str, torch.Tensor]:
-        """This rank's gradients after the last optimizer step (for tests and debugging)."""
-        return {n: p.grad.detach().cpu().clone() for n, p in self.model.named_parameters()}
-
-    def training_state(self) -> dict:
-        """Optimizer/schedule state, on the CPU (the controller may have no GPU)."""
-        return on_cpu(self.actor.training_state())
-
-    def apply_training_state(self, state: dict) -> None:
-        self.actor.apply_training_state(state)
-
-    def leave(self) -> None:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
 
 
-# --- the DDP ranks -----------------------------------------------------------------------------
-class DdpRanks:
-    """``world_size`` ``DDPWorker`` actors in one placement group, joined in a process group."""
+class DDPActor(RankedActor):
+    """The ``Actor`` interface over DDP ranks."""
 
-    def __init__(self, config: RlfleetConfig, model, pad_id: int) -> None:
-        import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        cfg = config.trainer
-        self.cluster = None
-        if not ray.is_initialized():  # a trainer outside Ray: join ray.address or start one
-            from rlfleet.common.ray_cluster import connect
-
-            cpus = max(cfg.world_size, os.cpu_count() or 1)
-            self.cluster = connect(config.ray, None, cpus)
-        gpus = cfg.worker_gpus
-        bundle = {"CPU": 1.0, **({"GPU": gpus} if gpus else {})}
-        self.group = placement_group([dict(bundle) for _ in range(cfg.world_size)], "PACK")
-        timeout = config.ray.start_timeout_s
-        if not ray.wait([self.group.ready()], timeout=timeout)[0]:
-            ray.util.remove_placement_group(self.group)
-            raise RuntimeError(
-                f"the Ray cluster cannot place {cfg.world_size} actor workers of {bundle} "
-                f"within {timeout:.0f} s (trainer.world_size, trainer.worker_gpus); it has "
-                f"{ray.cluster_resources()}"
-            )
-        remote = ray.remote(DDPWorker)
-        model_ref = ray.put(model)
-        self.workers = [
-            remote.options(
-                num_cpus=1,
-                num_gpus=gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, rank),
-            ).remote(config, model_ref, pad_id, rank)
-            for rank in range(cfg.world_size)
-        ]
-        del model_ref
-        master = ray.get(self.workers[0].rendezvous_address.remote())
-        backend = "nccl" if gpus else "gloo"
-        ray.get([w.join.remote(cfg.world_size, master, backend) for w in self.workers])
-        log.info("DDP actor: %d ranks (%s) at %s:%d", cfg.world_size, backend, *master)
-
-    def call(self, method: str, *args) -> list:
-        """``method(*args)`` on every rank; the results in rank order."""
-        import ray
-
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])
-
-    def call_rank0(self, method: str, *args):
-        import ray
-
-        return ray.get(getattr(self.workers[0], method).remote(*args))
-
-    def close(self) -> None:
-        import ray
-
-        try:
-            self.call("leave")
-        finally:
-            for worker in self.workers:
-                ray.kill(worker)
-            ray.util.remove_placement_group(self.group)
-            if self.cluster is not None:
-                self.cluster.shutdown()
-
-
-# --- the controller's side ---------------------------------------------------------------------
-class DDPActor:
-    """The ``Actor`` interface over ``DdpRanks`` (see the module docstring)."""
-
-    def __init__(self, config: RlfleetConfig, model, pad_id: int) -> None:
-        self.config = config
-        self.cfg = config.trainer
-        self.pad_id = pad_id
-        self.updates = 0
-        self._model = model
-        self._weights: dict[str, torch.Tensor] | None = None
-        self._model_stale = False
-        self.group = DdpRanks(config, model, pad_id)
-
-    @property
-    def model(self):
-        """The controller's copy of the policy, with rank 0's current weights."""
-        if self._model_stale:
-            weights = self.state_dict_for_rollout()
-            with torch.no_grad():
-                for name, param in self._model.named_parameters():
-                    param.copy_(weights[name])
-            self._model_stale = False
-        return self._model
-
-    def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
-        """Rank 0's parameters, fetched once per update (see the module docstring)."""
-        if self._weights is None:
-            self._weights = tensors_from_blobs(self.group.call_rank0("parameters"))
-        return self._weights
-
-    def update(self, batch, advantages: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-        """One update on every rank; rank 0's metrics (the same on every rank)."""
-        import ray
-
-        orders = epoch_orders(self.cfg.ppo_epochs, len(batch))
-        payload = ray.put((UpdateRows.of(batch), advantages, mask, orders))
-        results = self.group.call("update", payload)
-        self._weights, self._model_stale = None, True
-        metrics, self.updates = results[0]
-        return metrics
-
-    def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
-        """Per-token log-probs, the rows split between the ranks (no grad)."""
-        import ray
-
-        world = len(self.group.workers)
-        bounds = [shard_bounds(len(prompts), rank, world) for rank in range(world)]
-        calls = [
-            worker.logprobs.remote(prompts[lo:hi], responses[lo:hi])
-            for worker, (lo, hi) in zip(self.group.workers, bounds, strict=True)
-            if hi > lo
-        ]
-        return [row for part in ray.get(calls) for row in part]
-
-    def save_hf(self, path: Path, tokenizer) -> Path:
-        """Rank 0's weights as a Hugging Face directory (written by the controller)."""
-        path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path, safe_serialization=True)
-        tokenizer.save_pretrained(path)
-        return path
-
-    def save_training_state(self, path: Path, extra: dict) -> None:
-        """Rank 0's optimizer/schedule, in the single actor's format (interchangeable)."""
-        state = self.group.call_rank0("training_state")
-        write_training_state(path, {**state, **extra})
-
-    def load_training_state(self, path: Path) -> dict:
-        state = read_training_state(path)
-        self.group.call("apply_training_state", state)
-        self.updates = state["updates"]
-        return state
-
-    def close(self) -> None:
-        """Stop the workers, free their placement group (and a Ray cluster started here)."""
-        self.group.close()
+    worker = DDPWorker

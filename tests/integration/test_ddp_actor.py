@@ -252,12 +252,12 @@ def test_the_controller_loop_trains_and_pushes_rank_0_weights(ddp_actor, tmp_pat
     assert ddp_actor.load_training_state(path)["updates"] == ddp_actor.updates  # and back
 
 
-def test_fsdp_is_not_built_and_single_rejects_several_ranks():
+def test_single_rejects_several_ranks_and_parallel_actor_rejects_single():
     from pydantic import ValidationError
 
     from rlfleet.trainer.ddp import parallel_actor
 
-    with pytest.raises(NotImplementedError, match="FSDP2"):
-        parallel_actor(config_for("fsdp"), None, 0)
+    with pytest.raises(ValueError, match="strategy ddp"):
+        parallel_actor(config_for("single"), None, 0)
     with pytest.raises(ValidationError, match="world_size"):
         config_for("single", **{"trainer.world_size": 2})

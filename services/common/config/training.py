@@ -225,7 +225,7 @@ class TrainerConfig(Section):
         """One process means one rank; a GPU share only makes sense for the Ray workers."""
         if self.strategy == "single" and (self.world_size != 1 or self.worker_gpus):
             raise ValueError(
-                "trainer.world_size > 1 and trainer.worker_gpus need trainer.strategy: ddp "
+                "trainer.world_size > 1 and trainer.worker_gpus need trainer.strategy: ddp or fsdp "
                 f"(got world_size={self.world_size}, worker_gpus={self.worker_gpus})"
             )
         if 0 < self.worker_gpus < 1:

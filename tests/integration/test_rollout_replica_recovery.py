@@ -129,6 +129,10 @@ async def test_restarted_replica_with_the_same_id_finishes_its_pending_work(
     stop_replica(first, signal.SIGKILL)  # dies holding both entries, unacknowledged
     assert await queue.pending_count() == 2
     second = launch("phoenix")
+    # launch() returns on a registry entry that says serving, which the killed replica's still
+    # does until its TTL runs out: wait for the new process's own (under load its start took
+    # longer than the answers' deadline).
+    await new_address(redis_db0, second, first.address)
     results = await answers(queue, ids)
     assert {r.replica_id for r in results} == {second.replica_id}
     assert await queue.pending_count() == 0

@@ -25,6 +25,16 @@ Sections, one after the other (one heavy process at a time):
 Peak RSS (``VmHWM``) per process: each replica process (with its children, for vLLM's engine
 core), and this process per section (reset between sections through ``/proc/self/clear_refs``).
 
+- ``grpo`` (opt-in, alone: ``RLFLEET_BENCH_SECTIONS=grpo``; its own result files
+  ``real_model_grpo.{json,md}``): GRPO on countdown, the recipe
+  ``configs/grpo_countdown_smollm2.yaml`` (4 prompts x 4 samples x 96 tokens, lr 1e-6, torch
+  threads 2) through TRL's GRPOTrainer (``real_model_trl.py``), then ``rlfleet up`` sync, then
+  async (``real_model_fleet.py``), one after the other; s/step (after one warm-up step), where
+  each step's time goes, peak RSS of every process, held-out greedy success before and after
+  the same training budget. ``RLFLEET_BENCH_GRPO_STEPS`` (counted steps), ``..._VAL``
+  (held-out rows), ``..._BUDGET_S`` (training seconds; 0: the steps are the budget),
+  ``..._OVERRIDES`` (extra dotted overrides of both fleet runs, space-separated).
+
 Usage: ``python bench/run_all.py --only real_model [--quick] [--hf-threads 2]``;
 ``RLFLEET_BENCH_SECTIONS=push,actor`` runs (and orders) a subset.
 """
@@ -39,6 +49,7 @@ import resource
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +96,10 @@ def run(options: Options) -> BenchResult:
     options.work_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
-    for name in _section_names():
+    names = _section_names()
+    if "grpo" in names:
+        return _grpo_run(options)
+    for name in names:
         _reset_peak_rss()
         try:
             SECTIONS[name](options, rows, notes)
@@ -100,19 +114,22 @@ def run(options: Options) -> BenchResult:
 def _section_names() -> list[str]:
     """``RLFLEET_BENCH_SECTIONS`` (comma-separated, in that order), else every section."""
     names = [n.strip() for n in os.environ.get(SECTIONS_ENV, "").split(",") if n.strip()]
-    unknown = sorted(set(names) - set(SECTIONS))
+    unknown = sorted(set(names) - set(SECTIONS) - {"grpo"})
     if unknown:
-        raise ValueError(f"{SECTIONS_ENV}: unknown sections {unknown}; known: {list(SECTIONS)}")
+        known = [*SECTIONS, "grpo"]
+        raise ValueError(f"{SECTIONS_ENV}: unknown sections {unknown}; known: {known}")
+    if "grpo" in names and len(names) > 1:
+        raise ValueError(f"{SECTIONS_ENV}: grpo runs alone (it writes real_model_grpo.*)")
     return names or list(SECTIONS)
 
 
-def _save_partial(rows: list[dict], notes: list[str]) -> None:
+def _save_partial(rows: list[dict], notes: list[str], path: Path = PARTIAL) -> None:
     """The rows so far, after each section: on this shared machine a run can take long
     enough to be stopped, and the sections already measured should not be lost."""
     import json
 
-    PARTIAL.parent.mkdir(parents=True, exist_ok=True)
-    PARTIAL.write_text(json.dumps({"rows": rows, "notes": notes}, indent=1, default=str))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"rows": rows, "notes": notes}, indent=1, default=str))
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -467,6 +484,224 @@ def _run_actor(variant: str, work: dict, steps: int) -> dict:
     flat = torch.tensor([v for row in logprobs for v in row])
     return {"p50_s": timed.p50, "tokens_per_s": work["tokens"] / timed.p50, "losses": losses,
             "logprobs": flat}  # fmt: skip
+
+
+# -- GRPO on countdown: TRL vs the fleet ---------------------------------------------------
+
+GRPO_NAME = "real_model_grpo"
+GRPO_TITLE = "SmolLM2-135M GRPO on countdown: TRL's GRPOTrainer vs rlfleet up (sync, async)"
+GRPO_CONFIG = REPO / "configs" / "grpo_countdown_smollm2.yaml"
+GRPO_SIZES = {"full": (3, 16), "quick": (2, 8)}
+"""(counted steps after the one warm-up step, held-out rows) when the env does not say."""
+GRPO_ENV = "RLFLEET_BENCH_GRPO_"
+GRPO_STEP_CAP = 10_000
+"""``total_steps`` / ``max_steps`` under a training-time budget (the budget ends the run)."""
+GRPO_VARIANTS = ("trl", "fleet-sync", "fleet-async")
+"""Run in this order unless ``RLFLEET_BENCH_GRPO_VARIANTS`` names a subset."""
+
+
+@dataclass
+class GrpoPlan:
+    """What both sides run: the recipe's sizes (with the overrides), steps, held-out, budget."""
+
+    counted: int
+    val_size: int
+    budget_s: float
+    overrides: list[str]
+    config: Any
+
+    @classmethod
+    def from_env(cls, options: Options) -> GrpoPlan:
+        from rlfleet.common.config import load_config
+
+        counted, val = GRPO_SIZES["quick" if options.quick else "full"]
+        env = os.environ
+        overrides = env.get(GRPO_ENV + "OVERRIDES", "").split()
+        return cls(int(env.get(GRPO_ENV + "STEPS", counted)), int(env.get(GRPO_ENV + "VAL", val)),
+                   float(env.get(GRPO_ENV + "BUDGET_S", 0)), overrides,
+                   load_config(GRPO_CONFIG, overrides, env={}))  # fmt: skip
+
+    @property
+    def steps(self) -> int:
+        return GRPO_STEP_CAP if self.budget_s else self.counted + 1
+
+    @property
+    def timeout_s(self) -> float:
+        """Per run; ``RLFLEET_BENCH_GRPO_TIMEOUT_S`` caps it (a cut-short run keeps the steps
+        it finished, and says it timed out)."""
+        default = 900 + 300 * (self.counted + 1) + 2 * self.budget_s
+        return float(os.environ.get(GRPO_ENV + "TIMEOUT_S", default))
+
+    def trl_flags(self) -> dict[str, Any]:
+        c = self.config
+        return {"batch": c.data.train_batch_size, "n": c.rollout.n,
+                "max_tokens": c.rollout.max_tokens, "max_prompt_length": c.data.max_prompt_length,
+                "lr": c.trainer.lr, "temperature": c.rollout.temperature,
+                "threads": c.trainer.torch_threads, "seed": c.trainer.seed, "steps": self.steps,
+                "budget_s": self.budget_s, "val_size": self.val_size,
+                "train_file": Path(c.data.train_files[0]).expanduser(),
+                "test_file": Path(c.data.val_files[0]).expanduser()}  # fmt: skip
+
+
+def _grpo_run(options: Options) -> BenchResult:
+    """TRL, then the fleet sync, then async: never two at once."""
+    import real_model_fleet
+    import real_model_trl
+
+    plan = GrpoPlan.from_env(options)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    records: dict[str, dict] = {}
+    partial = RESULTS_DIR / f"{GRPO_NAME}.partial.json"
+    variants = os.environ.get(GRPO_ENV + "VARIANTS", ",".join(GRPO_VARIANTS)).split(",")
+    rows += _earlier_rows(partial, [v for v in GRPO_VARIANTS if v not in variants], notes)
+    for variant in variants:
+        progress(f"{NAME}: grpo {variant} ({plan.counted} counted steps, budget {plan.budget_s} s)")
+        if variant == "trl":
+            out = options.work_dir / "grpo-trl.json"
+            record = real_model_trl.launch(plan.trl_flags(), out, plan.timeout_s)
+        else:
+            run = real_model_fleet.GrpoFleetRun(variant.split("-")[1], plan.steps, plan.val_size,
+                                                plan.budget_s, plan.overrides)  # fmt: skip
+            record = real_model_fleet.run_fleet(run, options.work_dir, plan.timeout_s)
+        records[variant] = record
+        if record.get("error"):
+            notes.append(f"{variant} failed: {record['error']}")
+        rows += _grpo_rows(variant, record)
+        notes.append(_load_note(variant, record))
+        _save_partial(rows, notes, partial)
+        progress(f"{NAME}: grpo {variant}: {rows[-1] if rows else record.get('error')}")
+    notes += _grpo_notes(plan, records)
+    return BenchResult(
+        name=GRPO_NAME, title=GRPO_TITLE, rows=rows, ratios=_grpo_ratios(rows), notes=notes,
+        columns=["variant", "kind", "n", "first_step_s", "s_per_step", "gen_s", "reward_s", "update_s",
+                 "push_s", "other_s", "steps", "train_s", "val_before", "val_after",
+                 "peak_rss_GB"],
+        params={"model": SHORT, "quick": options.quick, "counted_steps": plan.counted,
+                "warmup_steps": 1, "val_size": plan.val_size, "budget_s": plan.budget_s,
+                "batch": plan.config.data.train_batch_size, "n": plan.config.rollout.n,
+                "max_tokens": plan.config.rollout.max_tokens, "lr": plan.config.trainer.lr,
+                "torch_threads": plan.config.trainer.torch_threads,
+                "rollout_backend": plan.config.rollout.backend, "overrides": plan.overrides},
+    )  # fmt: skip
+
+
+def _earlier_rows(partial: Path, variants: list[str], notes: list[str]) -> list[dict]:
+    """Rows of ``variants`` not run now, from the previous run's partial file (when a long
+    run was cut short, ``RLFLEET_BENCH_GRPO_VARIANTS`` runs the rest), said so in the notes."""
+    import json
+
+    if not variants or not partial.is_file():
+        return []
+    earlier = json.loads(partial.read_text())
+    rows = [r for r in earlier["rows"] if r.get("variant") in variants]
+    notes += [n for n in earlier["notes"] if n.split(" ", 1)[0].rstrip(":") in variants]
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(partial.stat().st_mtime))
+    notes.append(f"rows of {variants} are from the previous run (its partial file, {when})")
+    return rows
+
+
+def _grpo_rows(variant: str, record: dict) -> list[dict[str, Any]]:
+    """The variant's row (medians over the counted steps) and one row per process's peak."""
+    counted = record.get("steps", [])[1:]
+    row: dict[str, Any] = {"variant": variant, "kind": "step" if counted else "warm-up step only",
+                           "n": len(counted),
+                           "steps": len(record.get("steps", [])),
+                           "train_s": record.get("training_time_s"),
+                           "val_before": record.get("val_before"),
+                           "val_after": record.get("val_after")}  # fmt: skip
+    first = record.get("steps", [])[:1]
+    if first:
+        row["first_step_s"] = first[0].get("step_s", first[0].get("step"))
+    counted = counted or first  # cut short: the warm-up step, said so
+    if counted:
+        row.update(_trl_phases(counted) if variant == "trl" else _fleet_phases(counted))
+    peaks = record.get("peak_rss_GB")
+    peaks = {"trl": peaks} if isinstance(peaks, float) else peaks or {}
+    row["peak_rss_GB"] = max(peaks.values(), default=None)
+    rss = [{"variant": variant, "kind": f"{label} peak RSS", "peak_rss_GB": gb}
+           for label, gb in peaks.items()]  # fmt: skip
+    return [row, *rss]
+
+
+def _median(counted: list[dict], *keys: str) -> float:
+    """Median over the steps of the sum of ``keys`` (absent keys count 0)."""
+    import statistics
+
+    return statistics.median(sum(r.get(k, 0.0) for k in keys) for r in counted)
+
+
+def _trl_phases(counted: list[dict]) -> dict[str, float]:
+    """TRL's step: ``_generate`` (gen), ``_calculate_rewards`` (reward), the rest of
+    ``_prepare_inputs`` (logprob bookkeeping: other) and the optimizer step (update)."""
+    return {"s_per_step": _median(counted, "step_s"), "gen_s": _median(counted, "gen"),
+            "reward_s": _median(counted, "reward"), "update_s": _median(counted, "update"),
+            "push_s": 0.0, "other_s": _median(counted, "prepare_other")}  # fmt: skip
+
+
+FLEET_UPDATE = ("adv", "old_log_prob", "ref", "values", "update_actor", "update_critic")
+FLEET_PUSH = ("push_weights", "update_weights")
+
+
+def _fleet_phases(counted: list[dict]) -> dict[str, float]:
+    """The trainer's own ``timing_s/*`` clock: gen (waiting for the batch, in async mode the
+    part the background generation did not hide), reward, update (advantages, log-probs,
+    the actor step), push (weights to the replicas), other (the rest of the step)."""
+    out = {"s_per_step": _median(counted, "step"), "gen_s": _median(counted, "gen"),
+           "reward_s": _median(counted, "reward"), "update_s": _median(counted, *FLEET_UPDATE),
+           "push_s": _median(counted, *FLEET_PUSH)}  # fmt: skip
+    out["other_s"] = out["s_per_step"] - sum(v for k, v in out.items() if k != "s_per_step")
+    return out
+
+
+def _grpo_ratios(rows: list[dict]) -> dict[str, float]:
+    steps = {r["variant"]: r for r in rows if r.get("kind") == "step" and r.get("s_per_step")}
+    out: dict[str, float] = {}
+    trl = steps.get("trl")
+    for mode in ("async", "sync"):
+        fleet = steps.get(f"fleet-{mode}")
+        if trl and fleet:
+            target = " (target <= 0.7)" if mode == "async" else ""
+            out[f"fleet {mode} / TRL s/step{target}"] = ratio(fleet["s_per_step"],
+                                                             trl["s_per_step"])  # fmt: skip
+    firsts = {r["variant"]: r["first_step_s"] for r in rows if r.get("first_step_s")}
+    if "trl" in firsts and "fleet-async" in firsts:
+        out["fleet async / TRL first (warm-up) step"] = ratio(firsts["fleet-async"], firsts["trl"])
+    peaks = [r["peak_rss_GB"] for r in rows if r.get("peak_rss_GB")]
+    if peaks:
+        out["largest peak RSS of one process GB (target <= 3)"] = max(peaks)
+    return out
+
+
+def _grpo_notes(plan: GrpoPlan, records: dict[str, dict]) -> list[str]:
+    c = plan.config
+    budget = (f"a training-time budget of {plan.budget_s:.0f} s each (the trainer's step "
+              f"clock; TRL's the same clock around its steps)" if plan.budget_s else
+              f"{plan.counted + 1} steps each (the budget is the steps; train_s is the "
+              f"training time they took)")  # fmt: skip
+    notes = [
+        f"work: {c.data.train_batch_size} prompts x {c.rollout.n} samples x up to "
+        f"{c.rollout.max_tokens} new tokens a step, lr {c.trainer.lr}, temperature "
+        f"{c.rollout.temperature}, beta 0, one optimizer step per batch, torch threads "
+        f"{c.trainer.torch_threads}, fp32; one warm-up step not counted (n = counted steps)",
+        f"held-out: greedy, the first {plan.val_size} rows of the countdown test Parquet, "
+        f"rlfleet's countdown scorer, before and after {budget}",
+        f"fleet: rlfleet up --config configs/grpo_countdown_smollm2.yaml --rollout-replicas 1 "
+        f"(rollout.backend {c.rollout.backend}) {' '.join(plan.overrides)}; s/step and phases "
+        f"from metrics.jsonl (timing_s/*); async phases overlap generation with the update",
+        "TRL: GRPOTrainer (use_cpu, fp32), conversational prompts rendered by TRL with the "
+        "model's chat template (ids checked equal to rlfleet's), HF generate; phases from its "
+        "_generate / _calculate_rewards / _prepare_inputs; one process",
+        "peak RSS: VmHWM of every process, sampled every 0.5 s while it runs (TRL: its own at "
+        "the end); a fleet role's row is its largest single process",
+    ]
+    return notes
+
+
+def _load_note(variant: str, record: dict) -> str:
+    loads = record.get("load_avg") or {}
+    return (f"{variant}: load average before {loads.get('before')}, after {loads.get('after')}; "
+            f"stopped by {record.get('stopped_by')}; wall {record.get('wall_time_s', 0):.0f} s")  # fmt: skip
 
 
 # -- result ------------------------------------------------------------------------------

@@ -36,7 +36,9 @@ class WeightPushes:
         self.landed_version = 0
         self._landed = asyncio.Condition()
         self._task: asyncio.Task | None = None
-        use_delta = getattr(fleet.weight_sync, "use_delta", None)  # test doubles may lack it
+        use_delta = getattr(
+            getattr(fleet, "weight_sync", None), "use_delta", None
+        )  # doubles lack it
         if use_delta is not None:
             use_delta(config.trainer.weight_delta)
 

@@ -226,8 +226,8 @@ async def test_the_replica_killed_while_an_update_holds_requests(
 ) -> None:
     """SIGKILL the only replica while the update holds the six requests (its registry entry,
     left behind, still reads ``updating``); restart it under its id. Each call gets one answer
-    of its whole budget; the successor stores exactly the answers the dead one had not; each
-    request was queued once and nothing is left pending or dead-lettered."""
+    of its whole budget; the successor stores exactly the answers the dead one had not; nothing
+    is left pending or dead-lettered."""
     client = aioredis.Redis.from_url(fleet.redis_url)
     victim = fleet.replicas[REPLICA]
     try:
@@ -257,4 +257,7 @@ async def test_the_replica_killed_while_an_update_holds_requests(
         await client.aclose()
     check_answers(answers, reqs)
     assert served_by_successor == CALLS - answered_by_dead  # none run twice, none lost
-    assert (added - before, pending, dead) == (CALLS, 0, 0)
+    assert (pending, dead) == (0, 0)
+    # Not checked: how often each was queued. The dead replica's stream can be made anew
+    # (its entries-added counter restarts), so the counter says nothing here; the served count
+    # above is what proves that nothing ran twice.

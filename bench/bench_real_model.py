@@ -63,6 +63,7 @@ from common import (
     progress,
     ratio,
     stop_child,
+    vm_hwm_kb,
     wait_serving,
 )
 
@@ -166,7 +167,7 @@ def _start_replica(redis_url: str, label: str, overrides: list[str], options: Op
 def _tree_peak_gb(pid: int) -> float:
     """The largest peak RSS (VmHWM) among ``pid`` and its living descendants (vLLM's engine
     core), in GiB: the per-process figure the 3 GB target reads."""
-    peaks = [_vm_hwm_kb(p) for p in _descendants(pid)]
+    peaks = [vm_hwm_kb(p) for p in _descendants(pid)]
     return max(peaks, default=0) / 2**20
 
 
@@ -183,16 +184,6 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _vm_hwm_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _reset_peak_rss() -> None:
     """Reset this process's VmHWM (Linux: writing 5 to clear_refs), so each section's peak
     is its own."""
@@ -203,7 +194,7 @@ def _reset_peak_rss() -> None:
 
 
 def _own_peak_gb() -> float:
-    own = _vm_hwm_kb(os.getpid())
+    own = vm_hwm_kb(os.getpid())
     return (own or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 2**20
 
 

@@ -152,6 +152,17 @@ def abba(variants: Sequence[str], rounds: int) -> Iterator[tuple[int, str]]:
             yield index, variant
 
 
+def vm_hwm_kb(pid: int) -> int:
+    """Peak resident memory (``VmHWM``, kB) of process ``pid``; 0 when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def load_avg() -> list[float]:
     """The 1/5/15-minute load averages: how busy the shared machine was around a benchmark."""
     return [round(x, 2) for x in os.getloadavg()]

@@ -112,7 +112,7 @@ class PeakRss:
 
     def sample(self, tree: e2e_probe.ProcessTree) -> None:
         for proc in tree.processes():
-            kb = vm_hwm_kb(proc.pid)
+            kb = common.vm_hwm_kb(proc.pid)
             if kb:
                 self.kb[proc.pid] = max(kb, self.kb.get(proc.pid, 0))
                 self.labels[proc.pid] = tree._label(proc)
@@ -125,16 +125,6 @@ class PeakRss:
             label = self.labels[pid]
             out[label] = max(out.get(label, 0.0), kb / 2**20)
         return dict(sorted(out.items()))
-
-
-def vm_hwm_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def _ask_stop(tree: e2e_probe.ProcessTree) -> bool:

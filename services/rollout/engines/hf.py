@@ -9,9 +9,17 @@ submitted in the same event-loop tick always share a call, whatever the window (
 batcher wakes on the first and collects the rest a tick later. That is what a packed queue
 entry (a whole step's share for this replica) relies on; ``batches`` counts the calls.
 
-Log-probs come from the raw logits (``output_logits=True``): ``log_softmax(logits / T)`` at the
-sampled token, ``T = 1`` for greedy. That is what the trainer recomputes for the actor; it does
-not include top-p/top-k truncation.
+Log-probs come from the raw logits: ``log_softmax(logits / T)`` at the sampled token, ``T = 1``
+for greedy. That is what the trainer recomputes for the actor; it does not include top-p/top-k
+truncation. They are taken as generation goes, not from ``output_logits``, which keeps every
+step's full-vocabulary logits until the call ends (256 steps x 32 rows x 49,152 floats is 1.6 GB,
+and the stack/scale/log_softmax copies made the replica peak near 8 GB): a forward hook on the
+model turns each step's last-position logits into ``log_softmax(logits / T)`` (the hook sees the
+model's own output, so no logits processor, penalty or warper has touched it, whatever order
+``generate`` runs them in) and a stopping criterion, called once the step's token is in
+``input_ids``, keeps that token's value and drops the rest. Memory is one step's
+``rows x vocab`` instead of ``steps x rows x vocab``. Rows that ended (EOS, abort, budget) get
+their padding's log-probs, cut with the padding.
 
 Seeds: ``generate`` takes no ``torch.Generator``, so a request with a seed runs alone under
 ``torch.random.fork_rng`` + ``torch.manual_seed(seed)``: the same seed, prompt and settings give
@@ -94,6 +102,49 @@ class _AbortRows(StoppingCriteria):
                 request.abort_step = step
         flags = [r.aborted or step >= r.sampling.max_tokens for r in self.owners]
         return torch.tensor(flags, dtype=torch.bool, device=input_ids.device)
+
+
+class _StepLogprobs(StoppingCriteria):
+    """Each step's log-prob of the token it chose, taken as ``generate`` goes (module
+    docstring): ``record`` (a forward hook) keeps ``log_softmax(raw logits / T)`` of the step
+    just run, the criterion call that follows the step's token gathers it and drops the rest.
+    Never stops a row."""
+
+    def __init__(self, temperature: float) -> None:
+        self.scale = temperature if temperature > 0 else 1.0
+        self.pending: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def hooked(self, model: Any) -> Iterator[None]:
+        """``record`` on ``model``'s forward for the block (removed after, even on error)."""
+        handle = model.register_forward_hook(self.record)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def record(self, module: Any, args: Any, output: Any) -> None:
+        """A forward ran: its last position is the step's distribution. A later forward before
+        the token is chosen (a chunked prefill) replaces it, as in ``generate``."""
+        logits = output.logits[:, -1].float()  # what generate samples from, before processors
+        self.pending = torch.log_softmax(logits / self.scale, dim=-1)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        if self.pending is None:
+            raise RuntimeError("a decoding step without a forward pass: log-probs would shift")
+        self.steps.append(self.pending.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.pending = None
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def table(self, rows: int, width: int) -> torch.Tensor:
+        """``[rows, width]`` log-probs of the first ``width`` new tokens (steps ``generate``
+        undid, if any, are past ``width``)."""
+        if len(self.steps) < width:
+            raise RuntimeError(f"{width} new tokens but {len(self.steps)} recorded log-probs")
+        if width == 0:
+            return torch.zeros(rows, 0)
+        return torch.stack(self.steps[:width], dim=1)
 
 
 class HFEngine(Engine):
@@ -217,17 +268,21 @@ class HFEngine(Engine):
         owners = [r for r in group for _ in range(r.sampling.n)]
         ids, mask = _left_pad([r.prompt for r in owners], self._pad_id)
         sampling = group[0].sampling
+        picked = _StepLogprobs(sampling.temperature)
         with torch.no_grad(), _seeded(sampling.seed):
-            out = self._model.generate(
-                input_ids=ids, attention_mask=mask,
-                max_new_tokens=max(r.sampling.max_tokens for r in group),
-                past_key_values=shared_prompt_cache(self._model, ids, mask),
-                pad_token_id=self._pad_id, eos_token_id=sorted(self._eos_ids),
-                output_logits=True, return_dict_in_generate=True,
-                stopping_criteria=StoppingCriteriaList([_AbortRows(owners, ids.shape[1])]),
-                **_sampling_kwargs(sampling),
-            )  # fmt: skip
-        rows = iter(_row_results(out, ids.shape[1], sampling.temperature))
+            cache = shared_prompt_cache(self._model, ids, mask)  # before the hook: not a step
+            with picked.hooked(self._model):
+                sequences = self._model.generate(
+                    input_ids=ids, attention_mask=mask,
+                    max_new_tokens=max(r.sampling.max_tokens for r in group),
+                    past_key_values=cache,
+                    pad_token_id=self._pad_id, eos_token_id=sorted(self._eos_ids),
+                    return_dict_in_generate=False,  # the ids only: nothing kept per step
+                    stopping_criteria=StoppingCriteriaList([_AbortRows(owners, ids.shape[1]),
+                                                            picked]),
+                    **_sampling_kwargs(sampling),
+                )  # fmt: skip
+        rows = iter(_row_results(sequences, ids.shape[1], picked))
         return [[self._completion(r, *next(rows)) for _ in range(r.sampling.n)] for r in group]
 
     def _completion(
@@ -354,15 +409,13 @@ def _seeded(seed: int | None) -> Iterator[None]:
         yield
 
 
-def _row_results(out: Any, prompt_width: int, temperature: float) -> list[tuple[list, list]]:
+def _row_results(
+    sequences: torch.Tensor, prompt_width: int, picked: _StepLogprobs
+) -> list[tuple[list, list]]:
     """(new token ids, their log-probs) per row."""
-    new = out.sequences[:, prompt_width:]
-    if new.shape[1] == 0:
-        return [([], []) for _ in range(new.shape[0])]
-    logits = torch.stack(out.logits, dim=1).float()
-    scale = temperature if temperature > 0 else 1.0
-    picked = torch.log_softmax(logits / scale, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-    return list(zip(new.tolist(), picked.tolist(), strict=True))
+    new = sequences[:, prompt_width:]
+    logprobs = picked.table(*new.shape)
+    return list(zip(new.tolist(), logprobs.tolist(), strict=True))
 
 
 def _cut_row(

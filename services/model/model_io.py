@@ -69,10 +69,14 @@ def load_tokenizer(path: str | Path) -> Any:
     exactly as its tokenizer.json defines it.
     """
     path = local_model_dir(path)
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
     if _saved_as_generic_fast(path):
+        from transformers import PreTrainedTokenizerFast
+
         return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    # imported only here: AutoTokenizer pulls in every model's auto classes (torch and more),
+    # ~3 CPU-s a process that the router and env workers of the default job never need
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 

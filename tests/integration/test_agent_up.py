@@ -1,12 +1,12 @@
 """Agent mode through ``rlfleet up``, started the way users start it: the launcher starts the
 env role beside the router, replicas and trainer; episodes come back token-native and train.
 
-Each test is a short run (2 steps of 2 tasks x 2 episodes, 4 held-out tasks, one rollout
-replica, no dashboard) of ``configs/agent_calc.yaml`` with the environment named in
-``agent.env``: the built-in ``calc``, then users' environments from ``examples/agents`` (a
-Gymnasium-shaped text env and a TRL ``environment_factory`` class). The conventions that drive
-the gateway or a server (verifiers, an ``openai``-client agent, OpenEnv) are in
-``test_agent_up_conventions``.
+Each test is a short run (2 steps of 2 tasks x 2 episodes drawn from 64 training rows, 4
+held-out tasks, one rollout replica, no dashboard) of ``configs/agent_calc.yaml`` with the
+environment named in ``agent.env``: the built-in ``calc``, then users' environments from
+``examples/agents`` (a Gymnasium-shaped text env and a TRL ``environment_factory`` class). The
+conventions that drive the gateway or a server (verifiers, an ``openai``-client agent,
+OpenEnv) are in ``test_agent_up_conventions``.
 """
 
 from __future__ import annotations
@@ -15,11 +15,18 @@ import json
 import time
 
 import pytest
+from agent_train_rows import calc_train_rows, train_files_override
 from up_proc import failure_report, read_metrics, run_up
 
 TASKS, GROUP = 2, 2  # the smallest batch that still forms GRPO groups
 SMALL = ["data.val_size=4", "trainer.test_freq=2", f"data.train_batch_size={TASKS}",
          f"rollout.n={GROUP}", "dashboard.enabled=false"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def train_rows(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``data.train_files``: a few of the job's training rows (``agent_train_rows``)."""
+    return train_files_override(calc_train_rows(tmp_path_factory.mktemp("calc")))
 
 
 def trained_steps(run_dir) -> list[dict]:
@@ -36,11 +43,12 @@ def trained_steps(run_dir) -> list[dict]:
         ("examples.agents.trl_adder:AdderEnv", True),
     ],
 )
-def test_episodes_train_through_the_whole_fleet(tmp_path, env, multi_turn):
+def test_episodes_train_through_the_whole_fleet(tmp_path, train_rows, env, multi_turn):
     run_dir = tmp_path / "run"
     started = time.monotonic()
     result = run_up(run_dir, "hf", steps=2, config="agent_calc.yaml", replicas=1,
-                    extra=[*SMALL, f"agent.env={env}", f"cluster=agent{abs(hash(env)) % 997}"])  # fmt: skip
+                    extra=[*SMALL, train_rows, f"agent.env={env}",
+                           f"cluster=agent{abs(hash(env)) % 997}"])  # fmt: skip
     print(f"rlfleet up agent.env={env}: {time.monotonic() - started:.1f} s")
     assert result.returncode == 0, failure_report(result, run_dir)
     steps = trained_steps(run_dir)

@@ -3,10 +3,11 @@
 Issue 17's "done when": a verifiers ``load_environment`` module, an OpenEnv server and an
 ``openai``-client agent each train a few steps when named in ``agent.env`` (the text env and
 the TRL class are in ``test_agent_up``). Each test is the smallest run that still trains GRPO
-groups: 2 steps of 2 tasks x 2 episodes, 4 held-out tasks after training only, one rollout
-replica, no dashboard, on ``configs/agent_calc.yaml``'s tiny tool-using policy: start-up is
-most of its time. The OpenEnv server is a real one (``python -m
-examples.agents.openenv_guess``), started here and stopped by its PID.
+groups: 2 steps of 2 tasks x 2 episodes (of 64 training rows: ``agent_train_rows``), 4
+held-out tasks after training only, one rollout replica, no dashboard, on
+``configs/agent_calc.yaml``'s tiny tool-using policy: start-up is most of its time. The
+OpenEnv server is a real one (``python -m examples.agents.openenv_guess``), started here and
+stopped by its PID.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from agent_train_rows import calc_train_rows, train_files_override
 from up_proc import failure_report, read_metrics, run_up
 
 pytestmark = pytest.mark.slow
@@ -28,13 +30,19 @@ SMALL = [f"data.train_batch_size={TASKS}", f"rollout.n={GROUP}", "data.val_size=
          "trainer.val_before_train=false", "dashboard.enabled=false"]  # fmt: skip
 
 
-def train(tmp_path: Path, env: str, *extra: str) -> list[dict]:
+@pytest.fixture(scope="module")
+def train_rows(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``data.train_files``: a few of the job's training rows (``agent_train_rows``)."""
+    return train_files_override(calc_train_rows(tmp_path_factory.mktemp("calc")))
+
+
+def train(tmp_path: Path, train_rows: str, env: str, *extra: str) -> list[dict]:
     """Two steps of ``agent.env=env`` through ``rlfleet up``; the trained steps' rows."""
     run_dir = tmp_path / "run"
     started = time.monotonic()
     result = run_up(run_dir, "hf", steps=2, config="agent_calc.yaml", replicas=1,
-                    extra=[*SMALL, f"agent.env={env}", f"cluster=conv{abs(hash(env)) % 997}",
-                           *extra])  # fmt: skip
+                    extra=[*SMALL, train_rows, f"agent.env={env}",
+                           f"cluster=conv{abs(hash(env)) % 997}", *extra])  # fmt: skip
     print(f"rlfleet up agent.env={env}: {time.monotonic() - started:.1f} s")
     assert result.returncode == 0, failure_report(result, run_dir)
     rows = [row for row in read_metrics(run_dir) if "agent/episodes" in row]
@@ -48,17 +56,17 @@ def train(tmp_path: Path, env: str, *extra: str) -> list[dict]:
     return rows
 
 
-def test_a_verifiers_load_environment(tmp_path: Path) -> None:
+def test_a_verifiers_load_environment(tmp_path: Path, train_rows: str) -> None:
     """``vf.ToolEnv`` with the ``add`` tool: verifiers runs the tool calls between turns."""
     pytest.importorskip("verifiers")
-    rows = train(tmp_path, "examples.agents.verifiers_calc:load_environment")
+    rows = train(tmp_path, train_rows, "examples.agents.verifiers_calc:load_environment")
     assert all(row["agent/turns/mean"] > 1 for row in rows)
 
 
-def test_an_openai_client_agent(tmp_path: Path) -> None:
+def test_an_openai_client_agent(tmp_path: Path, train_rows: str) -> None:
     """An ``openai.AsyncOpenAI`` agent answering its own ``tool_calls``."""
     pytest.importorskip("openai")
-    rows = train(tmp_path, "examples.agents.openai_agent:run")
+    rows = train(tmp_path, train_rows, "examples.agents.openai_agent:run")
     assert all(row["agent/turns/mean"] > 1 for row in rows)
 
 
@@ -89,8 +97,8 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def test_an_openenv_server(tmp_path: Path, openenv_server: str) -> None:
+def test_an_openenv_server(tmp_path: Path, train_rows: str, openenv_server: str) -> None:
     """The typed ``EnvClient`` of a real OpenEnv server: one WebSocket session per episode."""
-    rows = train(tmp_path, "examples.agents.openenv_guess:GuessClient",
+    rows = train(tmp_path, train_rows, "examples.agents.openenv_guess:GuessClient",
                  f'agent.env_kwargs={{base_url: "{openenv_server}"}}')  # fmt: skip
     assert all(row["agent/turns/mean"] > 1 for row in rows)

@@ -8,6 +8,7 @@ dashboards and scripts written for verl read our ``metrics.jsonl`` unchanged.
 from __future__ import annotations
 
 import json
+import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +53,29 @@ def tensor_stats(prefix: str, tensor, mask) -> dict[str, float]:
         f"{prefix}/max": selected.max().item(),
         f"{prefix}/min": selected.min().item(),
     }
+
+
+def rollout_probs_diff(
+    engine: list[list[float]], actor: list[list[float]], masks: list[list[int]] | None = None
+) -> dict[str, float]:
+    """verl's ``training/rollout_probs_diff_{max,mean,std}``: ``|exp(engine) - exp(actor)|``
+    per response token, the engine's log-prob of each sampled token against the actor's
+    recomputed one, over the rows given (the caller passes only rows sampled with the weights
+    the actor holds). Why: a replica serving other weights than the actor's (a push that lost
+    precision, a tensor the engine did not load) shows here as more than numerical noise.
+    ``masks`` (agent mode): only positions marked 1 (sampled by the policy) count."""
+    diffs = []
+    for row, (engine_row, actor_row) in enumerate(zip(engine, actor, strict=True)):
+        keep = masks[row] if masks is not None else [1] * len(actor_row)
+        diffs += [abs(math.exp(e) - math.exp(a))
+                  for e, a, k in zip(engine_row, actor_row, keep, strict=True) if k]  # fmt: skip
+    if not diffs:
+        return {}
+    mean = sum(diffs) / len(diffs)
+    std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / len(diffs))
+    return {"training/rollout_probs_diff_max": max(diffs),
+            "training/rollout_probs_diff_mean": mean,
+            "training/rollout_probs_diff_std": std}  # fmt: skip
 
 
 class Timer:

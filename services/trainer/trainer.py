@@ -31,7 +31,7 @@ from rlfleet.rl.sequences import pad_rows
 from rlfleet.trainer.collect import Collector
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.fleet import Fleet
-from rlfleet.trainer.metrics import Timer, batch_metrics, tensor_stats
+from rlfleet.trainer.metrics import Timer, batch_metrics, rollout_probs_diff, tensor_stats
 from rlfleet.trainer.pushes import WeightPushes
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
@@ -136,23 +136,38 @@ class Trainer:
             not mini or mini >= self.config.data.train_batch_size * self.config.rollout.n
         )
 
-    async def old_logprobs(self, batch: RolloutBatch) -> None:
+    async def old_logprobs(self, batch: RolloutBatch) -> dict[str, float]:
         """Old (proximal) log-probs for the PPO ratio, when the update takes several steps.
 
         With one optimizer step per batch the ratio is exactly 1: the actor reuses its own
         detached log-probs from the update's forward pass. Otherwise they come from the engine
         that sampled the batch (``trainer.old_logprob_source: engine``, no extra forward: the
         engine reports ``log_softmax(logits / T)`` of the same weights) or from a forward of
-        the actor (``actor``; in async mode this is AReaL's proximal policy).
+        the actor (``actor``; in async mode this is AReaL's proximal policy). Returns verl's
+        ``training/rollout_probs_diff_*`` when the actor's forward ran and the engine's
+        log-probs of the rows sampled with the current weights are at hand.
         """
         if self.single_update_per_batch():
-            return
+            return {}
         if self.config.trainer.old_logprob_source == "engine" and batch.engine_logprobs_complete():
             batch.old_logprobs = batch.engine_logprobs
-            return
+            return {}
         batch.old_logprobs = await asyncio.to_thread(
             self.actor.logprobs, batch.prompts, batch.responses
         )
+        return self.probs_diff(batch)
+
+    def probs_diff(self, batch: RolloutBatch) -> dict[str, float]:
+        """Engine against actor on the rows the current weights sampled (stale rows differ by
+        design)."""
+        if not batch.engine_logprobs_complete():
+            return {}
+        rows = [i for i, v in enumerate(batch.weight_versions) if v == self.version]
+        masks = batch.row_loss_masks()
+        return rollout_probs_diff(
+            [batch.engine_logprobs[i] for i in rows], [batch.old_logprobs[i] for i in rows],
+            [masks[i] for i in rows] if masks is not None else None,
+        )  # fmt: skip
 
     def advantages(self, batch: RolloutBatch):
         """``(advantages, returns, mask)`` as ``[B, R]`` tensors."""
@@ -188,10 +203,11 @@ class Trainer:
                     self.actor.ref_logprobs, batch.prompts, batch.responses
                 )
         with timer.phase("old_log_prob"):
-            await self.old_logprobs(batch)
+            probs_diff = await self.old_logprobs(batch)
         with timer.phase("adv"):
             advantages, returns, mask = self.advantages(batch)
         metrics: dict[str, float] = {
+            **probs_diff,
             **self.shaping_metrics,
             **batch.sampling_metrics,
             **batch.agent_metrics,

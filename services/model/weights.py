@@ -14,6 +14,14 @@ corrupted update is refused before it can touch a model.
 
 The checksum is xxh3-128 (xxhash, several times faster than memcpy) where xxhash is installed,
 else zlib's crc32; receivers check xxh3_128, crc32 and sha256 (older senders' ``sha256``).
+
+Both ends read the bytes in cache-sized pieces (``SCAN_CHUNK_BYTES``) and do everything a piece
+needs while it is in the core's cache: the sender copies a piece into the payload and hashes
+it; a replica (``decode_measured``) hashes it and reads its largest magnitude, which gives the
+finiteness and ``rollout.max_weight_abs`` checks without two more passes over the weights.
+Measured on SmolLM2's 257 MiB of bf16 weights in a shared-memory file (CPU seconds, 2-core VM):
+a replica's checks 0.15 s (checksum, then ``aminmax`` for finiteness and again for magnitude)
+-> 0.06 s, a third of it page faults of the fresh mapping; the sender's encode 0.066 -> 0.052 s.
 """
 
 from __future__ import annotations
@@ -31,6 +39,10 @@ if TYPE_CHECKING:
     import torch
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+SCAN_CHUNK_BYTES = 256 * 1024
+"""The piece a pass over the payload works on at a time: small enough to stay in a core's L2
+cache between the copy (or the hash) and the next read of it, large enough that the Python
+loop costs nothing (measured best at 256-512 KiB). A multiple of every dtype's size."""
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -85,6 +97,35 @@ def default_algorithm() -> str:
     return "xxh3_128"
 
 
+class Hasher:
+    """A streaming checksum: fed the bytes piece by piece, in order, it gives the same digest
+    as ``CHECKSUMS[algorithm]`` over all of them. InvalidArgument for an algorithm this module
+    does not know or that is not installed here (xxhash)."""
+
+    def __init__(self, algorithm: str) -> None:
+        self.algorithm, self._crc, self._hash = algorithm, 0, None
+        if algorithm not in CHECKSUMS:
+            raise InvalidArgument(f"weight update: unsupported checksum {algorithm[:40]!r}")
+        if algorithm == "xxh3_128":
+            try:
+                import xxhash
+            except ImportError as exc:
+                raise InvalidArgument(f"weight update: checksum {algorithm} unavailable "
+                                      f"here") from exc  # fmt: skip
+            self._hash = xxhash.xxh3_128()
+        elif algorithm == "sha256":
+            self._hash = hashlib.sha256()
+
+    def update(self, data: BytesLike) -> None:
+        if self._hash is None:
+            self._crc = zlib.crc32(data, self._crc)
+        else:
+            self._hash.update(data)
+
+    def hexdigest(self) -> str:
+        return f"{self._crc:08x}" if self._hash is None else self._hash.hexdigest()
+
+
 def checksum(data: BytesLike, algorithm: str | None = None) -> str:
     algorithm = algorithm or default_algorithm()
     return f"{algorithm}:{CHECKSUMS[algorithm](data)}"
@@ -121,25 +162,33 @@ def encode(
         entries.append(TensorEntry(name, _dtype_name(tensor), tuple(tensor.shape), offset, nbytes))
         offset += nbytes
     payload = (allocate or empty_bytes)(offset)
+    hasher = Hasher(default_algorithm())
     for entry, tensor in zip(entries, state_dict.values(), strict=True):
-        _copy_bytes(tensor, payload[entry.offset : entry.offset + entry.nbytes])
+        _copy_hashed(tensor, payload[entry.offset : entry.offset + entry.nbytes], hasher)
     view = memoryview(payload.numpy())
-    header = WeightHeader(version, entries, offset, checksum(view), flush_cache, force)
-    return header, view
+    digest = f"{hasher.algorithm}:{hasher.hexdigest()}"
+    return WeightHeader(version, entries, offset, digest, flush_cache, force), view
 
 
-def _copy_bytes(tensor: torch.Tensor, target: torch.Tensor) -> None:
-    """One copy of ``tensor``'s bytes into ``target`` (uint8). CPU tensors go through numpy, a
-    plain single-threaded memcpy (torch's threaded copy crawls on a busy 2-core machine);
-    GPU tensors are copied device-to-host straight into the payload."""
+def _copy_hashed(tensor: torch.Tensor, target: torch.Tensor, hasher: Hasher) -> None:
+    """One copy of ``tensor``'s bytes into ``target`` (uint8), each piece hashed as it lands
+    (the digest is of the payload's bytes, read back while still in cache). CPU tensors go
+    through numpy, a plain single-threaded memcpy (torch's threaded copy crawls on a busy
+    2-core machine); GPU tensors are copied device-to-host straight into the payload."""
     import numpy
     import torch
 
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    if flat.device.type == "cpu":
-        numpy.copyto(target.numpy(), flat.numpy())
-    else:
+    target_bytes = target.numpy()
+    if flat.device.type != "cpu":
         target.copy_(flat)
+        hasher.update(target_bytes)
+        return
+    source = flat.numpy()
+    for start in range(0, len(source), SCAN_CHUNK_BYTES):
+        piece = target_bytes[start : start + SCAN_CHUNK_BYTES]
+        numpy.copyto(piece, source[start : start + SCAN_CHUNK_BYTES])
+        hasher.update(piece)
 
 
 def iter_chunks(payload: BytesLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[memoryview]:
@@ -217,14 +266,57 @@ def validate_header(header: WeightHeader) -> None:
 def decode(header: WeightHeader, payload: BytesLike) -> dict[str, torch.Tensor]:
     """Verify size and checksum, then ``{name: tensor}`` viewing ``payload`` (no copy when it
     is writable, as a ``PayloadBuffer`` is; a read-only one is copied once)."""
+    _check_sizes(header, payload)
+    verify_checksum(header.checksum, payload)
+    buffer = _as_tensor(payload)
+    return {entry.name: _rebuild(buffer, entry) for entry in header.tensors}
+
+
+def _check_sizes(header: WeightHeader, payload: BytesLike) -> None:
     validate_header(header)
     if len(payload) != header.total_bytes:
         raise InvalidArgument(
             f"weight payload truncated: got {len(payload)} of {header.total_bytes} bytes"
         )
-    verify_checksum(header.checksum, payload)
+
+
+def decode_measured(
+    header: WeightHeader, payload: BytesLike
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """``decode``, and the largest magnitude (``largest_magnitude``) of each tensor in a
+    float16, bfloat16, float32 or float64 dtype, read in the checksum's pass over the bytes
+    (``check_finite`` and ``weight_guard.check_magnitude`` take them). Checksum first: a
+    corrupted payload is refused as such, whatever values it holds."""
+    _check_sizes(header, payload)
+    largest = _verify_and_measure(header, memoryview(payload).cast("B"))
     buffer = _as_tensor(payload)
-    return {entry.name: _rebuild(buffer, entry) for entry in header.tensors}
+    return {entry.name: _rebuild(buffer, entry) for entry in header.tensors}, largest
+
+
+def _verify_and_measure(header: WeightHeader, view: memoryview) -> dict[str, float]:
+    """One pass, a cache-sized piece at a time: hash it, then read its extreme bit patterns.
+    InvalidArgument unless the whole hashes to the header's checksum."""
+    import numpy
+
+    algorithm, _, digest = header.checksum.partition(":")
+    if not digest:
+        raise InvalidArgument(f"weight update: unsupported checksum {header.checksum[:40]!r}")
+    hasher = Hasher(algorithm)
+    data = numpy.frombuffer(view, dtype=numpy.uint8) if len(view) else numpy.empty(0, "u1")
+    largest: dict[str, float] = {}
+    for entry in header.tensors:
+        peak = _Peak.of(entry.dtype)
+        end = entry.offset + entry.nbytes
+        for start in range(entry.offset, end, SCAN_CHUNK_BYTES):
+            piece = data[start : min(start + SCAN_CHUNK_BYTES, end)]
+            hasher.update(piece)
+            if peak is not None:
+                peak.add(piece)
+        if peak is not None:
+            largest[entry.name] = peak.value()
+    if hasher.hexdigest() != digest:
+        raise InvalidArgument(f"weight payload checksum mismatch ({algorithm})")
+    return largest
 
 
 def decode_unchecked(header: WeightHeader, payload: BytesLike) -> dict[str, torch.Tensor]:
@@ -254,26 +346,75 @@ def _rebuild(buffer: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
         raise InvalidArgument(f"tensor {entry.name!r}: {exc}") from exc
 
 
-def check_finite(state_dict: Mapping[str, torch.Tensor]) -> None:
-    """InvalidArgument naming the first floating tensor holding a NaN or an infinity."""
+def check_finite(
+    state_dict: Mapping[str, torch.Tensor], largest: Mapping[str, float] | None = None
+) -> None:
+    """InvalidArgument naming the first floating tensor holding a NaN or an infinity.
+    ``largest``: magnitudes already read (``decode_measured``); others are read here."""
     for name, tensor in state_dict.items():
-        if tensor.dtype.is_floating_point and not _all_finite(tensor):
+        if not tensor.dtype.is_floating_point:
+            continue
+        known = largest.get(name) if largest is not None else None
+        if not math.isfinite(largest_magnitude(tensor) if known is None else known):
             raise InvalidArgument(f"tensor {name!r} holds NaN or inf values")
 
 
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """Why min and max: both propagate NaN, and an infinity is its tensor's min or max, so the
-    tensor is finite exactly when they are. ``torch.aminmax`` reads the tensor once with no
-    temporary, in every floating dtype: on SmolLM2's 135M bf16 weights 0.04 s, where
-    ``torch.isfinite(t).all()`` took 2.0 s (a bool tensor as big as the weights) and a numpy
-    dot with zeros, the float32 path before, 0.14 s on the fp32 weights against 0.07."""
+def largest_magnitude(tensor: torch.Tensor) -> float:
+    """max |x| of a floating tensor: inf if it holds an infinity, nan if a NaN (so it is
+    finite exactly when this is); 0 for an empty or non-floating one.
+
+    Why bit patterns: for IEEE floats (and bfloat16) a larger magnitude is a larger unsigned
+    integer once the sign bit is off, and infinity and NaN are the largest of all. So the
+    signed-integer max of a tensor's bits is its largest positive value's, the unsigned max its
+    largest negative value's: two integer maxima that numpy vectorizes, 0.032 s on SmolLM2's
+    bf16 weights against 0.056 s for ``torch.aminmax`` (``isfinite(t).all()``: 2.0 s). Other
+    floating dtypes (float8, as float32) and GPU tensors take ``aminmax``."""
     import torch
 
-    flat = tensor.reshape(-1)
-    if flat.numel() == 0:
-        return True
-    low, high = torch.aminmax(flat)
-    return bool(torch.isfinite(low) and torch.isfinite(high))
+    peak = _Peak.of(_dtype_name(tensor)) if tensor.device.type == "cpu" else None
+    if not tensor.dtype.is_floating_point or tensor.numel() == 0:
+        return 0.0
+    if peak is not None:
+        peak.add(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+        return peak.value()
+    flat = tensor.detach().reshape(-1)
+    if flat.dtype.itemsize == 1:  # float8: aminmax has no kernel for it
+        flat = flat.float()
+    low, high = (float(v) for v in torch.aminmax(flat))
+    return math.nan if math.isnan(low) or math.isnan(high) else max(abs(low), abs(high))
+
+
+_PEAK_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
+"""Dtypes whose magnitude ``_Peak`` reads from the bits: their width."""
+
+
+class _Peak:
+    """The largest magnitude of a floating tensor's bytes, fed piece by piece (pieces hold
+    whole elements): the signed and the unsigned integer max of its bit patterns."""
+
+    def __init__(self, dtype: str, width: int) -> None:
+        self.dtype, self.width = dtype, width
+        self._positive, self._negative = -1, 0  # nothing seen: both below any value's bits
+
+    @classmethod
+    def of(cls, dtype: str) -> _Peak | None:
+        width = _PEAK_BITS.get(dtype)
+        return cls(dtype, width) if width else None
+
+    def add(self, piece) -> None:
+        """``piece``: a numpy uint8 array of whole elements."""
+        if len(piece):
+            signed = piece.view(f"i{self.width // 8}")
+            self._positive = max(self._positive, int(signed.max()))
+            self._negative = max(self._negative, int(signed.view(f"u{self.width // 8}").max()))
+
+    def value(self) -> float:
+        import torch
+
+        sign = 1 << (self.width - 1)
+        bits = max(self._positive, self._negative - sign, 0)  # the sign bit off
+        ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[self.width]
+        return torch.tensor(bits, dtype=ints).view(getattr(torch, self.dtype)).item()
 
 
 def max_bytes_for(numel: int, margin: float = 0.01) -> int:

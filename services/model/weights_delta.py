@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -148,7 +147,7 @@ def verify_full_checksum(expected: str, tensors: Iterable[torch.Tensor]) -> None
     """FailedPrecondition unless the tensors' bytes, one after another, hash to ``expected``
     (the checksum a full push of them carries; one pass, no concatenated copy)."""
     algorithm, _, digest = expected.partition(":")
-    hasher = _Hasher(algorithm)
+    hasher = weights.Hasher(algorithm)
     for tensor in tensors:
         hasher.update(_bytes_of(tensor))
     if hasher.hexdigest() != digest:
@@ -163,30 +162,6 @@ def _bytes_of(tensor: torch.Tensor) -> memoryview:
 
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return memoryview(flat.numpy())
-
-
-class _Hasher:
-    """One streaming hasher for each of ``weights.CHECKSUMS``, same digests as one-shot."""
-
-    def __init__(self, algorithm: str) -> None:
-        self.algorithm, self._crc = algorithm, 0
-        if algorithm == "xxh3_128":
-            import xxhash
-
-            self._hash = xxhash.xxh3_128()
-        elif algorithm == "sha256":
-            self._hash = hashlib.sha256()
-        elif algorithm != "crc32":
-            raise InvalidArgument(f"weight delta: unsupported checksum {algorithm!r}")
-
-    def update(self, data: memoryview) -> None:
-        if self.algorithm == "crc32":
-            self._crc = zlib.crc32(data, self._crc)
-        else:
-            self._hash.update(data)
-
-    def hexdigest(self) -> str:
-        return f"{self._crc:08x}" if self.algorithm == "crc32" else self._hash.hexdigest()
 
 
 def applicable(state_dict: Mapping[str, object]) -> bool:

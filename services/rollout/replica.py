@@ -49,7 +49,6 @@ from rlfleet.common.errors import Unavailable
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
 from rlfleet.common.workqueue import Job, WorkQueue
 from rlfleet.model import weights
-from rlfleet.rollout import weight_guard
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.heartbeat import HeartbeatThread
 from rlfleet.rollout.inflight import InFlight
@@ -228,9 +227,7 @@ class Replica:
 
     def _verified(self, header: weights.WeightHeader, payload: weights.BytesLike) -> dict:
         """The update's tensors once intact, finite and of sane magnitude (a worker thread)."""
-        state_dict = verified(header, payload)
-        weight_guard.check_magnitude(state_dict, self.config.rollout.max_weight_abs)
-        return state_dict
+        return verified(header, payload, self.config.rollout.max_weight_abs)
 
     def _version(self) -> int:
         return self.weights.version

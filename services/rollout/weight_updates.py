@@ -4,7 +4,7 @@ Why apart from the replica's other work: every refusal rule of an update lives h
 anything changes. A header is checked before its bytes arrive (malformed, not newer than ours
 unless ``force``, in a dtype this replica would round on load, bigger than this model can
 take); the payload is verified (size, checksum, finite values) in a worker thread while the
-replica still serves; the engine checks names and shapes and refuses a mismatch before any
+replica still serves (one pass over the bytes: ``verified``); the engine checks names and shapes and refuses a mismatch before any
 parameter changes. So a bad update leaves the old weights serving. A load that fails midway
 (weights possibly half replaced) leaves ``intact`` False, and the replica out of routing
 (``update_failed``), until an update succeeds. After a load the KV/prefix cache is flushed
@@ -34,6 +34,7 @@ from collections.abc import Callable
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
 from rlfleet.model import lora, weights, weights_delta
+from rlfleet.rollout import weight_guard
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.types import UpdateOutcome
 
@@ -156,8 +157,14 @@ def check_no_narrowing(header: weights.WeightHeader, serving_dtype: str) -> None
                 )
 
 
-def verified(header: weights.WeightHeader, payload: weights.BytesLike) -> dict:
-    """Tensors viewing the payload once size, checksum and finiteness hold (a worker thread)."""
-    state_dict = weights.decode(header, payload)
-    weights.check_finite(state_dict)
+def verified(
+    header: weights.WeightHeader, payload: weights.BytesLike, max_weight_abs: float | None = None
+) -> dict:
+    """Tensors viewing the payload once size, checksum, finiteness and (``max_weight_abs``,
+    ``weight_guard``) magnitude hold, in that order (a worker thread). Why one call: the
+    checksum's pass over the bytes also reads every tensor's largest magnitude
+    (``weights.decode_measured``), where a pass for each check cost 5x as much."""
+    state_dict, largest = weights.decode_measured(header, payload)
+    weights.check_finite(state_dict, largest)
+    weight_guard.check_magnitude(state_dict, max_weight_abs, largest)
     return state_dict

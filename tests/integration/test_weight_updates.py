@@ -117,11 +117,13 @@ async def test_a_shared_memory_push_is_read_from_the_file_and_checked_like_a_str
     replica: ReplicaProc,
 ) -> None:
     """Same machine: the header names one /dev/shm file; the replica reads, verifies and loads
-    it (NaN weights in the file are refused like streamed ones), and the file is gone after."""
+    it (NaN weights in the file are refused like streamed ones, and so are absurd finite ones,
+    beyond ``rollout.max_weight_abs``), and the file is gone after."""
     transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 4 * 2**20,
                                     shared_memory=True)  # fmt: skip
-    poisoned = original()
+    poisoned, absurd = original(), original()
     poisoned["model.norm.weight"][0] = float("inf")
+    absurd["model.norm.weight"][1] = -1e30
     async with RolloutClient(replica.address) as client:
         current, _ = await version_and_state(client)
         request = GenerateRequest(f"shm-{uuid.uuid4().hex[:8]}", GREEDY, prompt_text="12+34=")
@@ -129,6 +131,8 @@ async def test_a_shared_memory_push_is_read_from_the_file_and_checked_like_a_str
         target = await client.status()
         [bad] = await transport.push(poisoned, current + 1, True, [target])
         assert not bad.ok and "NaN or inf" in bad.error
+        [bad] = await transport.push(absurd, current + 1, True, [target])
+        assert not bad.ok and "'model.norm.weight'" in bad.error and "max_weight_abs" in bad.error
         [good] = await transport.push(original(), current + 1, True, [target])
         assert good.ok and good.version == current + 1
         request = GenerateRequest(f"shm-{uuid.uuid4().hex[:8]}", GREEDY, prompt_text="12+34=")

@@ -9,7 +9,9 @@ entropy bonus. The actor does not know which advantage estimator produced its in
 from __future__ import annotations
 
 import logging
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -17,8 +19,9 @@ import torch
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.model.optim import adamw
 from rlfleet.rl import core_algos
-from rlfleet.rl.losses import LossInputs, LossParams, actor_loss
+from rlfleet.rl.losses import TOKEN_MEAN_METRICS, LossInputs, LossParams, actor_loss
 from rlfleet.rl.sequences import (
+    micro_batches,
     pack_sequences,
     pad_rows,
     response_logits,
@@ -48,6 +51,69 @@ def loss_denominator(mode: str, mask: torch.Tensor) -> torch.Tensor:
     if mode == "token-mean":
         return mask.sum()
     return (mask.sum(-1) > 0).sum()
+
+
+def split_bounds(rows: int, part: int, parts: int) -> tuple[int, int]:
+    """``[lo, hi)`` of part ``part`` of ``rows`` cut into ``parts`` contiguous pieces whose sizes
+    differ by <= 1 (a data-parallel rank's shard, a micro-batch of a shard)."""
+    return rows * part // parts, rows * (part + 1) // parts
+
+
+def micro_batch_count(rows: int, size: int) -> int:
+    """How many micro-batches of at most ``size`` rows ``rows`` rows take (0 = one)."""
+    return max(1, math.ceil(rows / size)) if size else 1
+
+
+def map_row_groups(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    size: int,
+    fn: Callable[[list[list[int]], list[list[int]]], list],
+) -> list:
+    """``fn`` over groups of at most ``size`` rows (0 = all at once), its per-row results in
+    input order. Rows of one prompt go together (the shared-prompt forward runs a prompt once
+    per group), then by response length (less padding)."""
+    if not size or size >= len(prompts):
+        return fn(prompts, responses)
+    keys = [(prompt, len(response)) for prompt, response in zip(prompts, responses, strict=True)]
+    results: list = [None] * len(prompts)
+    for group in micro_batches(keys, size):
+        rows = fn([prompts[i] for i in group], [responses[i] for i in group])
+        for index, row in zip(group, rows, strict=True):
+            results[index] = row
+    return results
+
+
+class MetricSums:
+    """A mini-batch's metrics from those of its parts (micro-batches, data-parallel shards).
+
+    Each part's value is weighted by its share of what the metric averages over, so the sum
+    over the parts is the whole mini-batch's: the losses (``agg_loss`` in the loss's mode:
+    pg_loss, kl_loss, entropy) by the part's share of ``loss_denominator``, the token means
+    (``TOKEN_MEAN_METRICS``: clip fractions, ppo_kl, importance weights) by its share of the
+    tokens; ``/max`` metrics take the maximum. An empty part (a weight-0 row run only for the
+    collectives) adds nothing."""
+
+    def __init__(self, mode: str, mask: torch.Tensor) -> None:
+        self.mode = mode
+        self.denominator = float(loss_denominator(mode, mask).clamp_min(1))
+        self.tokens = float(mask.sum().clamp_min(1))
+        self.metrics: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float], mask: torch.Tensor) -> float:
+        """Adds the metrics of the part whose rows' response mask is ``mask`` (no rows: an
+        empty part); returns the part's share of the loss denominator."""
+        empty = len(mask) == 0
+        loss_share = 0.0 if empty else float(loss_denominator(self.mode, mask)) / self.denominator
+        token_share = float(mask.sum()) / self.tokens
+        for name, value in metrics.items():
+            if name.endswith("/max"):
+                peak = -math.inf if empty else value
+                self.metrics[name] = max(self.metrics.get(name, -math.inf), peak)
+                continue
+            weight = token_share if name in TOKEN_MEAN_METRICS else loss_share
+            self.metrics[name] = self.metrics.get(name, 0.0) + value * weight
+        return loss_share
 
 
 class Actor:
@@ -97,8 +163,14 @@ class Actor:
 
     @torch.no_grad()
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
-        """Per-token log-probs of the responses under the current weights (no grad)."""
+        """Per-token log-probs of the responses under the current weights (no grad), at most
+        ``trainer.ppo_micro_batch_size`` rows per forward (the logits are ``[rows, tokens,
+        vocab]``)."""
         self.model.eval()
+        size = self.cfg.ppo_micro_batch_size
+        return map_row_groups(prompts, responses, size, self._logprobs_of)
+
+    def _logprobs_of(self, prompts: list[list[int]], responses: list[list[int]]) -> list:
         packed = pack_sequences(prompts, responses, self.pad_id, self.device)
         temperature = self.config.rollout.temperature or 1.0
         out = response_logprobs(self.model, packed, temperature, self.cfg.share_prompt_forward)
@@ -175,11 +247,46 @@ class Actor:
         return self._step_optimizer(metrics)
 
     def _backward(self, batch, idx, adv, mask, rows, scale: float) -> dict[str, float]:
-        """Gradient of ``scale`` times the loss of rows ``idx`` (data-parallel ranks override
-        this to train their shard of the rows)."""
-        loss, metrics = self.mini_batch_loss(batch, idx, adv, mask, rows)
-        (loss * scale).backward()
-        return metrics
+        """Gradient of ``scale`` times the loss of rows ``idx``, in micro-batches of at most
+        ``trainer.ppo_micro_batch_size`` rows (data-parallel ranks override this to train their
+        shard of the rows the same way)."""
+        count = micro_batch_count(len(idx), self.cfg.ppo_micro_batch_size)
+        groups = self.micro_batch_groups(batch, idx, range(len(idx)), count)
+        return self.backward_groups(batch, idx, adv, mask, rows, groups, scale)
+
+    @staticmethod
+    def micro_batch_groups(batch, idx, positions: range, count: int) -> list[list[int]]:
+        """``positions`` (into ``idx``) cut into ``count`` micro-batches whose sizes differ by
+        <= 1 (empty ones when there are fewer positions than ``count``). With more than one,
+        rows of one prompt go together (the shared-prompt forward runs a prompt once per
+        micro-batch), then by response length (less padding)."""
+        order = list(positions)
+        if count > 1:
+            order.sort(key=lambda i: (batch.prompts[idx[i]], len(batch.responses[idx[i]])))
+        bounds = (split_bounds(len(order), part, count) for part in range(count))
+        return [order[lo:hi] for lo, hi in bounds]
+
+    def backward_groups(self, batch, idx, adv, mask, rows, groups, weight) -> dict[str, float]:
+        """Forward and backward of each micro-batch of ``groups`` (positions into ``idx``; the
+        tensors are ``idx``'s rows) in turn, its loss times ``weight`` times its share of the
+        ``loss_denominator`` of the whole ``mask``: the summed gradient is ``weight`` times that
+        of one forward over every row, whatever ``loss_agg_mode``, and only one micro-batch's
+        logits and activations are alive at a time. An empty group runs row 0 with weight 0 (a
+        data-parallel rank must run as many forwards and backwards as the others). Returns the
+        metrics summed as shares of the whole (``MetricSums``)."""
+        sums = MetricSums(self.loss_params.effective_agg_mode, mask)
+        for group in groups:
+            picked = group or [0]
+            loss, metrics = self.mini_batch_loss(
+                batch,
+                [idx[i] for i in picked],
+                adv[picked],
+                mask[picked],
+                {name: value[picked] for name, value in rows.items()},
+            )
+            share = sums.add(metrics, mask[group])
+            (loss * (weight * share)).backward()
+        return sums.metrics
 
     def mini_batch_loss(self, batch, idx, adv, mask, rows) -> tuple[torch.Tensor, dict]:
         """Forward of rows ``idx`` of ``batch`` through ``train_module`` and the actor loss.

@@ -25,7 +25,7 @@ import torch
 from rlfleet.common.config import ModelConfig, RlfleetConfig
 from rlfleet.model import lora
 from rlfleet.rl.sequences import pack_sequences, response_logprobs, unpack_rows
-from rlfleet.trainer.actor import Actor
+from rlfleet.trainer.actor import Actor, map_row_groups
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,13 @@ class LoraActor(Actor):
         self, prompts: list[list[int]], responses: list[list[int]]
     ) -> list[list[float]]:
         """Per-token log-probs under the base (adapter off), at the sampling temperature like
-        the actor's and the refcritic's (so the KL of an unchanged policy is 0)."""
+        the actor's and the refcritic's (so the KL of an unchanged policy is 0); at most
+        ``trainer.ppo_micro_batch_size`` rows per forward, as ``logprobs``."""
         self.model.eval()
+        size = self.cfg.ppo_micro_batch_size
+        return map_row_groups(prompts, responses, size, self._base_logprobs_of)
+
+    def _base_logprobs_of(self, prompts: list[list[int]], responses: list[list[int]]) -> list:
         packed = pack_sequences(prompts, responses, self.pad_id, self.device)
         temperature = self.config.rollout.temperature or 1.0
         with self.model.disable_adapter():

@@ -11,13 +11,17 @@ rank 0 picks the rendezvous address, and every rank gets ``WORLD_SIZE``/``RANK``
 One update, as the single actor does it, on every rank at once: the controller draws the row
 order of each epoch (its RNG, the one checkpoints save) and ships the batch once through the
 object store; every rank walks the same mini-batches and drops the same zero-advantage rows,
-then trains a contiguous shard of the kept rows. A shard's loss is aggregated over the shard
-and scaled by its share of the whole mini-batch's loss denominator (``loss_denominator``) times
-the world size, so the ranks' gradient mean is the whole mini-batch's gradient; gradient
-clipping and the optimizer step then run on identical gradients and the ranks stay equal. A
-rank whose shard is empty still runs one row with weight 0, because the collectives need a
-backward from every rank. Metrics are reduced the same way (share-weighted sums: exact for the
-losses; ``/max`` metrics take the maximum).
+then trains a contiguous shard of the kept rows, in micro-batches of at most
+``trainer.ppo_micro_batch_size`` rows (the single actor's ``backward_groups``). Each
+micro-batch's loss is aggregated over its rows and scaled by its share of the whole
+mini-batch's loss denominator (``loss_denominator``) times the world size, so the ranks'
+gradient mean is the whole mini-batch's gradient; gradient clipping and the optimizer step
+then run on identical gradients and the ranks stay equal. Every rank runs as many micro-batches
+as the largest shard needs, a rank with fewer rows (or none) running a row with weight 0 for
+each missing one, because the collectives need a forward and a backward from every rank.
+Metrics are reduced from each part's share of them (``MetricSums``: losses by the share of the
+loss denominator, token means by the share of tokens, so both are exact; ``/max`` metrics take
+the maximum).
 
 Weights go out from rank 0. The controller's push reads ``state_dict_for_rollout()``: the first
 call after an update fetches rank 0's parameters once, as raw bytes per tensor, written by rank
@@ -31,6 +35,7 @@ only when asked for (checkpoints, tests).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import warnings
@@ -43,8 +48,10 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.trainer.actor import (
     Actor,
     epoch_orders,
-    loss_denominator,
+    map_row_groups,
+    micro_batch_count,
     read_training_state,
+    split_bounds,
     write_training_state,
 )
 
@@ -76,9 +83,8 @@ class UpdateRows:
         return len(self.responses)
 
 
-def shard_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
-    """``[lo, hi)`` of rank ``rank``'s contiguous share of ``rows`` (sizes differ by <= 1)."""
-    return rows * rank // world_size, rows * (rank + 1) // world_size
+shard_bounds = split_bounds
+"""``[lo, hi)`` of rank ``rank``'s contiguous share of ``rows`` (sizes differ by <= 1)."""
 
 
 def parameter_blobs(named) -> list[tuple[str, str, tuple[int, ...], object]]:
@@ -126,32 +132,32 @@ class ShardedActor(Actor):
         self.world_size = torch.distributed.get_world_size()
 
     def _backward(self, batch, idx, adv, mask, rows, scale: float) -> dict[str, float]:
-        mode = self.loss_params.effective_agg_mode
+        """This rank's shard of rows ``idx``, in as many micro-batches as the largest shard
+        needs (every rank runs the same number of forwards and backwards: the collectives
+        need them all; a rank with fewer rows runs empty micro-batches as one weight-0 row)."""
         lo, hi = shard_bounds(len(idx), self.rank, self.world_size)
-        total = loss_denominator(mode, mask).clamp_min(1)
-        share = float(loss_denominator(mode, mask[lo:hi]) / total)
-        if lo == hi:  # DDP/FSDP need a backward from every rank: one row, weighted 0
-            lo, hi, share = 0, 1, 0.0
-        pick = slice(lo, hi)
-        picked = {name: value[pick] for name, value in rows.items()}
-        loss, metrics = self.mini_batch_loss(batch, idx[pick], adv[pick], mask[pick], picked)
-        # DDP and FSDP average over ranks: times world_size, the sum of the shares' gradients.
-        (loss * (scale * share * self.world_size)).backward()
-        return self._reduce_metrics(metrics, share)
+        widest = math.ceil(len(idx) / self.world_size)
+        count = micro_batch_count(widest, self.cfg.ppo_micro_batch_size)
+        groups = self.micro_batch_groups(batch, idx, range(lo, hi), count)
+        # DDP and FSDP average over ranks: times world_size, the sum of the shards' gradients.
+        weight = scale * self.world_size
+        return self._reduce_metrics(
+            self.backward_groups(batch, idx, adv, mask, rows, groups, weight)
+        )
 
-    def _reduce_metrics(self, metrics: dict[str, float], share: float) -> dict[str, float]:
-        """The whole mini-batch's metrics: share-weighted sums, and maxima of ``/max`` ones."""
+    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """The whole mini-batch's metrics from the ranks' shares of them (``MetricSums``):
+        sums, and maxima of ``/max`` ones (an empty shard's are -inf)."""
         names = sorted(metrics)
         peaks = [name for name in names if name.endswith("/max")]
         means = [name for name in names if not name.endswith("/max")]
         dist = torch.distributed
         wide = {"dtype": torch.float64, "device": self.device}
-        sums = torch.tensor([metrics[n] * share for n in means], **wide)
+        sums = torch.tensor([metrics[n] for n in means], **wide)
         dist.all_reduce(sums)
         reduced = dict(zip(means, sums.tolist(), strict=True))
-        if peaks:  # an empty shard's (weight-0 row's) values must not win
-            highs = [metrics[n] if share else float("-inf") for n in peaks]
-            highs = torch.tensor(highs, **wide)
+        if peaks:
+            highs = torch.tensor([metrics[n] for n in peaks], **wide)
             dist.all_reduce(highs, op=dist.ReduceOp.MAX)
             reduced.update(zip(peaks, highs.tolist(), strict=True))
         return reduced
@@ -347,7 +353,14 @@ class RankedActor:
         return metrics
 
     def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
-        """Per-token log-probs, the rows split between the ranks (no grad)."""
+        """Per-token log-probs, the rows split between the ranks (no grad), in rounds of at
+        most ``trainer.ppo_micro_batch_size`` rows per rank: each rank then runs one forward a
+        round, as FSDP's all-gathers need (shards of a whole batch could need one forward on a
+        rank and two on the next)."""
+        size = self.cfg.ppo_micro_batch_size * len(self.group.workers)
+        return map_row_groups(prompts, responses, size, self._logprobs_round)
+
+    def _logprobs_round(self, prompts: list[list[int]], responses: list[list[int]]) -> list:
         import ray
 
         world = len(self.group.workers)

@@ -78,11 +78,7 @@ class RlfleetConfig(Section):
             raise ValueError(f"{self.algorithm.adv_estimator} needs rollout.n >= 2 (a group)")
         if self.data.train_batch_size < 1 or self.trainer.total_steps < 0:
             raise ValueError("data.train_batch_size must be >= 1 and trainer.total_steps >= 0")
-        mini = self.trainer.ppo_mini_batch_size
-        batch = self.data.train_batch_size * self.rollout.n
-        # A mini-batch as large as the batch (or larger) is one update on the whole batch.
-        if mini and mini < batch and batch % mini:
-            raise ValueError(f"trainer.ppo_mini_batch_size={mini} must divide {batch} sequences")
+        self._check_batch_sizes()
         if self.data.max_prompt_length + self.rollout.max_tokens > self.rollout.max_model_len:
             raise ValueError("data.max_prompt_length + rollout.max_tokens > rollout.max_model_len")
         if self.trainer.max_staleness < 0 or self.trainer.is_cap <= 0:
@@ -95,6 +91,21 @@ class RlfleetConfig(Section):
                 "model.lora_rank with trainer.strategy ddp/fsdp is not built yet; use single"
             )
         return self
+
+    def _check_batch_sizes(self) -> None:
+        """A mini-batch divides the batch; a micro-batch is a part of a mini-batch."""
+        mini = self.trainer.ppo_mini_batch_size
+        batch = self.data.train_batch_size * self.rollout.n
+        # A mini-batch as large as the batch (or larger) is one update on the whole batch.
+        if mini and mini < batch and batch % mini:
+            raise ValueError(f"trainer.ppo_mini_batch_size={mini} must divide {batch} sequences")
+        micro, rows = self.trainer.ppo_micro_batch_size, min(mini or batch, batch)
+        if micro > rows:
+            raise ValueError(
+                f"trainer.ppo_micro_batch_size={micro} must be 0 (the whole mini-batch) or at "
+                f"most the {rows} sequences of a mini-batch (trainer.ppo_mini_batch_size, "
+                "data.train_batch_size x rollout.n)"
+            )
 
     def _check_agent_mode(self) -> None:
         """What agent mode (multi-turn episodes) does not train yet, refused at load."""

@@ -83,6 +83,14 @@ class TrainerConfig(Section):
     ppo_mini_batch_size: int = 0
     """Sequences per optimizer step (0, or as many as the batch holds or more = the whole batch
     in one step)."""
+    ppo_micro_batch_size: int = Field(0, ge=0)
+    """Sequences per forward and backward inside a mini-batch (verl's
+    ``ppo_micro_batch_size_per_gpu``; 0 = the whole mini-batch at once). The gradients of the
+    micro-batches add up to the mini-batch's (each loss weighted by its share of the
+    aggregation's denominator), so this bounds the trainer's memory (the ``[rows, tokens,
+    vocab]`` logits and their backward) without changing the update; the actor's no-grad
+    log-prob forwards take as many rows at a time. Data-parallel actors split each rank's shard
+    so (per rank). At most the rows of a mini-batch."""
     clip_ratio_low: float = 0.2
     """PPO lower clip."""
     clip_ratio_high: float = 0.2

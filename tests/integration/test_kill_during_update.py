@@ -137,15 +137,24 @@ async def stream_counts(client: aioredis.Redis, fleet: Fleet) -> tuple[int, int,
     return added, pending, await client.xlen(fleet.keys.dead_letter(stream))
 
 
-async def until_generating(client: aioredis.Redis, fleet: Fleet, before: int) -> None:
-    """Until every call is queued and held by the replica, and a moment into generation."""
+async def until_generating(
+    client: aioredis.Redis, fleet: Fleet, before: int, reqs: list[GenerateRequest]
+) -> None:
+    """Until every call is queued and held by the replica, and a moment into generation.
+    Skipped as inconclusive when the replica answered all of them before a poll saw them
+    held: on a quiet machine the tiny model decodes the whole budget in well under a
+    second, and then no update can hold them (the test needs them in flight)."""
     deadline = time.monotonic() + 120
     while True:
         added, pending, _ = await stream_counts(client, fleet)
         if added - before == CALLS and pending == CALLS:
             break
+        if added - before == CALLS and pending == 0 and await stored(client, fleet, reqs) == CALLS:
+            pytest.skip(
+                "inconclusive: the replica answered every call before an update could hold it"
+            )
         assert time.monotonic() < deadline, (added, pending)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)  # the engine has begun decoding them
 
 
@@ -194,7 +203,7 @@ async def test_the_router_killed_while_an_update_holds_requests(
         before = await added_so_far(client, fleet)
         reqs = [request("router") for _ in range(CALLS)]
         calls = [asyncio.ensure_future(call(fleet, r)) for r in reqs]
-        await until_generating(client, fleet, before)
+        await until_generating(client, fleet, before, reqs)
         with Trigger(fleet, fleet.router.pid, signal.SIGKILL) as trigger:
             version = await push_next(replica.address, long_model)
             assert trigger.fired.is_set(), "the update ended before the router was killed"
@@ -234,7 +243,7 @@ async def test_the_replica_killed_while_an_update_holds_requests(
         before = await added_so_far(client, fleet)
         reqs = [request("replica") for _ in range(CALLS)]
         calls = [asyncio.ensure_future(call(fleet, r)) for r in reqs]
-        await until_generating(client, fleet, before)
+        await until_generating(client, fleet, before, reqs)
         with Trigger(fleet, victim.proc.pid, signal.SIGKILL) as trigger:
             pushed = asyncio.ensure_future(push_next(victim.address, long_model))
             await asyncio.wait([pushed], timeout=60)

@@ -259,9 +259,12 @@ def map_micro_batches(
     responses: list[list[int]],
     size: int,
     fn: Callable[[list[list[int]], list[list[int]]], list],
+    keys: list | None = None,
 ) -> list:
-    """``fn`` over micro-batches of similar lengths; its per-sequence results in input order."""
-    keys = [(len(p), len(r)) for p, r in zip(prompts, responses, strict=True)]
+    """``fn`` over micro-batches of similar lengths (or of equal ``keys``, sorted, when given);
+    its per-sequence results in input order."""
+    if keys is None:
+        keys = [(len(p), len(r)) for p, r in zip(prompts, responses, strict=True)]
     results: list = [None] * len(prompts)
     for group in micro_batches(keys, size):
         rows = fn([prompts[i] for i in group], [responses[i] for i in group])

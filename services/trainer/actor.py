@@ -21,7 +21,7 @@ from rlfleet.model.optim import adamw
 from rlfleet.rl import core_algos
 from rlfleet.rl.losses import TOKEN_MEAN_METRICS, LossInputs, LossParams, actor_loss
 from rlfleet.rl.sequences import (
-    micro_batches,
+    map_micro_batches,
     pack_sequences,
     pad_rows,
     response_logits,
@@ -76,12 +76,7 @@ def map_row_groups(
     if not size or size >= len(prompts):
         return fn(prompts, responses)
     keys = [(prompt, len(response)) for prompt, response in zip(prompts, responses, strict=True)]
-    results: list = [None] * len(prompts)
-    for group in micro_batches(keys, size):
-        rows = fn([prompts[i] for i in group], [responses[i] for i in group])
-        for index, row in zip(group, rows, strict=True):
-            results[index] = row
-    return results
+    return map_micro_batches(prompts, responses, size, fn, keys)
 
 
 class MetricSums:

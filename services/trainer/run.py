@@ -154,7 +154,7 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
     clock.begin()
     try:
         with logging_redirect_tqdm():  # log lines are written above the bar, never into it
-            while trainer.step < cfg.trainer.total_steps and not trainer.stop_requested:
+            while not (finished(cfg.trainer, trainer.step, clock) or trainer.stop_requested):
                 await trainer.wait_if_paused()
                 metrics = await one_step(trainer, data, rollouts)
                 await after_step(trainer, writer, bar, metrics, clock)
@@ -166,6 +166,12 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
         if rollouts is not None:
             await rollouts.close()
         bar.close()
+
+
+def finished(config, step: int, clock: TrainingClock) -> bool:
+    """``total_steps`` done, or the training-time budget (``max_training_s``) spent."""
+    budget = config.max_training_s
+    return step >= config.total_steps or (budget > 0 and clock.elapsed() >= budget)
 
 
 async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+import requests
 from procs import ServiceProcess
 from replica_proc import ReplicaProc, start_replica, stop_replica
 
@@ -42,6 +43,8 @@ pytestmark = [
     ),
 ]
 CONTEXT = "rollout.max_model_len=1024"
+ITEM_TIMEOUT_S = 60.0
+"""Generous: the path is checked, not speed (a loaded CI machine took over 20 s per answer)."""
 CHAT_TEMPLATE = (
     "Question: {prompt}\nStudent's answer: {response}\nCorrect answer: {ground_truth}\n"
     "Is the student's answer correct? Give a grade from 0 to 10. Reply as 'Score: N'."
@@ -62,7 +65,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """verl's GenRM shape: the judge is asked over HTTP by the user's own code."""
     prompt = (f"Question: {{extra_info['question']}}\\nAnswer: {{solution_str}}\\n"
               "Is the answer correct? Reply yes or no.")
-    reply = requests.post("{base_url}/chat/completions", timeout=20, json={{
+    reply = requests.post("{base_url}/chat/completions", timeout=60, json={{
         "messages": [{{"role": "user", "content": prompt}}], "max_tokens": 4,
         "temperature": 0}})
     reply.raise_for_status()
@@ -97,11 +100,23 @@ def fleet(
                                 "model.dtype=bfloat16", "rollout.backend=hf", CONTEXT)  # fmt: skip
         try:
             router.wait_for_line("router ready", 90)
-            yield JudgeFleet(replica, router, f"http://127.0.0.1:{http_port}/v1", url)
+            base_url = f"http://127.0.0.1:{http_port}/v1"
+            warm_up(base_url)
+            yield JudgeFleet(replica, router, base_url, url)
         finally:
             stop_replica(replica, signal.SIGTERM)
     finally:
         router.stop()
+
+
+def warm_up(base_url: str) -> None:
+    """One short answer through each front before the tests time theirs: the replica's first
+    generation pays for lazy set-up (allocations, the chat template) once."""
+    for path, body in (("chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                       ("completions", {"prompt": "Hi"})):  # fmt: skip
+        reply = requests.post(f"{base_url}/{path}", json={"model": "judge", "max_tokens": 2, **body},
+                              timeout=180)  # fmt: skip
+        reply.raise_for_status()
 
 
 @pytest.fixture
@@ -120,7 +135,7 @@ def requests_for(scorer: str) -> list[ScoreRequest]:
 async def scored(redis: aioredis.Redis, reward: RewardConfig, scorer: str) -> list:
     registry = build_registry(reward)
     service = RewardService(redis, Keys(f"t{uuid.uuid4().hex[:12]}"), reward, registry,
-                            WorkerSlots(4))  # fmt: skip
+                            WorkerSlots(4), item_timeout_s=ITEM_TIMEOUT_S)  # fmt: skip
     await service.start()
     return await service.score_batch(requests_for(scorer))
 
@@ -142,7 +157,7 @@ async def test_smollm2_judges_through_the_router(fleet: JudgeFleet, redis, api: 
     completions, few-shot, ends the prompt where a grade goes: some item gets one."""
     template = CHAT_TEMPLATE if api == "chat" else COMPLETION_TEMPLATE
     judge = JudgeConfig(base_url=fleet.base_url, api=api, template=template, max_tokens=8,
-                        timeout_s=20, retries=0,
+                        timeout_s=ITEM_TIMEOUT_S, retries=0,
                         score_regex=r"(?i)(?:score|grade)?\W{0,4}?(\d+(?:\.\d+)?)")  # fmt: skip
     results = await scored(redis, RewardConfig(judge=judge, default_score=-1.0), "judge")
     assert_judged(results, some_scored=api == "completions")

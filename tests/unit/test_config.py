@@ -51,7 +51,11 @@ GPU_HOST_EXAMPLES = {"grpo_gsm8k.yaml"}
 files are not part of the checkout."""
 
 
-BUILT_MODEL_CONFIGS = {"grpo_countdown_smollm2.yaml", "grpo_countdown_smollm2_lora.yaml"}
+BUILT_MODEL_CONFIGS = {
+    "grpo_countdown_smollm2.yaml",
+    "grpo_countdown_smollm2_lora.yaml",
+    "grpo_smollm2_math.yaml",
+}
 """Configs whose model (`make smollm2`) and data (`make data-real`) are built into the rlfleet
 cache, outside the checkout: their model.path is a short name of rlfleet.model.local_models."""
 

@@ -176,15 +176,19 @@ async def test_a_dead_consumers_job_is_taken_over(queue, group):
 
 
 async def test_a_slow_job_is_kept_alive_not_taken_over(queue, group):
-    """Another worker looks for jobs idle for 0.6 s every 0.3 s; while the job runs it looks
-    many times over, yet the job is handled once, by the worker that read it."""
-    slow = EchoWorker(queue, "slow", reclaim_idle_s=0.6)
+    """Another worker looks for jobs idle for 2 s every 1 s; while the job runs it looks
+    many times over, yet the job is handled once, by the worker that read it.
+
+    The holder touches its job every 2/3 s, so only an event-loop stall of over 1.3 s lets the
+    other take it (with 0.6 s a 0.4 s stall did, on a loaded CI machine: the other then held
+    the job on its own ``release`` and no answer came)."""
+    slow = EchoWorker(queue, "slow", reclaim_idle_s=2.0)
     group.add(slow)
     await queue.submit("r1", b"slow")
     await until(lambda: slow.handled)
-    other = EchoWorker(queue, "other", reclaim_idle_s=0.6)
+    other = EchoWorker(queue, "other", reclaim_idle_s=2.0)
     group.add(other)
-    await until(lambda: other.reclaim_checks >= 6)  # about 1.8 s, three reclaim thresholds
+    await until(lambda: other.reclaim_checks >= 4)  # about 3 s, past the reclaim threshold
     assert await queue.pending_count() == 1 and other.handled == []
     slow.release.set()
     answer = await queue.wait_result("r1", timeout_s=30)

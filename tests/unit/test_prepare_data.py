@@ -1,6 +1,7 @@
-"""scripts/prepare_data.py: verl-schema Parquet for countdown, gsm_symbolic and HumanEval that
-the trainer reads as it reads verl's files, whose reference answers the reward service's
-scorers (selected by each row's data_source) score 1.0, and whose test split is held out."""
+"""scripts/prepare_data.py: verl-schema Parquet for basic math, countdown, gsm_symbolic and
+HumanEval that the trainer reads as it reads verl's files, whose reference answers the reward
+service's scorers (selected by each row's data_source) score 1.0, and whose test split is held
+out."""
 
 from __future__ import annotations
 
@@ -109,8 +110,20 @@ def test_humaneval_canonical_solution_passes_through_the_code_scorer(out):
     assert score(first, "    return None\n") == 0.0
 
 
+def test_basic_math_deals_every_family_and_its_answers_score_one(out):
+    from rlfleet.tasks import basic_math
+
+    train = rows(out, "basic_math", "train")
+    assert len(train) == 40 and {r["data_source"] for r in train} == set(basic_math.DATA_SOURCES)
+    for row in train:
+        truth = row["reward_model"]["ground_truth"]
+        assert row["extra_info"]["family"] == row["data_source"] and int(truth) == float(truth)
+        assert score(row, f"Let me see.\nAnswer: {truth}") == 1.0
+        assert score(row, f"Answer: {int(truth) + 1}") == 0.0
+
+
 def test_test_split_is_held_out(out):
-    for task in ("countdown", "gsm_symbolic"):
+    for task in ("basic_math", "countdown", "gsm_symbolic"):
         train = {prepare_data.problem_key(r) for r in rows(out, task, "train")}
         test = [prepare_data.problem_key(r) for r in rows(out, task, "test")]
         assert test and not train.intersection(test)

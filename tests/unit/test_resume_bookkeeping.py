@@ -12,6 +12,7 @@ from rlfleet.common.config import load_config
 from rlfleet.trainer.clock import TrainingClock
 from rlfleet.trainer.loggers import Tracker
 from rlfleet.trainer.metrics import MetricsWriter, read_rows, standing_rows
+from rlfleet.trainer.run import finished
 
 
 def write_steps(writer: MetricsWriter, steps) -> None:
@@ -78,3 +79,16 @@ def test_the_clock_goes_on_across_segments():
     time.sleep(0.02)
     resumed.pause()
     assert resumed.training_s >= state["training_s"] + 0.02
+
+
+def test_a_training_time_budget_ends_the_run_at_a_step_boundary():
+    """``trainer.max_training_s``: the run stops after the step in which the clock passed the
+    budget; 0 means steps alone decide; ``total_steps`` still ends a run within its budget."""
+    config = load_config(None, ["trainer.total_steps=10", "trainer.max_training_s=100"]).trainer
+    clock = TrainingClock(1.0)
+    clock.restore({"training_s": 99.0})
+    assert not finished(config, 3, clock)
+    clock.restore({"training_s": 100.5})
+    assert finished(config, 3, clock)
+    assert finished(config.model_copy(update={"max_training_s": 1e9}), 10, clock)
+    assert not finished(config.model_copy(update={"max_training_s": 0.0}), 9, clock)

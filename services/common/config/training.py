@@ -70,6 +70,10 @@ class AlgorithmConfig(Section):
 class TrainerConfig(Section):
     total_steps: int = 200
     """Training steps (one batch of prompts each)."""
+    max_training_s: float = Field(0.0, ge=0)
+    """Stop after the step in which the training clock (validation excluded) passed this many
+    seconds, even before ``total_steps``: a budget of time, as a wall-clock comparison with a
+    peer gives each side; 0 = no limit. The final validation still runs."""
     lr: float = 1e-4
     """Actor learning rate (AdamW)."""
     lr_warmup_steps: int = 0

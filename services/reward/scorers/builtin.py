@@ -7,9 +7,9 @@ reward it trained on there, without configuration. rlfleet's own, more forgiving
 their names (``gsm8k``, ``gsm8k_flexible``, ``math``: math-verify). Those verl names are
 *aliases*: a user function configured as the default takes them over, as verl's
 ``custom_reward_function`` does. The tasks of ``scripts/prepare_data.py`` claim their data
-sources outright (``countdown``, ``gsm_symbolic``; HumanEval goes to ``code``). Each function
-has verl's keyword signature, and a ground truth may be a list of accepted answers where text
-is expected (not under verl's names: verl compares one string).
+sources outright (``countdown``, ``gsm_symbolic``, the ``basic_math`` families; HumanEval goes
+to ``code``). Each function has verl's keyword signature, and a ground truth may be a list of
+accepted answers where text is expected (not under verl's names: verl compares one string).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from rlfleet.reward.scorers import answers, verl_parity
 from rlfleet.reward.scorers.base import ScoreFn, Scorer, to_result
-from rlfleet.tasks import arith, countdown, gsm_symbolic
+from rlfleet.tasks import arith, basic_math, countdown, gsm_symbolic
 
 GSM8K_SOURCES = ["gsm8k"]
 MATH_SOURCES = ["lighteval/MATH-Hard", "math"]  # names verl's default does not score
@@ -65,6 +65,12 @@ def countdown_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
 
 def gsm_symbolic_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
     found = gsm_symbolic.check(solution_str, ground_truth)
+    return {"score": float(found.correct), "acc": float(found.correct),
+            "extracted": float(found.answer is not None), "marked": float(found.marked)}  # fmt: skip
+
+
+def basic_math_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
+    found = basic_math.check(solution_str, ground_truth)
     return {"score": float(found.correct), "acc": float(found.correct),
             "extracted": float(found.answer is not None), "marked": float(found.marked)}  # fmt: skip
 
@@ -132,6 +138,9 @@ def builtin_scorers(weights: Mapping[str, float]) -> list[Scorer]:
         _builtin("gsm_symbolic", gsm_symbolic_score,
                  "the number after the last '####' (else the last number) equals the answer",
                  data_sources=[gsm_symbolic.DATA_SOURCE]),
+        _builtin("basic_math", basic_math_score,
+                 "the number after the last 'Answer:' (else the last number) equals the answer",
+                 data_sources=list(basic_math.DATA_SOURCES)),
         _builtin("exact_match", exact_match_score, "the trimmed response equals the ground truth"),
         _builtin("regex", regex_score, "the ground truth (a regex) is found in the response"),
         _builtin("format", format_score, "the response has <think>..</think><answer>..</answer>"),

@@ -35,6 +35,11 @@ core), and this process per section (reset between sections through ``/proc/self
   (held-out rows), ``..._BUDGET_S`` (training seconds; 0: the steps are the budget),
   ``..._OVERRIDES`` (extra dotted overrides of both fleet runs, space-separated).
 
+- ``learn`` (opt-in, alone: ``RLFLEET_BENCH_SECTIONS=learn``; ``real_model_learn.py`` says
+  what it does): TRL vs ``rlfleet up`` on ``configs/grpo_smollm2_math.yaml``, held-out
+  accuracy against training time at an equal budget, and the plot
+  ``docs/real_model_learning.png``.
+
 Usage: ``python bench/run_all.py --only real_model [--quick] [--hf-threads 2]``;
 ``RLFLEET_BENCH_SECTIONS=push,actor`` runs (and orders) a subset.
 """
@@ -85,6 +90,8 @@ ACTOR_SHAPE = {"full": (2, 2, 32), "quick": (1, 2, 8)}
 ACTOR_STEPS = {"full": 2, "quick": 2}
 """Updates per variant; the first is a warm-up (timed apart, its loss still compared)."""
 SECTIONS_ENV = "RLFLEET_BENCH_SECTIONS"
+ALONE = {"grpo": "real_model_grpo", "learn": "real_model_learn"}
+"""Opt-in sections that run alone and write their own result files."""
 PARTIAL = RESULTS_DIR / f"{NAME}.partial.json"
 """Rows of the sections finished so far (rewritten after each; the full result is
 ``real_model.json``)."""
@@ -100,6 +107,10 @@ def run(options: Options) -> BenchResult:
     names = _section_names()
     if "grpo" in names:
         return _grpo_run(options)
+    if "learn" in names:
+        import real_model_learn
+
+        return real_model_learn.run(options)
     for name in names:
         _reset_peak_rss()
         try:
@@ -115,12 +126,13 @@ def run(options: Options) -> BenchResult:
 def _section_names() -> list[str]:
     """``RLFLEET_BENCH_SECTIONS`` (comma-separated, in that order), else every section."""
     names = [n.strip() for n in os.environ.get(SECTIONS_ENV, "").split(",") if n.strip()]
-    unknown = sorted(set(names) - set(SECTIONS) - {"grpo"})
+    unknown = sorted(set(names) - set(SECTIONS) - set(ALONE))
     if unknown:
-        known = [*SECTIONS, "grpo"]
+        known = [*SECTIONS, *ALONE]
         raise ValueError(f"{SECTIONS_ENV}: unknown sections {unknown}; known: {known}")
-    if "grpo" in names and len(names) > 1:
-        raise ValueError(f"{SECTIONS_ENV}: grpo runs alone (it writes real_model_grpo.*)")
+    for name in set(ALONE).intersection(names):
+        if len(names) > 1:
+            raise ValueError(f"{SECTIONS_ENV}: {name} runs alone (it writes {ALONE[name]}.*)")
     return names or list(SECTIONS)
 
 

@@ -1,5 +1,5 @@
-"""One ``rlfleet up`` run of the SmolLM2 countdown recipe, watched from outside, for
-bench_real_model.py's ``grpo`` section.
+"""One ``rlfleet up`` run of a SmolLM2 recipe (countdown, or basic math for the ``learn``
+section), watched from outside, for bench_real_model.py's ``grpo`` and ``learn`` sections.
 
 Why from outside: the number that counts is what a user's ``rlfleet up`` does, every role in
 its own process over real gRPC and Redis. The run gets its own embedded Redis; s/step and its
@@ -40,6 +40,9 @@ class GrpoFleetRun:
     val_size: int
     budget_s: float = 0.0
     overrides: list[str] = field(default_factory=list)
+    config: Path = CONFIG
+    accuracy_key: str = ACCURACY_KEY
+    """The held-out number reported (before, after, and at each periodic validation)."""
 
     @property
     def name(self) -> str:
@@ -47,7 +50,7 @@ class GrpoFleetRun:
 
     def argv(self, run_dir: Path, redis_url: str) -> list[str]:
         return [
-            sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CONFIG),
+            sys.executable, "-m", "rlfleet.cli", "up", "--config", str(self.config),
             "--rollout-replicas", "1", f"run_dir={run_dir}", f"redis_url={redis_url}",
             f"trainer.mode={self.mode}", f"trainer.total_steps={self.steps}",
             f"data.val_size={self.val_size}", "trainer.test_freq=0",
@@ -154,6 +157,28 @@ def _cmdline(proc) -> list[str]:
         return []
 
 
+def finished_run(run: GrpoFleetRun, run_dir: Path) -> dict:
+    """The record of a run that ended already (its ``summary.json`` and ``metrics.jsonl``),
+    for a side taken from a user's own ``rlfleet up``; nothing was sampled while it ran, so
+    it has no peak RSS."""
+    tail = e2e_fleet.MetricsTail(run_dir / "metrics.jsonl")
+    tail.poll()
+    done = (run_dir / "summary.json").is_file()
+    record = _record(run, run_dir, 0 if done else None, "finished" if done else "unknown", tail)
+    record["from_run_dir"] = str(run_dir)
+    return record
+
+
+def _curve(key: str, rows: list[dict], record: dict) -> list[list[float]]:
+    """[step, training seconds, held-out accuracy]: before, each periodic validation, after."""
+    points = [[r["step"], r.get("training/time_s", 0.0), r[key]] for r in rows if key in r]
+    if record["val_before"] is not None:
+        points.insert(0, [0, 0.0, record["val_before"]])
+    if record["val_after"] is not None:
+        points.append([record["steps_done"], record["training_time_s"], record["val_after"]])
+    return points
+
+
 def _record(run: GrpoFleetRun, run_dir: Path, code, reason, tail) -> dict:
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -165,9 +190,10 @@ def _record(run: GrpoFleetRun, run_dir: Path, code, reason, tail) -> dict:
         "steps": [{"index": r["step"], **{k.removeprefix("timing_s/"): v for k, v in r.items()
                                           if k.startswith("timing_s/")}} for r in steps],
         "reward": [[r["step"], r["critic/score/mean"]] for r in steps if "critic/score/mean" in r],
-        "val_before": (summary.get("val_before") or {}).get(ACCURACY_KEY),
-        "val_after": (summary.get("val_after") or {}).get(ACCURACY_KEY),
+        "val_before": (summary.get("val_before") or {}).get(run.accuracy_key),
+        "val_after": (summary.get("val_after") or {}).get(run.accuracy_key),
     }  # fmt: skip
+    record["curve"] = _curve(run.accuracy_key, tail.rows, record)
     if code != 0 or not summary:
         tail_text = (run_dir / "up.log").read_text(errors="replace")[-1500:]
         record["error"] = f"rlfleet up exited {code} ({reason}): {tail_text}"

@@ -1,18 +1,21 @@
-"""One run of TRL's GRPOTrainer on SmolLM2-135M-Instruct and countdown, for bench_real_model.py.
+"""One run of TRL's GRPOTrainer on SmolLM2-135M-Instruct, for bench_real_model.py.
 
 Why a separate script: like ``e2e_trl.py`` (whose phase timer and thread setting it reuses),
 it runs as its own process, so it gets exactly the torch threads it is given, its peak RSS is
 its own and TRL's imports never touch the harness. It writes one JSON file: per-step wall and
 phase times (gen, reward, update), held-out greedy success before and after, peak RSS.
 
-Same work as ``configs/grpo_countdown_smollm2.yaml``: the countdown train Parquet, the prompt as
+Same work as the fleet's recipe (``configs/grpo_countdown_smollm2.yaml``, or
+``configs/grpo_smollm2_math.yaml`` for the ``learn`` section): its train Parquet, the prompt as
 chat messages (TRL renders a conversational prompt with the model's chat template; the ids it
 feeds are compared with what rlfleet's trainer feeds, ``encode_prompt`` under
-``data.apply_chat_template: auto``, and a difference stops the run), rlfleet's own countdown
-scorer as the reward, group size, completion length, lr, temperature, batch and threads.
+``data.apply_chat_template: auto``, and a difference stops the run), rlfleet's own scorer of
+each row's data source as the reward, group size, completion length, lr, temperature, batch and threads.
 
 Usage: ``python bench/real_model_trl.py --out run.json --batch 4 --n 4 --max-tokens 96
---steps 4 [--budget-s 0] [--val-size 16]``.
+--steps 4 [--budget-s 0] [--val-size 16] [--eval-every-s 0]``; with ``--eval-every-s`` the
+held-out set is also scored each time the training clock passes another multiple of it (the
+learning curve against training time; evaluation is not on the clock).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="stop once this much training time is spent (0: run --steps)")  # fmt: skip
     parser.add_argument("--val-size", type=int, default=0, help="held-out rows (0: no eval)")
+    parser.add_argument("--eval-every-s", type=float, default=0.0,
+                        help="also evaluate every this many training seconds (0: ends only)")  # fmt: skip
     parser.add_argument("--train-file", type=Path, default=DATA / "train.parquet")
     parser.add_argument("--test-file", type=Path, default=DATA / "test.parquet")
     parser.add_argument("--work-dir", type=Path, default=common.RESULTS_DIR / "work" / "trl")
@@ -60,20 +65,31 @@ def read_records(path: Path, limit: int | None = None) -> list:
     return [to_record(row, f"{path}:{i + 1}") for i, row in enumerate(rows)]
 
 
-def countdown_reward(completions, ground_truth, **_) -> list[float]:
-    """rlfleet's countdown scorer (``countdown_score``, the reward service's built-in)."""
-    from rlfleet.reward.scorers.builtin import countdown_score
+def scores_of(texts: list[str], sources: list[str], truths: list) -> list[float]:
+    """Each response scored by the built-in scorer its row's ``data_source`` selects (the
+    reward service's own choice; an unscorable response counts 0, as in rlfleet's training)."""
+    from rlfleet.common.config import RewardConfig
+    from rlfleet.reward.scorers import build_registry
+    from rlfleet.reward.types import ScoreRequest
 
+    registry = build_registry(RewardConfig())
+    out = []
+    for index, (text, source, truth) in enumerate(zip(texts, sources, truths, strict=True)):
+        request = ScoreRequest(f"trl-{index}", source, text, truth, {})
+        [result] = registry.select(request).score_many([request])
+        out.append(0.0 if result.error else float(result.score))
+    return out
+
+
+def row_reward(completions, ground_truth, data_source, **_) -> list[float]:
+    """TRL's reward function: rlfleet's scorers, selected by each row's data source."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [
-        countdown_score(t, json.loads(g))["score"] for t, g in zip(texts, ground_truth, strict=True)
-    ]
+    return scores_of(texts, list(data_source), [json.loads(g) for g in ground_truth])
 
 
 def held_out(model, tokenizer, records: list, max_tokens: int) -> float:
     """Greedy success on ``records`` as rlfleet's validation scores it (same ids, scorer)."""
     from rlfleet.model.model_io import greedy_completions
-    from rlfleet.reward.scorers.builtin import countdown_score
 
     if not records:
         return float("nan")
@@ -81,9 +97,7 @@ def held_out(model, tokenizer, records: list, max_tokens: int) -> float:
     model.eval()
     texts = greedy_completions(model, tokenizer, [r.prompt for r in records], max_tokens, 64)
     model.train(was_training)
-    scores = [
-        countdown_score(t, r.ground_truth)["score"] for t, r in zip(texts, records, strict=True)
-    ]
+    scores = scores_of(texts, [r.data_source for r in records], [r.ground_truth for r in records])
     return sum(scores) / len(scores)
 
 
@@ -119,6 +133,7 @@ def callback(args, tokenizer, test: list, phases: PhaseTimer, record: dict):
     class Clock(TrainerCallback):
         def on_train_begin(self, _args, state, control, model=None, **_):
             record["val_before"] = self._evaluate(model)
+            self.next_eval = args.eval_every_s
             self.mark = time.perf_counter()
 
         def on_step_end(self, _args, state, control, model=None, **_):
@@ -136,22 +151,27 @@ def callback(args, tokenizer, test: list, phases: PhaseTimer, record: dict):
             if args.budget_s and record["training_time_s"] >= args.budget_s:
                 control.should_training_stop = True
                 record["stopped_by"] = "budget spent"
+            elif args.eval_every_s and record["training_time_s"] >= self.next_eval:
+                self.next_eval += args.eval_every_s
+                self._evaluate(model, state.global_step)
             self.mark = time.perf_counter()
 
         def on_train_end(self, _args, state, control, model=None, **_):
-            record["val_after"] = self._evaluate(model)
+            record["val_after"] = self._evaluate(model, state.global_step)
 
         def on_log(self, _args, state, control, logs=None, **_):
             if logs and "reward" in logs:
                 record["reward"].append([state.global_step, logs["reward"]])
 
-        def _evaluate(self, model) -> float | None:
+        def _evaluate(self, model, step: int = 0) -> float | None:
             if not test:
                 return None
             started = time.perf_counter()
             value = held_out(model, tokenizer, test, args.max_tokens)
             record["eval_s"].append(time.perf_counter() - started)
+            record["curve"].append([step, record["training_time_s"], value])
             common.progress(f"trl held-out: {value:.3f} ({len(test)} rows)")
+            save(args.out, record)
             return value
 
     return Clock()
@@ -168,10 +188,11 @@ def build_trainer(args: argparse.Namespace, record: dict):
     path = resolve_local_model(MODEL)
     tokenizer = load_tokenizer(path)
     train = read_records(args.train_file)
-    rows = [{"prompt": r.prompt, "ground_truth": json.dumps(r.ground_truth)} for r in train]
+    rows = [{"prompt": r.prompt, "ground_truth": json.dumps(r.ground_truth),
+             "data_source": r.data_source} for r in train]  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype="float32")
     trainer = GRPOTrainer(
-        model=model, reward_funcs=countdown_reward, args=grpo_config(args),
+        model=model, reward_funcs=row_reward, args=grpo_config(args),
         train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
     )  # fmt: skip
     record["prompt_ids_example"] = check_prompt_ids(trainer, tokenizer, train[0])
@@ -236,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "params": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "steps": [], "reward": [], "eval_s": [], "training_time_s": 0.0, "stopped_by": None,
+        "curve": [],
     }  # fmt: skip
     started = time.perf_counter()
     trainer = build_trainer(args, record)

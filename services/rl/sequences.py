@@ -209,7 +209,7 @@ def response_logprobs(
     ``temperature`` divides the logits first (as the sampler did), so the trainer can score
     responses under the distribution they were drawn from.
     """
-    logits = response_logits(model, packed, share_prompts)
+    logits = response_logits(model, packed, share_prompts).float()  # bf16 under autocast
     if temperature != 1.0:
         logits = logits / temperature
     return logprobs_from_logits(logits, packed.responses) * packed.response_mask

@@ -168,8 +168,15 @@ class Actor:
     def _logprobs_of(self, prompts: list[list[int]], responses: list[list[int]]) -> list:
         packed = pack_sequences(prompts, responses, self.pad_id, self.device)
         temperature = self.config.rollout.temperature or 1.0
-        out = response_logprobs(self.model, packed, temperature, self.cfg.share_prompt_forward)
+        with self.autocast():
+            out = response_logprobs(self.model, packed, temperature, self.cfg.share_prompt_forward)
         return unpack_rows(out, packed.response_lengths)
+
+    def autocast(self) -> torch.autocast:
+        """bf16 autocast of the actor's forwards when ``trainer.autocast_dtype`` asks for it
+        (its backward follows the forward's dtypes); a no-op context otherwise."""
+        on = self.cfg.autocast_dtype == "bfloat16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=on)
 
     def update(
         self, batch, advantages: torch.Tensor, mask: torch.Tensor, orders=None
@@ -292,7 +299,9 @@ class Actor:
         packed = pack_sequences(
             [batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], self.pad_id, device
         )
-        logits = response_logits(self.train_module, packed, self.cfg.share_prompt_forward)
+        with self.autocast():
+            logits = response_logits(self.train_module, packed, self.cfg.share_prompt_forward)
+        logits = logits.float()  # the log-softmax and the loss in fp32, whatever the forward's
         temperature = self.config.rollout.temperature or 1.0
         logits = logits / temperature if temperature != 1.0 else logits
         width = packed.response_width

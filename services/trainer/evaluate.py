@@ -85,11 +85,19 @@ def score_of(result) -> float:
     return 0.0 if result.error else float(result.score)
 
 
+OVERALL = "all"
+"""The pseudo data source of the mean over every held-out prompt, reported first when the
+held-out set mixes sources: the run's one number (before -> after, ``time_to_target_s``)."""
+
+
 def accuracy_by_source(records: list[PromptRecord], scores: list[float]) -> dict[str, float]:
-    """``val-core/<data_source>/reward/mean@1`` (verl's name) per data source."""
+    """``val-core/<data_source>/reward/mean@1`` (verl's name) per data source; with more than
+    one source, ``val-core/all/reward/mean@1`` (every prompt) comes first."""
     grouped: dict[str, list[float]] = defaultdict(list)
     for record, score in zip(records, scores, strict=True):
         grouped[record.data_source].append(score)
+    if len(grouped) > 1:
+        grouped = {OVERALL: list(scores), **grouped}
     return {f"val-core/{src}/reward/mean@1": sum(v) / len(v) for src, v in grouped.items()}
 
 

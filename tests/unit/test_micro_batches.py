@@ -292,3 +292,25 @@ def test_rank_shards_in_micro_batches_add_up_to_the_mini_batch(
         else:
             got = sum(part[key] for part in parts)
         assert got == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_bf16_autocast_leaves_nearly_the_fp32_gradient_and_log_probs():
+    """``trainer.autocast_dtype=bfloat16``: the forwards run in bf16 (weights stay fp32), the
+    loss in fp32; the update's gradient and the log-probs stay close to fp32's (bf16 keeps 8
+    bits of mantissa, so not equal), and a parameter's gradient is fp32, like the weight."""
+    batch, advantages, mask = make_batch()
+    grads = {}
+    logprobs = {}
+    for dtype in ("none", "bfloat16"):
+        torch.manual_seed(0)
+        actor = actor_for("token-mean", 0, **{"trainer.autocast_dtype": dtype})
+        logprobs[dtype] = actor.logprobs(batch.prompts, batch.responses)
+        actor.update(batch, advantages, mask, orders=[list(range(len(batch)))])
+        grads[dtype] = torch.cat([p.grad.flatten() for p in actor.model.parameters()])
+    full, half = grads["none"], grads["bfloat16"]
+    assert half.dtype == torch.float32 and bool(torch.isfinite(half).all())
+    assert float((half - full).norm() / full.norm()) < 0.1
+    assert float(torch.nn.functional.cosine_similarity(half, full, dim=0)) > 0.99
+    for exact, rounded in zip(logprobs["none"], logprobs["bfloat16"], strict=True):
+        assert rounded == pytest.approx(exact, abs=0.05)
+        assert rounded != exact  # the forward really ran in bf16

@@ -114,8 +114,10 @@ def test_validation_is_greedy_mean_at_1_then_sampled_metrics_and_sample_rows():
     result = asyncio.run(
         evaluator(**{"trainer.val_n": 4, "trainer.log_val_generations": 2}).validate(RECORDS, 1)
     )
-    # greedy answers 5, 1, 7 -> a: (1 + 0) / 2, b: 1
-    assert list(result.metrics)[:2] == ["val-core/a/reward/mean@1", "val-core/b/reward/mean@1"]
+    # greedy answers 5, 1, 7 -> all: 2 / 3 first (two sources), a: (1 + 0) / 2, b: 1
+    assert list(result.metrics)[:3] == ["val-core/all/reward/mean@1", "val-core/a/reward/mean@1",
+                                        "val-core/b/reward/mean@1"]  # fmt: skip
+    assert result.metrics["val-core/all/reward/mean@1"] == pytest.approx(2 / 3)
     assert result.metrics["val-core/a/reward/mean@1"] == 0.5
     assert result.metrics["val-core/b/reward/mean@1"] == 1.0
     # sampled: prompt 0 scores [1,0,0,1] maj "5" (tie, first); prompt 1 all 0; prompt 2 [1,1,1,0]
@@ -132,7 +134,11 @@ def test_validation_is_greedy_mean_at_1_then_sampled_metrics_and_sample_rows():
 
 def test_one_sample_means_greedy_only():
     result = asyncio.run(evaluator().validate(RECORDS, 1))
-    assert sorted(result.metrics) == ["val-core/a/reward/mean@1", "val-core/b/reward/mean@1"]
+    assert sorted(result.metrics) == [
+        "val-core/a/reward/mean@1", "val-core/all/reward/mean@1", "val-core/b/reward/mean@1"
+    ]  # fmt: skip
+    one_source = asyncio.run(evaluator().validate(RECORDS[:2], 1))
+    assert list(one_source.metrics) == ["val-core/a/reward/mean@1"]  # no "all" for one source
 
 
 def test_val_n_and_temperature_are_checked():

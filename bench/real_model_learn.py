@@ -3,8 +3,8 @@
 Why: s/step says nothing about learning. A user compares held-out accuracy against wall-clock
 time, side by side with the peer. Here TRL's GRPOTrainer (``real_model_trl.py``) and
 ``rlfleet up --config configs/grpo_smollm2_math.yaml`` (``real_model_fleet.py``) train the same
-model on the same data, group size, lengths, temperature, learning rate and torch threads, one
-after the other (never two at once on this 2-core machine), each given the same training-time
+model on the same data, group size, lengths, temperature, learning rate and precision (TRL,
+one process, gets every core), one after the other (never two at once on this 2-core machine), each given the same training-time
 budget (validation off the clock on both sides). Both score the same held-out rows greedily
 with rlfleet's scorers: before, every ``eval_every_s`` (TRL) or ``trainer.test_freq`` steps
 (the fleet), and after. Written: ``real_model_learn.{json,md}`` (before, after, gain, steps,
@@ -76,7 +76,8 @@ class LearnPlan:
         return {"batch": c.data.train_batch_size, "n": c.rollout.n,
                 "max_tokens": c.rollout.max_tokens, "max_prompt_length": c.data.max_prompt_length,
                 "lr": c.trainer.lr, "temperature": c.rollout.temperature,
-                "threads": c.trainer.torch_threads, "seed": c.trainer.seed, "steps": STEP_CAP,
+                "threads": os.cpu_count() or 1, "seed": c.trainer.seed, "steps": STEP_CAP,
+                "bf16": int(c.trainer.autocast_dtype == "bfloat16"),
                 "budget_s": self.budget_s, "val_size": self.val_size,
                 "eval_every_s": self.eval_every_s,
                 "train_file": Path(c.data.train_files[0]).expanduser(),
@@ -180,15 +181,17 @@ def notes_of(plan: LearnPlan) -> list[str]:
     return [
         f"work: {c.data.train_batch_size} prompts x {c.rollout.n} samples x up to "
         f"{c.rollout.max_tokens} new tokens a step, lr {c.trainer.lr}, temperature "
-        f"{c.rollout.temperature}, no KL term, torch threads {c.trainer.torch_threads}, fp32",
+        f"{c.rollout.temperature}, no KL term; fp32 weights, autocast {c.trainer.autocast_dtype} "
+        f"on both sides; threads: TRL (one process) every core ({os.cpu_count()}), the fleet's "
+        f"trainer {c.trainer.torch_threads} beside its vLLM replica",
         f"held-out: greedy, the first {plan.val_size} rows of the basic_math test Parquet "
         f"(problems not in train), rlfleet's basic_math scorer, {ACCURACY_KEY}",
         f"budget: {plan.budget_s:.0f} s of training each (fleet: trainer.max_training_s, its "
         "step clock; TRL: the same clock around its steps); evaluation off both clocks",
         f"fleet: rlfleet up --config configs/grpo_smollm2_math.yaml --rollout-replicas 1 "
         f"{' '.join(plan.overrides)} (mode {c.trainer.mode}, rollout.backend {c.rollout.backend})",
-        "TRL: GRPOTrainer (use_cpu, fp32, beta 0), the same chat-template ids (checked), HF "
-        "generate; one process",
+        "TRL: GRPOTrainer (use_cpu, autocast as above, beta 0), the same chat-template ids "
+        "(checked), HF generate; one process",
     ]
 
 

@@ -46,6 +46,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--bf16", type=int, default=0,
+                        help="1: bf16 autocast (the fleet's trainer.autocast_dtype=bfloat16)")  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=0.0,
                         help="stop once this much training time is spent (0: run --steps)")  # fmt: skip
     parser.add_argument("--val-size", type=int, default=0, help="held-out rows (0: no eval)")
@@ -106,7 +108,7 @@ def grpo_config(args: argparse.Namespace):
 
     return GRPOConfig(
         output_dir=str(args.work_dir), report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, use_cpu=True, bf16=False, seed=args.seed, data_seed=args.seed,
+        disable_tqdm=True, use_cpu=True, bf16=bool(args.bf16), seed=args.seed, data_seed=args.seed,
         per_device_train_batch_size=args.batch * args.n, num_generations=args.n,
         steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1,
         max_completion_length=args.max_tokens, temperature=args.temperature,

@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rollout_replicas < 1 or args.env_processes < 1:
         raise SystemExit("rlfleet up: --rollout-replicas and --env-processes must be >= 1")
     config = load_config(args.config, args.overrides)
+    from rlfleet.model.local_models import check_context
+
+    check_context(config.model.path, config.rollout.max_model_len)  # before any role starts
     if args.ray is not None or config.launcher == "ray":
         from rlfleet.launch.ray_up import run_on_ray
 

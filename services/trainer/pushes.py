@@ -36,11 +36,6 @@ class WeightPushes:
         self.landed_version = 0
         self._landed = asyncio.Condition()
         self._task: asyncio.Task | None = None
-        use_delta = getattr(
-            getattr(fleet, "weight_sync", None), "use_delta", None
-        )  # doubles lack it
-        if use_delta is not None:
-            use_delta(config.trainer.weight_delta)
 
     async def push(self, version: int, only_stale: bool = False) -> dict[str, float]:
         """Send the actor's weights as ``version`` to replicas, and wait for them."""

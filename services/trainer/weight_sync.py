@@ -17,7 +17,7 @@ push of a ``WeightSync`` is forced: a trainer that starts (or resumes from a che
 than what the replicas serve) is the only writer, and its weights win. A replica whose load
 failed midway reports ``update_failed`` and stays a target until a push to it succeeds.
 
-With ``trainer.weight_delta`` (``use_delta``), a replica serving the version of the previous
+With ``trainer.weight_delta`` (``grpc_weight_sync(delta=...)``), a replica serving the version of the previous
 push gets only the tensors that changed since (``weights_delta``), streamed, when that is
 smaller than the full push; a replica that refuses the delta (FAILED_PRECONDITION: another
 base; INVALID_ARGUMENT: it arrived damaged) gets the full push at once, in the same push.
@@ -329,11 +329,6 @@ class WeightSync:
         """Replica id -> the version it reported after our last push to it."""
         self._forced_once = False
 
-    def use_delta(self, mode: DeltaMode) -> None:
-        """Send deltas as ``trainer.weight_delta`` says, where the transport can."""
-        if hasattr(self._transport, "delta"):
-            self._transport.delta = mode
-
     async def push(
         self, state_dict: StateDict, version: int, flush_cache: bool = True,
         only_stale: bool = False, force: bool | None = None,
@@ -391,10 +386,12 @@ class WeightSync:
 
 
 def grpc_weight_sync(
-    router_address: str, api_key: str | None, max_message_mb: int, shared_memory: bool = True
-) -> WeightSync:
+    router_address: str, api_key: str | None, max_message_mb: int, shared_memory: bool = True,
+    delta: DeltaMode = "never",
+) -> WeightSync:  # fmt: skip
     """Weight sync over gRPC: the router lists replicas, each gets its own stream (or, on this
-    machine and with ``shared_memory``, a header naming one shared payload file)."""
+    machine and with ``shared_memory``, a header naming one shared payload file); ``delta`` is
+    ``trainer.weight_delta``."""
     from rlfleet.rollout.client import PreparedUpdate, RolloutClient
 
     def connect(address: str) -> RolloutClient:
@@ -402,6 +399,7 @@ def grpc_weight_sync(
 
     chunk_bytes = min(4, max_message_mb // 2) * 2**20
     transport = GrpcWeightTransport(connect, PreparedUpdate.of, chunk_bytes, shared_memory)
+    transport.delta = delta
     return WeightSync(connect(router_address), transport)
 
 

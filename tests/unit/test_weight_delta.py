@@ -206,3 +206,22 @@ def test_lora_updates_are_never_sent_as_deltas() -> None:
     transport = new_transport()
     plan(transport, adapter, 1)
     assert plan(transport, adapter, 2)[1] is None
+
+
+def test_the_trainers_fleet_sends_deltas_as_its_config_says():
+    """``connect_fleet`` builds the weight sync with ``trainer.weight_delta`` (no channel is
+    opened until a call)."""
+    import asyncio
+
+    from rlfleet.trainer.fleet import connect_fleet
+
+    async def delta_mode(mode: str) -> str:
+        fleet = await connect_fleet(config(mode))
+        try:
+            return fleet.weight_sync._transport.delta
+        finally:
+            await fleet.close()
+
+    assert [asyncio.run(delta_mode(m)) for m in ("never", "auto", "always")] == [
+        "never", "auto", "always"
+    ]  # fmt: skip

@@ -28,14 +28,18 @@ FIRST_PAUSE_S, MAX_PAUSE_S = 0.5, 5.0
 
 async def retry_transient(attempt: Callable[[int], Awaitable[T]], budget_s: float, what: str) -> T:
     """``attempt(n)`` (n = 0, 1, ...) until it returns, retrying transient errors with
-    exponential backoff while ``budget_s`` lasts; the last error is raised after that."""
+    exponential backoff while ``budget_s`` lasts; the last error is raised after that.
+
+    The first transient failure is always retried once, however long it took: a first attempt
+    that waited out a service's own deadline (a batch entry held by a replica that was killed,
+    on a loaded machine) would otherwise spend the whole budget and end the run untried."""
     deadline = time.monotonic() + budget_s
     pause = FIRST_PAUSE_S
     for n in itertools.count():
         try:
             return await attempt(n)
         except TRANSIENT as exc:
-            if time.monotonic() + pause > deadline:
+            if n > 0 and time.monotonic() + pause > deadline:
                 raise
             log.warning("%s failed (%s: %s); retry %d in %.1f s",
                         what, type(exc).__name__, exc, n + 1, pause)  # fmt: skip

@@ -112,9 +112,12 @@ def fleet(
 def warm_up(base_url: str) -> None:
     """One short answer through each front before the tests time theirs: the replica's first
     generation pays for lazy set-up (allocations, the chat template) once."""
+    models = requests.get(f"{base_url}/models", timeout=30)
+    models.raise_for_status()
+    served = models.json()["data"][0]["id"]
     for path, body in (("chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
                        ("completions", {"prompt": "Hi"})):  # fmt: skip
-        reply = requests.post(f"{base_url}/{path}", json={"model": "judge", "max_tokens": 2, **body},
+        reply = requests.post(f"{base_url}/{path}", json={"model": served, "max_tokens": 2, **body},
                               timeout=180)  # fmt: skip
         reply.raise_for_status()
 

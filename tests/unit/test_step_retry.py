@@ -73,10 +73,11 @@ def test_errors_retrying_cannot_fix_end_the_step_at_once():
 
 
 def test_retries_stop_after_the_budget():
+    """With no budget left the first failure still gets its one retry, then the step fails."""
     trainer = flaky_trainer(100, Unavailable("still down"), **{"trainer.step_retry_s": 0})
     with pytest.raises(Unavailable, match="still down"):
         asyncio.run(trainer.train_step(prompts()))
-    assert len(trainer.fleet.rollout.batches) == 1
+    assert len(trainer.fleet.rollout.batches) == 2
 
 
 def test_failed_weight_push_is_retried_to_stale_replicas_only():

@@ -19,11 +19,9 @@ said), and compares it exactly with the ground truth.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
-from rlfleet.tasks.gsm_symbolic import to_number
+from rlfleet.tasks.gsm_symbolic import Check, check_final_number
 
 INSTRUCTION = " Reply with the final answer as a number on the last line, as 'Answer: N'."
 """Appended to every question: asks for the answer last, in one checkable form."""
@@ -47,25 +45,13 @@ _MARKED = re.compile(r"answer\s*(?:is)?\s*[:=]?\s*\**\s*(-?\d[\d,]*(?:\.\d+)?)",
 _ANY = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-@dataclass(frozen=True)
-class Check:
-    answer: Fraction | None  # the number read, None when there was none
-    marked: bool  # it came after "Answer"
-    correct: bool
-
-
 def prompt(question: str) -> str:
     return question.strip() + INSTRUCTION
 
 
 def check(response: str, ground_truth: Any) -> Check:
     """The number after the last ``Answer:``, else the last number, against ``ground_truth``."""
-    marked = _MARKED.findall(response)
-    found = marked or _ANY.findall(response)
-    answer = to_number(found[-1]) if found else None
-    expected = to_number(ground_truth)
-    correct = answer is not None and expected is not None and answer == expected
-    return Check(answer, bool(marked), correct)
+    return check_final_number(response, ground_truth, _MARKED, _ANY)
 
 
 def comparison_question(first: int, second: int) -> tuple[str, int]:

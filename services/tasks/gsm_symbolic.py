@@ -47,8 +47,16 @@ def to_number(text: Any) -> Fraction | None:
 
 def check(response: str, ground_truth: Any) -> Check:
     """The number after the last ``####``, else the last number, against ``ground_truth``."""
-    marked = _MARKED.findall(response)
-    found = marked or _ANY.findall(response)
+    return check_final_number(response, ground_truth, _MARKED, _ANY)
+
+
+def check_final_number(
+    response: str, ground_truth: Any, marked_pattern: re.Pattern, any_pattern: re.Pattern
+) -> Check:
+    """The last ``marked_pattern`` match (its group), else the last ``any_pattern`` match,
+    compared exactly with ``ground_truth`` as numbers."""
+    marked = marked_pattern.findall(response)
+    found = marked or any_pattern.findall(response)
     answer = to_number(found[-1]) if found else None
     expected = to_number(ground_truth)
     correct = answer is not None and expected is not None and answer == expected

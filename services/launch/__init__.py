@@ -1,14 +1,15 @@
 """``rlfleet up`` and ``rlfleet scale``: starting the fleet's roles and keeping them running.
 
-Two backends run the same role processes (``process``: each role's command line, environment
-and output, with secrets in the environment, never on a command line; ``session``: the
-embedded Redis before, the summary after):
+Two backends run the same fleet plan (``plan``: which roles, in what order, with what
+overrides; written once, for both) as the same role processes (``process``: each role's
+command line, environment and output, with secrets in the environment, never on a command
+line; ``session``: the embedded Redis before, the summary after):
 
 - ``local``: every role a local process, supervised here (``rlfleet up``).
 - Ray (``rlfleet up --ray``): each role a Ray actor running the role's own process, placed by
   per-role resources and resource pools (placement groups), restarted by Ray on failure and
   scaled while running (``rlfleet scale rollout=N``, ``env=N`` in agent mode). Modules: ``ray_actors`` (the role actor;
-  the named control actor), ``ray_plan`` (what to start, resource requests), ``ray_up`` (the
+  the named control actor), ``ray_plan`` (a planned member as an actor, resource requests), ``ray_up`` (the
   launcher), ``scale`` (``rlfleet scale``); joining or starting the cluster is
   ``rlfleet.common.ray_cluster`` (the trainer's DDP ranks use it too). Ray is imported only
   after argument parsing, inside functions.

@@ -1,7 +1,8 @@
 """``rlfleet up``: the whole fleet as local processes.
 
-Starts the router, N rollout replicas, reward, refcritic and the trainer (after the embedded
-Redis, ``rlfleet.launch.session``); streams each one's output with a ``[name]`` prefix (and
+Starts the fleet's plan (``rlfleet.launch.plan``: router, reward, refcritic, N rollout
+replicas, the env role, the trainer, the dashboard) after the embedded Redis
+(``rlfleet.launch.session``); streams each one's output with a ``[name]`` prefix (and
 into ``run_dir/logs``); and leaves nothing behind: when the trainer finishes, on Ctrl-C, or
 when any service dies (then it says which one and why), every process it started is stopped,
 by its own process group.
@@ -13,10 +14,20 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.pdeathsig import die_with_parent
+from rlfleet.launch.plan import (
+    ADDRESS_KEYS,
+    FleetPlan,
+    PlannedRole,
+    address_override,
+    gateway_overrides,
+    member_index,
+    plan_from_args,
+)
 from rlfleet.launch.process import Child, free_port, role_argv, role_env, split_secrets
 from rlfleet.launch.session import print_run_summary, say, start_redis
 
@@ -24,85 +35,70 @@ STOP_GRACE_S = 10.0
 
 
 def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) -> list[Child]:
-    """Every process to start, in start order, with ports and endpoints filled in."""
-    ports = {role: free_port() for role in ("router", "reward", "refcritic", "trainer", "env")}
+    """The fleet's plan (``rlfleet.launch.plan``) as processes, in its start order, with
+    addresses filled in: 127.0.0.1 and a free port for each role that serves at one."""
+    plan = plan_from_args(config, args)
+    ports = {verb: free_port() for verb in ADDRESS_KEYS}
     overrides, secrets = split_secrets(args.overrides)  # secrets travel in the environment
-    common = [
-        f"endpoints.router=127.0.0.1:{ports['router']}",
-        f"endpoints.reward=127.0.0.1:{ports['reward']}",
-        f"endpoints.refcritic=127.0.0.1:{ports['refcritic']}",
-        f"endpoints.trainer=127.0.0.1:{ports['trainer']}",
-        f"agent.address=127.0.0.1:{ports['env']}",
-        *overrides,
-    ]
+    addresses = [address_override(verb, f"127.0.0.1:{port}") for verb, port in ports.items()]
+    common = [*addresses, *overrides]
     env = role_env(redis_url, secrets)  # Redis too: its URL may hold a password
     # Every role gets SIGTERM if `rlfleet up` dies outright (SIGKILL): no fleet left running
     # on its own. Children are started and restarted from the main thread, the signal's anchor.
     die_with_us, _ = die_with_parent(signal.SIGTERM)
-
-    def child(name, verb, *extra, env_extra=None, flags=()):
-        argv = [*die_with_us, *role_argv(verb, args.config, [*common, *extra], flags)]
-        return Child(name, argv, {**env, **(env_extra or {})}, log_dir / f"{name}.log")
-
-    cores = os.cpu_count() or 1
     http_port = config.router.http_port or free_port()  # the OpenAI-compatible API
     say(config, f"rlfleet up: router HTTP at http://127.0.0.1:{http_port}/v1")
-    record_endpoints(config, args, ports, http_port, redis_url)
-    dashboard, replica_metrics = dashboard_ports(config, args.rollout_replicas)
-    children = [child("router", "router", f"router.port={ports['router']}",
-                      f"router.http_port={http_port}")]  # fmt: skip
-    if dashboard is not None:  # the live page (rlfleet.dashboard), up while replicas load
-        children.append(child("dashboard", "dashboard", f"dashboard.port={dashboard}"))
-    children += [
-        child(
-            f"rollout-{i}",
-            "rollout",
-            f"rollout.replica_id=rollout-{i}",
-            *([f"rollout.metrics_port={replica_metrics[i]}"] if replica_metrics else []),
-            env_extra={
-                "VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
-                    "VLLM_CPU_OMP_THREADS_BIND", str(i % cores)
-                )
-            },
+    record_endpoints(config, plan, ports, http_port, redis_url)
+    ports["dashboard"], replica_metrics = dashboard_ports(config, args.rollout_replicas)
+    local = LocalRoles(config, ports, http_port, replica_metrics)
+    children = []
+    for member in plan.members:
+        argv = role_argv(
+            member.verb, args.config, [*common, *local.overrides(member)], member.flags
         )
-        for i in range(args.rollout_replicas)
-    ]
-    children.append(child("reward", "reward", f"reward.port={ports['reward']}"))
-    if config.needs_refcritic:
-        children.append(child("refcritic", "refcritic", f"refcritic.port={ports['refcritic']}"))
-    if config.agent.env:  # agent mode: episodes run in the env role, apart from the trainer
-        gateway = [] if config.agent.gateway_url else [  # workflows' and verifiers' OpenAI base
-            f"agent.gateway_url=http://127.0.0.1:{http_port}/v1"]  # fmt: skip
-        children.append(child("env", "env", f"agent.port={ports['env']}", *gateway))
-        children += [child(f"env-{i}", "env", *gateway, flags=("--worker-only",))
-                     for i in range(1, args.env_processes)]  # fmt: skip
-    if not args.no_trainer:
-        children.append(
-            child(
-                "trainer",
-                "trainer",
-                f"trainer.port={ports['trainer']}",
-                f"trainer.min_replicas={args.rollout_replicas}",
-            )
-        )
+        children.append(Child(member.name, [*die_with_us, *argv], {**env, **local.env(member)},
+                              log_dir / f"{member.name}.log"))  # fmt: skip
     return children
 
 
-def record_endpoints(config, args, ports: dict, http_port: int, redis_url: str) -> None:
+@dataclass(frozen=True)
+class LocalRoles:
+    """What the local backend adds to a planned member: its port, the router's HTTP port, a
+    replica's ``/metrics`` port and CPU binding, the env role's gateway."""
+
+    config: RlfleetConfig
+    ports: dict[str, int | None]
+    http_port: int
+    replica_metrics: list[int]
+
+    def overrides(self, member: PlannedRole) -> list[str]:
+        port = [member.port_override(self.ports[member.verb])] if member.fixed_port else []
+        extra: tuple[str, ...] = ()
+        if member.verb == "router":
+            extra = (f"router.http_port={self.http_port}",)
+        elif member.verb == "rollout" and self.replica_metrics:
+            extra = (f"rollout.metrics_port={self.replica_metrics[member_index(member.name)]}",)
+        elif member.verb == "env":  # workflows' and verifiers' OpenAI base
+            extra = gateway_overrides(self.config, f"http://127.0.0.1:{self.http_port}/v1")
+        return [*port, *member.overrides, *extra]
+
+    def env(self, member: PlannedRole) -> dict[str, str]:
+        """Replica ``i`` on core ``i`` (vLLM's CPU backend), unless the user bound them."""
+        if member.verb != "rollout":
+            return {}
+        core = member_index(member.name) % (os.cpu_count() or 1)
+        return {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", str(core))}
+
+
+def record_endpoints(config, plan: FleetPlan, ports: dict, http_port: int, redis_url: str) -> None:
     """Every role's address in ``run_dir/endpoints.json`` (services add what they bind)."""
     from rlfleet.common.endpoints import describe, write_endpoints
     from rlfleet.common.entry import safe_url
 
-    roles = {"redis": {"url": safe_url(redis_url)},
-             "router": {"grpc": f"127.0.0.1:{ports['router']}",
-                        "http": f"http://127.0.0.1:{http_port}/v1"},
-             "reward": {"grpc": f"127.0.0.1:{ports['reward']}"}}  # fmt: skip
-    if config.needs_refcritic:
-        roles["refcritic"] = {"grpc": f"127.0.0.1:{ports['refcritic']}"}
-    if config.agent.env:
-        roles["env"] = {"grpc": f"127.0.0.1:{ports['env']}"}
-    if not args.no_trainer:
-        roles["trainer"] = {"grpc": f"127.0.0.1:{ports['trainer']}"}
+    roles = {"redis": {"url": safe_url(redis_url)}}
+    for member in plan.addressed():
+        roles[member.name] = {"grpc": f"127.0.0.1:{ports[member.verb]}"}
+    roles["router"]["http"] = f"http://127.0.0.1:{http_port}/v1"
     for role, addresses in roles.items():
         write_endpoints(config.run_dir, role, addresses)
         say(config, f"rlfleet up: {describe(role, addresses)}")

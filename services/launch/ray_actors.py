@@ -26,31 +26,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlfleet.common.pdeathsig import die_with_parent
+from rlfleet.launch.plan import PlannedRole
 
 STOP_GRACE_S = 10.0
-CONFIG_SECTION = {"env": "agent"}
-"""The config section holding a role's ``host`` and ``port`` where it is not the role's name."""
 
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """One role process of the fleet, as the driver plans it."""
+    """One role process of the fleet as its actor runs it: a member of the fleet's plan
+    (``rlfleet.launch.plan``) and what only Ray adds to it."""
 
-    name: str
-    """Actor and log name: ``router``, ``rollout-0``, ``trainer``."""
-    role: str
-    """The config role (``rollout`` for every replica): resources and pool come from it."""
-    extra: tuple[str, ...] = ()
-    """Role-specific overrides (replica id, minimum replicas)."""
+    member: PlannedRole
     port: int | None = None
-    """The gRPC port a server role binds (the same after a restart); None = the role picks."""
-    finishes: bool = False
-    """Exit code 0 means done (the trainer), not a crash to restart."""
-    flags: tuple[str, ...] = ()
-    """Command-line flags of the role (``--worker-only`` for an env process without a front)."""
+    """The port a ``fixed_port`` member binds (the same after a restart); None = the role picks."""
+    extra: tuple[str, ...] = ()
+    """Overrides only Ray adds (the router's HTTP port; ``rollout.port=0``)."""
     node_host: bool = True
     """Bind the node's address (or ``Launch.host``), so other nodes reach it; False keeps the
     config's host (the dashboard: loopback unless the user opens it up)."""
+
+    @property
+    def name(self) -> str:
+        """Actor and log name: ``router``, ``rollout-0``, ``trainer``."""
+        return self.member.name
+
+    @property
+    def role(self) -> str:
+        """The config role (``rollout`` for every replica): resources and pool come from it."""
+        return self.member.verb
+
+    @property
+    def overrides(self) -> tuple[str, ...]:
+        return (*self.member.overrides, *self.extra)
 
 
 @dataclass(frozen=True)
@@ -91,8 +98,8 @@ class RoleActor:
         if os.path.isdir(launch.cwd):  # relative paths in the config mean the driver's folder
             os.chdir(launch.cwd)
         Path(launch.log_dir).mkdir(parents=True, exist_ok=True)
-        overrides = [*launch.common, *self._bind(), *self.spec.extra]
-        argv = role_argv(self.spec.role, launch.config_path, overrides, self.spec.flags)
+        overrides = [*launch.common, *self._bind(), *self.spec.overrides]
+        argv = role_argv(self.spec.role, launch.config_path, overrides, self.spec.member.flags)
         log = Path(launch.log_dir) / f"{self.spec.name}.log"
         prefix, preexec = die_with_parent(signal.SIGKILL)  # the actor's death ends the role
         env = role_env(launch.redis_url, launch.secrets)
@@ -113,16 +120,16 @@ class RoleActor:
         return self.spec.name
 
     def _bind(self) -> list[str]:
-        section = CONFIG_SECTION.get(self.spec.role, self.spec.role)
-        port = [f"{section}.port={self.spec.port}"] if self.spec.port else []
-        host = [f"{section}.host={self.host}"] if self.spec.node_host else []
+        member = self.spec.member
+        port = [member.port_override(self.spec.port)] if self.spec.port else []
+        host = [f"{member.section}.host={self.host}"] if self.spec.node_host else []
         return [*host, *port]
 
     def _watch(self) -> None:
         """When the role process ends: done (a finished trainer), or crash this actor so Ray
         restarts it, or nothing (we are stopping it)."""
         code = self.child.proc.wait()
-        if self.stopping or (code == 0 and self.spec.finishes):
+        if self.stopping or (code == 0 and self.spec.member.finishes):
             self.code = code
             return
         print(f"[ray] {self.spec.name}: role process exited with {code}; "

@@ -1,9 +1,10 @@
 """``rlfleet up --ray [ADDRESS]``: the same fleet as ``rlfleet up``, each role a Ray actor.
 
 Order: join the cluster (or start a local one), reserve the pools, start Redis (embedded,
-on this machine, unless ``redis_url`` is set), start the server roles (router, reward,
-refcritic) and learn where Ray put them, then the replicas and the trainer with those
-addresses. While the trainer runs, the launcher watches every actor (a role that crashes is
+on this machine, unless ``redis_url`` is set), then the fleet's plan (``rlfleet.launch.plan``)
+phase by phase: the server roles (router, reward, refcritic), whose addresses Ray's placement
+decides and every later role is given; the replicas and the env role; the trainer; the
+dashboard. While the trainer runs, the launcher watches every actor (a role that crashes is
 restarted by Ray up to ``max_restarts``; one that is out of restarts stops the fleet) and
 follows ``rlfleet scale`` through the named ``FleetControl`` actor. At the end, on a failure
 or on Ctrl-C, every actor is stopped (SIGTERM to its role, then killed), the pools are
@@ -29,22 +30,18 @@ from rlfleet.common.ray_cluster import (
     one_machine,
     reserve_pools,
 )
-from rlfleet.launch.process import free_port, split_secrets
-from rlfleet.launch.ray_actors import STOP_GRACE_S, FleetControl, Launch, RoleActor, RoleSpec
-from rlfleet.launch.ray_plan import (
-    actor_options,
-    dashboard_spec,
-    endpoint_overrides,
-    env_spec,
-    local_cpus,
+from rlfleet.launch.plan import (
+    ADDRESS_KEYS,
+    PlannedRole,
+    address_override,
+    gateway_overrides,
     member_index,
     member_name,
-    replica_spec,
-    role_demand,
-    scaled_spec,
-    server_specs,
-    trainer_spec,
+    plan_from_args,
 )
+from rlfleet.launch.process import free_port, split_secrets
+from rlfleet.launch.ray_actors import STOP_GRACE_S, FleetControl, Launch, RoleActor, RoleSpec
+from rlfleet.launch.ray_plan import actor_options, local_cpus, role_demand, role_spec, scaled_spec
 from rlfleet.launch.session import print_run_summary, say, start_redis
 
 POLL_S = 1.0
@@ -64,6 +61,7 @@ class RayFleet:
         self.config, self.args, self.launch, self.groups = config, args, launch, groups
         self.address = address
         """The Ray cluster's address, recorded for ``rlfleet scale``."""
+        self.plan = plan_from_args(config, args)
         self.actors: dict[str, object] = {}
         self.roles: dict[str, str] = {}
         self.placed: dict[str, dict] = {}
@@ -80,60 +78,46 @@ class RayFleet:
         return handle
 
     def start(self) -> None:
-        """Servers first (their addresses go to everyone else), then replicas and trainer."""
+        """The plan's phases in order; after a phase with members at fixed addresses, wait
+        until Ray placed them and tell every role started later where they are."""
         self.start_control()  # first: a fleet of the same name already there fails here
-        config, ports = self.config, {r: free_port() for r in ("router", "reward", "refcritic")}
-        http_port = config.router.http_port or free_port()
-        for spec in server_specs(config, ports, http_port):
-            self.start_actor(spec, self.launch)
-        addresses = {name: info["address"] for name, info in self.wait_placed().items()}
-        router_host = addresses["router"].rsplit(":", 1)[0]
-        say(config, f"rlfleet up: router HTTP at http://{router_host}:{http_port}/v1")
-        trainer = trainer_spec(free_port(), self.args.rollout_replicas)
-        common = (*endpoint_overrides(addresses), *self.launch.common)
-        self.launch = replace(self.launch, common=common)
-        for index in range(self.args.rollout_replicas):
-            self.start_actor(replica_spec(index), self.launch)
-        if config.agent.env:  # agent mode: episodes run in the env role, apart from the trainer
-            self.start_env(f"http://{router_host}:{http_port}/v1")
-        if not self.args.no_trainer:
-            self.start_actor(trainer, self.launch)
+        http_port = self.config.router.http_port or free_port()
+        for phase in self.plan.phases():
+            for member in phase:
+                self.start_actor(self.spec_of(member, http_port), self.launch)
+            if any(member.fixed_port for member in phase):
+                self.learn_addresses(phase, http_port)
         self.wait_placed()
-        self.start_dashboard()
         self.record(http_port)
 
-    def start_dashboard(self) -> None:
-        """The live page (``dashboard.enabled``), last: it is given the trainer's address,
-        known once the trainer's actor is placed (its model loads after that)."""
-        if not self.config.dashboard.enabled:
-            return
-        port = self.config.dashboard.port or free_port()  # on this node: see on_this_node
-        trainer = self.placed.get("trainer", {}).get("address")
-        self.start_actor(dashboard_spec(port, trainer), self.launch)
+    def spec_of(self, member: PlannedRole, http_port: int) -> RoleSpec:
+        """Ray's port for a member with a fixed address (the dashboard's is on this node: see
+        ``on_this_node``), and the router's HTTP port."""
+        port = self.config.dashboard.port if member.verb == "dashboard" else 0
+        extra = (f"router.http_port={http_port}",) if member.verb == "router" else ()
+        return role_spec(member, (port or free_port()) if member.fixed_port else None, extra)
+
+    def learn_addresses(self, phase: tuple[PlannedRole, ...], http_port: int) -> None:
+        """Once ``phase`` is placed, its addresses go to every role started from now on
+        (scaled ones included), before the user's overrides, as locally; so does the env
+        role's gateway, the router's HTTP front."""
         self.wait_placed()
-
-    def start_env(self, gateway: str) -> None:
-        """The env front door and ``--env-processes`` - 1 worker-only processes, all with the
-        router's OpenAI base as ``agent.gateway_url`` (for environments that drive it), unless
-        the user set one; once the front is placed, every role started later (the trainer)
-        gets its ``agent.address``."""
-        if not self.config.agent.gateway_url:
-            self.add_common(f"agent.gateway_url={gateway}")
-        self.start_actor(env_spec(0, free_port()), self.launch)
-        for index in range(1, self.args.env_processes):
-            self.start_actor(env_spec(index, 0), self.launch)
-        self.add_common(f"agent.address={self.wait_placed()['env']['address']}")
-
-    def add_common(self, override: str) -> None:
-        """An override for every role started from now on (scaled ones included)."""
-        self.launch = replace(self.launch, common=(*self.launch.common, override))
+        addressed = [m for m in phase if m.fixed_port and m.verb in ADDRESS_KEYS]
+        found = [address_override(m.verb, self.placed[m.name]["address"]) for m in addressed]
+        self.launch = replace(self.launch, common=(*found, *self.launch.common))
+        if any(member.verb == "router" for member in phase):
+            router_host = self.placed["router"]["address"].rsplit(":", 1)[0]
+            router_http = f"http://{router_host}:{http_port}/v1"
+            say(self.config, f"rlfleet up: router HTTP at {router_http}")
+            gateway = gateway_overrides(self.config, router_http)
+            self.launch = replace(self.launch, common=(*self.launch.common, *gateway))
 
     def start_control(self) -> None:
         import ray
 
         name = control_name(self.config.cluster)
         remote = ray.remote(FleetControl).options(name=name, num_cpus=0)
-        self.control = remote.remote(scalable_counts(self.config, self.args))
+        self.control = remote.remote(self.plan.scalable_counts())
         ray.get(self.control.wanted_counts.remote())
 
     def wait_placed(self) -> dict[str, dict]:
@@ -143,6 +127,8 @@ class RayFleet:
         waiting = {
             name: h.info.remote() for name, h in self.actors.items() if name not in self.placed
         }
+        if not waiting:
+            return {}
         ready, _ = ray.wait(list(waiting.values()), num_returns=len(waiting),
                             timeout=self.config.ray.start_timeout_s)  # fmt: skip
         stuck = [name for name, ref in waiting.items() if ref not in ready]
@@ -293,14 +279,6 @@ class RayFleet:
             remove_placement_group(group)
 
 
-def scalable_counts(config: RlfleetConfig, args) -> dict[str, int]:
-    """What ``rlfleet scale`` may change, and the counts the fleet starts with."""
-    counts = {"rollout": args.rollout_replicas}
-    if config.agent.env:
-        counts["env"] = args.env_processes
-    return counts
-
-
 def launch_settings(config: RlfleetConfig, args, redis_url: str, host: str | None) -> Launch:
     """What every role shares. Paths are made absolute: a role may start in another folder."""
     run_dir = Path(config.run_dir).resolve()
@@ -313,8 +291,7 @@ def launch_settings(config: RlfleetConfig, args, redis_url: str, host: str | Non
 
 def run_on_ray(config: RlfleetConfig, args) -> int:
     """``rlfleet up --ray``'s whole life; returns its exit code (130 when interrupted)."""
-    actors = {"router": 1, "reward": 1, "refcritic": int(config.needs_refcritic),
-              "trainer": int(not args.no_trainer), **scalable_counts(config, args)}  # fmt: skip
+    actors = plan_from_args(config, args).counts()
     cluster: Cluster | None = None
     fleet: RayFleet | None = None
     redis = None

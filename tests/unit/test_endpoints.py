@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 from rlfleet.common.config import load_config
 from rlfleet.common.endpoints import read_endpoints, write_endpoints
 from rlfleet.launch.local import record_endpoints
+from rlfleet.launch.plan import plan_fleet
 
 
 def test_roles_merge_and_a_role_replaces_its_own_entry(tmp_path):
@@ -23,8 +23,9 @@ def test_roles_merge_and_a_role_replaces_its_own_entry(tmp_path):
 
 def test_up_records_every_role_it_starts(tmp_path, capsys):
     config = load_config(None, [f"run_dir={tmp_path}"])
-    ports = {"router": 1, "reward": 2, "refcritic": 3, "trainer": 4}
-    record_endpoints(config, SimpleNamespace(no_trainer=True), ports, 5, "redis://127.0.0.1:6/0")
+    ports = {"router": 1, "reward": 2, "refcritic": 3, "trainer": 4, "env": 7}
+    plan = plan_fleet(config, replicas=1, trainer=False)
+    record_endpoints(config, plan, ports, 5, "redis://127.0.0.1:6/0")
     recorded = read_endpoints(tmp_path)
     assert recorded["router"] == {"grpc": "127.0.0.1:1", "http": "http://127.0.0.1:5/v1"}
     assert recorded["reward"] == {"grpc": "127.0.0.1:2"} and "trainer" not in recorded

@@ -72,7 +72,10 @@ def test_every_component_is_there(objects):
     expected = {
         ("ConfigMap", "rlfleet-config"),
         ("PersistentVolumeClaim", "rlfleet-runs"),
-        *[("Deployment", n) for n in ("redis", "router", "rollout", "reward", "refcritic", "env")],
+        *[
+            ("Deployment", n)
+            for n in ("redis", "router", "rollout", "reward", "refcritic", "env", "dashboard")
+        ],  # fmt: skip
         *[("Service", n) for n in ("redis", "router", "reward", "refcritic", "env", "trainer")],
         ("Job", "trainer"),
     }

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 from rlfleet.common.config import load_config
 from rlfleet.common.config.ray import demand
+from rlfleet.launch.plan import plan_fleet
 from rlfleet.launch.ray_actors import RoleActor
-from rlfleet.launch.ray_plan import dashboard_spec, role_demand, role_restarts
+from rlfleet.launch.ray_plan import role_demand, role_restarts, role_spec
 from rlfleet.launch.ray_up import RayFleet
 
 
-def test_the_dashboard_keeps_its_configured_host_and_gets_the_trainer():
-    spec = dashboard_spec(8265, "10.0.0.3:50081")
+def test_the_dashboard_keeps_its_configured_host_and_starts_last():
+    plan = plan_fleet(load_config(None, []), replicas=1)
+    member = plan.members[-1]  # after the trainer, whose address it is given (every backend)
+    spec = role_spec(member, 8265)
     assert (spec.name, spec.role, spec.port) == ("dashboard", "dashboard", 8265)
-    assert spec.extra == ("endpoints.trainer=10.0.0.3:50081",)
+    assert spec.overrides == () and not spec.node_host
     actor = RoleActor.__new__(RoleActor)  # only its planning, no Ray and no process
     actor.spec, actor.host = spec, "10.0.0.2"
     assert actor._bind() == ["dashboard.port=8265"]  # dashboard.host stays loopback
-    assert dashboard_spec(0, None).extra == ()  # --no-trainer: nothing to point at
 
 
 def test_the_dashboard_asks_for_no_cpu_and_restarts_like_the_rest():

@@ -11,18 +11,9 @@ from pydantic import ValidationError
 
 from rlfleet.common.config import load_config
 from rlfleet.common.config.ray import RayConfig
+from rlfleet.launch.plan import env_process, member_index, member_name, plan_from_args, replica
 from rlfleet.launch.ray_actors import FleetControl, RoleActor
-from rlfleet.launch.ray_plan import (
-    actor_options,
-    endpoint_overrides,
-    env_spec,
-    local_cpus,
-    member_index,
-    member_name,
-    replica_spec,
-    scaled_spec,
-)
-from rlfleet.launch.ray_up import scalable_counts
+from rlfleet.launch.ray_plan import actor_options, local_cpus, role_spec, scaled_spec
 from rlfleet.launch.up import parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,21 +81,18 @@ def test_actor_options_carry_resources_and_restarts():
 
 
 def test_replicas_keep_their_id_and_take_any_port():
-    spec = replica_spec(3)
+    spec = role_spec(replica(3), 50555)  # no fixed port: the port is not used
     assert spec.name == "rollout-3" and spec.role == "rollout" and spec.port is None
-    assert spec.extra == ("rollout.replica_id=rollout-3", "rollout.port=0")
-    assert endpoint_overrides({"router": "h:1", "reward": "h:2"}) == [
-        "endpoints.router=h:1",
-        "endpoints.reward=h:2",
-    ]
+    assert spec.overrides == ("rollout.replica_id=rollout-3", "rollout.port=0")
 
 
 def test_env_role_front_door_and_worker_only_members():
-    front = env_spec(0, 50555)
-    assert (front.name, front.role, front.port, front.flags) == ("env", "env", 50555, ())
-    worker = env_spec(2, 0)
-    assert (worker.name, worker.port, worker.flags) == ("env-2", None, ("--worker-only",))
-    assert scaled_spec("env", 3) == env_spec(3, 0) and scaled_spec("rollout", 1) == replica_spec(1)
+    front = role_spec(env_process(0), 50555)
+    assert (front.name, front.role, front.port, front.member.flags) == ("env", "env", 50555, ())
+    worker = role_spec(env_process(2), 0)
+    assert (worker.name, worker.port, worker.member.flags) == ("env-2", None, ("--worker-only",))
+    assert scaled_spec("env", 3) == role_spec(env_process(3))
+    assert scaled_spec("rollout", 1) == role_spec(replica(1))
     assert [member_index(n) for n in ("env", "env-2", "rollout-0", "rollout-11")] == [0, 2, 0, 11]
     assert [member_name("env", 0), member_name("env", 1), member_name("rollout", 0)] == [
         "env", "env-1", "rollout-0"]  # fmt: skip
@@ -112,21 +100,24 @@ def test_env_role_front_door_and_worker_only_members():
 
 def test_env_binds_the_agent_section():
     actor = RoleActor.__new__(RoleActor)  # only its planning, no Ray and no process
-    actor.spec, actor.host = env_spec(0, 50555), "10.0.0.2"
+    actor.spec, actor.host = role_spec(env_process(0), 50555), "10.0.0.2"
     assert actor._bind() == ["agent.host=10.0.0.2", "agent.port=50555"]
-    actor.spec = replica_spec(0)
+    actor.spec = role_spec(replica(0))
     assert actor._bind() == ["rollout.host=10.0.0.2"]
 
 
 def test_agent_mode_makes_env_scalable_and_counts_its_cpus():
     agent = load_config(str(ROOT / "configs" / "agent_calc.yaml"), [])
     args = parse_args(["--env-processes", "3", "--rollout-replicas", "2"])
-    assert scalable_counts(agent, args) == {"rollout": 2, "env": 3}
-    assert scalable_counts(load_config(None, []), args) == {"rollout": 2}  # no agent.env
-    control = FleetControl(scalable_counts(agent, args))
+    counts = plan_from_args(agent, args).scalable_counts()
+    assert counts == {"rollout": 2, "env": 3}
+    assert plan_from_args(load_config(None, []), args).scalable_counts() == {"rollout": 2}
+    control = FleetControl(counts)
     assert control.scale("env", 5) == 3 and control.wanted_counts()["env"] == 5
     with pytest.raises(ValueError, match="at least 1"):
         control.scale("env", 0)
     roles = RayConfig(num_cpus=None, roles={"env": {"num_cpus": 2}})
-    actors = {"router": 1, **scalable_counts(agent, args)}  # 2 replicas, 3 env processes
+    actors = {"router": 1, **counts}  # 2 replicas, 3 env processes
     assert local_cpus(roles, actors) == max(os.cpu_count(), 1 + 2 + 2 * 3)
+    actors = plan_from_args(agent, args).counts()  # the dashboard asks for no CPU
+    assert actors["dashboard"] == 1 and local_cpus(roles, actors) == max(os.cpu_count(), 9 + 2)

@@ -16,7 +16,8 @@ ships HumanEval's 164 problems. Like verl's ``examples/data_preprocess`` scripts
     extra_info    {"split", "index", and the task's own fields}
 
 and the files are ``<out>/<task>/{train,test}.parquet`` (HumanEval: ``test`` only; it is an
-evaluation set). ``<out>`` defaults to ``<rlfleet cache>/data`` (``RLFLEET_CACHE``, else
+evaluation set); basic_math also gets ``sft.parquet``, the train problems with a demonstrated
+``Answer: N`` turn in a ``messages`` column, for ``trainer.mode: sft``. ``<out>`` defaults to ``<rlfleet cache>/data`` (``RLFLEET_CACHE``, else
 ``~/.cache/rlfleet``). Train and test come from different seeds; a test problem that also
 occurs in train is dropped, so held-out accuracy is held out.
 
@@ -165,7 +166,25 @@ def prepare(task: str, out: Path, train_size: int, test_size: int, seed: int) ->
     make = GENERATED[task]
     train = make(train_size, seed, "train")
     test = held_out(train, make(test_size, seed + 1_000_003, "test"))
-    return [write(train, out / task / "train.parquet"), write(test, out / task / "test.parquet")]
+    written = [write(train, out / task / "train.parquet"), write(test, out / task / "test.parquet")]
+    if task in SFT_ANSWERS:
+        written.append(write(sft_rows(train, SFT_ANSWERS[task]), out / task / "sft.parquet"))
+    return written
+
+
+SFT_ANSWERS: dict[str, Callable[[object], str]] = {"basic_math": lambda truth: f"Answer: {truth}"}
+"""Tasks with a demonstration answer for ``trainer.mode: sft`` (``<task>/sft.parquet``: the
+train problems, each with an assistant turn giving its answer in the asked-for form)."""
+
+
+def sft_rows(train: list[dict], answer: Callable[[object], str]) -> list[dict]:
+    """The train rows as conversations: ``messages`` = the prompt + the demonstrated answer
+    (verl's multi-turn SFT column), the RL columns kept."""
+    rows = []
+    for r in train:
+        turn = {"role": "assistant", "content": answer(r["reward_model"]["ground_truth"])}
+        rows.append({**r, "messages": [*r["prompt"], turn]})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

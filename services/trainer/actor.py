@@ -28,6 +28,7 @@ from rlfleet.rl.sequences import (
     response_logprobs,
     unpack_rows,
 )
+from rlfleet.rl.sft import sft_loss
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ class Actor:
         self.optimizer = adamw(self.trainable, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.updates = 0
+        self.objective = "rl"
+        """Which loss ``mini_batch_loss`` takes: ``rl`` (``actor_loss``) or ``sft``."""
         cfg = config.trainer
         self.loss_params = LossParams(
             clip_ratio_low=cfg.clip_ratio_low,
@@ -204,6 +207,21 @@ class Actor:
                 count += 1
         self.scheduler.step()
         metrics = {key: value / max(1, count) for key, value in sums.items()}
+        metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+    def sft_update(self, batch, mask: torch.Tensor) -> dict[str, float]:
+        """One optimizer step of supervised learning on the whole ``batch`` (an
+        ``rlfleet.trainer.sft.SftBatch``): the negative log-likelihood of the tokens ``mask``
+        ``[B, T]`` marks, in micro-batches like the RL update."""
+        self.model.train()
+        self.objective = "sft"
+        try:
+            idx = list(range(len(batch)))
+            metrics = self._mini_batch_step(batch, idx, torch.zeros_like(mask), mask, {})
+        finally:
+            self.objective = "rl"
+        self.scheduler.step()
         metrics["actor/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
 
@@ -302,9 +320,14 @@ class Actor:
         with self.autocast():
             logits = response_logits(self.train_module, packed, self.cfg.share_prompt_forward)
         logits = logits.float()  # the log-softmax and the loss in fp32, whatever the forward's
+        width = packed.response_width
+        if self.objective == "sft":  # the model's own distribution: no sampling temperature
+            logprob = core_algos.logprobs_from_logits(logits, packed.responses)
+            return sft_loss(
+                logprob, mask[:, :width].to(device), self.loss_params.effective_agg_mode
+            )
         temperature = self.config.rollout.temperature or 1.0
         logits = logits / temperature if temperature != 1.0 else logits
-        width = packed.response_width
         logprob = core_algos.logprobs_from_logits(logits, packed.responses)
         rows = {name: value[:, :width].to(device) for name, value in rows.items()}
         # No old log-probs means an on-policy single step: the ratio is 1 by construction.

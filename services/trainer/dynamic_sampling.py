@@ -5,7 +5,8 @@ forward and backward pass and moves nothing. DAPO (Yu et al. 2025, arXiv:2503.14
 groups and samples more prompts until ``data.train_batch_size`` groups with a spread are
 collected, for at most ``algorithm.filter_groups.max_num_gen_batches`` rounds (0 = no limit);
 after the last round it trains on what it has. Every round is one ``GenerateBatch`` and one
-``ScoreBatch``, like a normal step.
+``ScoreBatch``, like a normal step. Sync and async modes both use it (the async producer draws
+refills from its own data stream); the counts are ``dapo/*`` (verl's) and ``batch/*``.
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ async def fill_batch(
         rounds += 1
     metrics = {"dapo/gen_rounds": float(rounds), "dapo/dropped_groups": float(dropped)}
     metrics["dapo/kept_groups"] = float(min(_groups(kept), target_groups))
+    # The same counts under the names both modes report them by (in async mode the producer
+    # refills from its own data stream, for the step's weight version: a dropped group's
+    # staleness slot goes to its replacement, never to a later step).
+    metrics["batch/dropped_groups"] = float(dropped)
+    metrics["batch/refill_rounds"] = float(rounds - 1)
     return first_groups(kept, target_groups), metrics
 
 

@@ -15,6 +15,7 @@ through the env service (temperature 0 on every turn) and its score is the episo
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.episodes import episode_jobs
 from rlfleet.trainer.val_metrics import answer_of, sampled_metrics
+
+log = logging.getLogger(__name__)
 
 SAMPLE_COLUMNS = ("prompt", "response", "ground_truth", "score")
 """Columns of the validation generations table (one row per logged sample)."""
@@ -36,13 +39,16 @@ class Validation:
     metrics: dict[str, float] = field(default_factory=dict)
     samples: list[dict] = field(default_factory=list)
     """Rows with the keys of ``SAMPLE_COLUMNS``."""
+    pinned: dict[str, float] = field(default_factory=dict)
+    """Which weights answered (``Evaluator.version_metrics``), for the metrics row."""
 
 
 async def generate_all(
     rollout, records: list[PromptRecord], sampling: SamplingParams, min_version: int,
-    chunk: int = 256,
+    chunk: int = 256, versions: set[int] | None = None,
 ) -> list[list[list[int]]]:  # fmt: skip
-    """Token ids of every completion (``sampling.n`` per record), ``chunk`` prompts per call."""
+    """Token ids of every completion (``sampling.n`` per record), ``chunk`` prompts per call;
+    the weight version of each result goes into ``versions`` when given."""
     tag = uuid.uuid4().hex[:8]
     requests = [
         GenerateRequest(
@@ -58,15 +64,18 @@ async def generate_all(
     for start in range(0, len(requests), chunk):
         results = await rollout.generate_batch(requests[start : start + chunk])
         completions.extend([c.token_ids for c in result.completions] for result in results)
+        if versions is not None:
+            versions.update(r.weight_version for r in results)
     return completions
 
 
 async def greedy_responses(
-    rollout, records: list[PromptRecord], max_tokens: int, min_version: int, chunk: int = 256
-) -> list[list[int]]:
+    rollout, records: list[PromptRecord], max_tokens: int, min_version: int, chunk: int = 256,
+    versions: set[int] | None = None,
+) -> list[list[int]]:  # fmt: skip
     """Token ids of the greedy completion of every record."""
     sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
-    completions = await generate_all(rollout, records, sampling, min_version, chunk)
+    completions = await generate_all(rollout, records, sampling, min_version, chunk, versions)
     return [rows[0] for rows in completions]
 
 
@@ -119,6 +128,8 @@ class Evaluator:
         self.config = config
         self.fleet = fleet
         self.tokenizer = tokenizer
+        self.versions: set[int] = set()
+        """Weight versions the replicas answered this evaluator's requests with."""
 
     def decode(self, responses: list[list[int]]) -> list[str]:
         return [self.tokenizer.decode(r, skip_special_tokens=True) for r in responses]
@@ -139,7 +150,9 @@ class Evaluator:
         """Each record's greedy completion and its score from the reward service."""
         max_tokens = self.config.rollout.max_tokens
         texts = self.decode(
-            await greedy_responses(self.fleet.rollout, records, max_tokens, version)
+            await greedy_responses(
+                self.fleet.rollout, records, max_tokens, version, versions=self.versions
+            )
         )
         return texts, [score_of(r) for r in await score_texts(self.fleet.reward, records, texts)]
 
@@ -157,7 +170,9 @@ class Evaluator:
         sampling = SamplingParams(
             n=cfg.val_n, temperature=cfg.val_temperature, max_tokens=self.config.rollout.max_tokens
         )
-        groups = await generate_all(self.fleet.rollout, records, sampling, version)
+        groups = await generate_all(
+            self.fleet.rollout, records, sampling, version, versions=self.versions
+        )
         flat_records = [record for record, rows in zip(records, groups, strict=True) for _ in rows]
         texts = self.decode([tokens for rows in groups for tokens in rows])
         results = await score_texts(self.fleet.reward, flat_records, texts)
@@ -171,7 +186,21 @@ class Evaluator:
 
     async def validate(self, records: list[PromptRecord], version: int) -> Validation:
         """The greedy pass, plus the sampled one when ``trainer.val_n > 1``."""
+        self.versions.clear()
         result = await self.greedy(records, version)
         if self.config.trainer.val_n > 1:
             result.metrics.update(await self.sampled(records, version))
+        result.pinned = self.version_metrics(version)
         return result
+
+    def version_metrics(self, version: int) -> dict[str, float]:
+        """``val/weight_version``: the one version every held-out answer came from (the
+        trainer's, asked for as each request's minimum while training stands still), so an
+        async run's curve says which weights each point measured. Answers from more than one
+        version (a push landing mid-validation) are flagged (``val/mixed_versions``)."""
+        seen = self.versions or {version}
+        metrics = {"val/weight_version": float(min(seen))}
+        if len(seen) > 1:
+            log.warning("held-out answers came from weight versions %s", sorted(seen))
+            metrics["val/mixed_versions"] = 1.0
+        return metrics

@@ -89,6 +89,11 @@ async def restore_critic(trainer: Trainer, path: Path | None) -> None:
 
 
 async def validate(trainer: Trainer, records, writer=None) -> dict[str, float]:
+    """Held-out metrics (``validation``'s) without the version they were pinned to."""
+    return (await validation(trainer, records, writer)).metrics
+
+
+async def validation(trainer: Trainer, records, writer=None):
     """Held-out metrics of what the replicas serve now, per data source (greedy mean@1 first;
     mean/best/maj@n with ``trainer.val_n > 1``); sample generations go to ``writer``'s tables.
 
@@ -108,7 +113,7 @@ async def validate(trainer: Trainer, records, writer=None) -> dict[str, float]:
     result = await retry_transient(attempt, budget, f"validation at step {trainer.step}")
     if writer is not None and hasattr(writer, "log_samples"):
         writer.log_samples(trainer.step, result.samples)
-    return result.metrics
+    return result
 
 
 def progress(total: int):
@@ -126,8 +131,9 @@ async def validate_during_training(trainer: Trainer, val, writer, clock, rollout
         await rollouts.pause()
     await trainer.pushes.finish()
     await trainer.push_weights(only_stale=True)  # replicas restarted since the last push
-    accuracy = await validate(trainer, val, writer)
-    writer.write(trainer.step, {**accuracy, "training/time_s": clock.training_s})
+    result = await validation(trainer, val, writer)
+    accuracy = result.metrics
+    writer.write(trainer.step, {**accuracy, **result.pinned, "training/time_s": clock.training_s})
     clock.observe(_first(accuracy))
     log.info("step %d held-out: %s (training %.1f s)", trainer.step, accuracy, clock.training_s)
     if rollouts is not None:
@@ -180,7 +186,11 @@ async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:
     from rlfleet.common import call_counts
 
     calls_before = call_counts.snapshot()
-    if rollouts is None:
+    if trainer.config.trainer.mode == "sft":
+        from rlfleet.trainer.sft import sft_step
+
+        metrics = await sft_step(trainer, next(data))
+    elif rollouts is None:
         await trainer.push_weights(only_stale=True)  # replicas that joined mid-run
         metrics = await trainer.train_step(next(data), refill=lambda: next(data))
     else:  # every background push goes to all live replicas, joiners included
@@ -239,6 +249,17 @@ async def save_step_checkpoint(trainer: Trainer, clock: TrainingClock | None = N
     prune(cfg.run_dir, cfg.trainer.max_ckpt_to_keep)
 
 
+def load_train_rows(config: RlfleetConfig, tokenizer) -> list:
+    """The training rows: prompts for RL, tokenized conversations for ``trainer.mode: sft``."""
+    data, chat = config.data, config.data.apply_chat_template
+    if config.trainer.mode == "sft":
+        from rlfleet.trainer.sft import load_sft_records
+
+        limits = data.max_prompt_length, config.rollout.max_tokens
+        return load_sft_records(data.train_files, tokenizer, *limits, chat)
+    return load_records(data.train_files, tokenizer, data.max_prompt_length, chat)
+
+
 async def run_training(config: RlfleetConfig, control_server_factory=None) -> dict:
     """The whole job; returns the summary also written to ``run_dir/summary.json``."""
     from rlfleet.trainer.checkpoints import resume_path
@@ -250,7 +271,7 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
         set_aside_previous(run_dir)
     tokenizer, actor = await asyncio.to_thread(build_actor, config)
     data, chat = config.data, config.data.apply_chat_template
-    train = load_records(data.train_files, tokenizer, data.max_prompt_length, chat)
+    train = await asyncio.to_thread(load_train_rows, config, tokenizer)
     val = load_records(data.val_files, tokenizer, data.max_prompt_length, chat)[: data.val_size]
     fleet = await connect_fleet(config)
     writer = Tracker.from_config(config, run_dir)
@@ -281,7 +302,8 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path, clock: Train
     await trainer.start(config.trainer.min_replicas, config.trainer.replica_wait_s)
     before = await held_out_before(trainer, val, writer, clock)
     await train_loop(trainer, train, writer, val, clock)
-    after = await validate(trainer, val, writer)
+    final = await validation(trainer, val, writer)
+    after = final.metrics
     clock.observe(_first(after))
     log.info("held-out after training: %s", after)
     checkpoint = await save_full_checkpoint(trainer, run_dir / "checkpoints" / "final", clock)
@@ -298,6 +320,7 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path, clock: Train
         "segments": 1 + writer.segment,
         "val_before": before,
         "val_after": after,
+        "val_weight_version": final.pinned.get("val/weight_version"),
         "metrics_file": str(writer.path) if writer.path else None,
         "reward_curve": str(plot) if plot else None,
         "report": str(run_dir / "report.html"),

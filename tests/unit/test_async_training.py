@@ -144,3 +144,67 @@ def test_skipping_zero_advantage_rows_gives_the_same_update():
     assert skipped_metrics["actor/grad_norm"] == pytest.approx(full_metrics["actor/grad_norm"])
     for a, b in zip(skipped, full, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class ZeroEveryOtherCall:
+    """The reward service, except that every other ``ScoreBatch`` scores all zeros: the first
+    round of each step has no group with a spread and must be refilled."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, 0
+
+    async def score_batch(self, requests):
+        self.calls += 1
+        results = await self.inner.score_batch(requests)
+        if self.calls % 2:
+            for result in results:
+                result.score = 0.0
+        return results
+
+    async def close(self):
+        pass
+
+
+def test_async_mode_refills_groups_without_signal_and_counts_them():
+    trainer = seeded_trainer("async", 1, **{"algorithm.filter_groups.enable": "true",
+                                            "rollout.n": 4})  # fmt: skip
+    trainer.fleet.reward = ZeroEveryOtherCall(trainer.fleet.reward)
+    trainer.collector.fleet = trainer.fleet
+    rows = run(trainer, 3)
+    assert len(rows) == 3
+    for row in rows:
+        assert row["batch/dropped_groups"] >= 4  # the all-zero first round, every group of it
+        assert row["batch/refill_rounds"] >= 1
+        assert row["dapo/gen_rounds"] == row["batch/refill_rounds"] + 1
+        assert row["async/staleness/max"] <= 1  # refills are drawn for the step's own version
+    # every round drew a fresh batch from the producer's data stream, and the trainer counts
+    # them (a resumed run skips exactly these)
+    assert trainer.batches_consumed == sum(r["dapo/gen_rounds"] for r in rows)
+
+
+def test_each_validation_of_an_async_run_is_pinned_to_the_version_just_trained():
+    trainer = seeded_trainer("async", 1, **{"trainer.test_freq": 1})
+    writer = MemoryWriter()
+
+    async def go():
+        await trainer.start(1, 1.0)
+        await train_loop(trainer, prompts(12), writer, prompts(3), TrainingClock(1.0))
+
+    asyncio.run(go())
+    steps = [r for r in writer.rows if "training/weight_version" in r]
+    validations = [r for r in writer.rows if "val/weight_version" in r]
+    assert len(steps) == len(validations) == 3
+    for step, val in zip(steps, validations, strict=True):
+        assert val["step"] == step["step"]
+        assert val["val/weight_version"] == step["training/weight_version"]  # one version each
+        assert "val/mixed_versions" not in val
+
+
+def test_answers_from_two_versions_are_flagged():
+    from rlfleet.trainer.evaluate import Evaluator
+
+    evaluator = Evaluator(seeded_trainer("async", 1).config, None, None)
+    evaluator.versions = {4, 5}
+    assert evaluator.version_metrics(4) == {"val/weight_version": 4.0, "val/mixed_versions": 1.0}
+    evaluator.versions = set()
+    assert evaluator.version_metrics(7) == {"val/weight_version": 7.0}

@@ -55,6 +55,7 @@ BUILT_MODEL_CONFIGS = {
     "grpo_countdown_smollm2.yaml",
     "grpo_countdown_smollm2_lora.yaml",
     "grpo_smollm2_math.yaml",
+    "sft_smollm2_math.yaml",
 }
 """Configs whose model (`make smollm2`) and data (`make data-real`) are built into the rlfleet
 cache, outside the checkout: their model.path is a short name of rlfleet.model.local_models."""

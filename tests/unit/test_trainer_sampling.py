@@ -56,6 +56,8 @@ def test_fill_batch_generates_until_enough_groups_teach():
         "dapo/gen_rounds": 3.0,
         "dapo/dropped_groups": 4.0,
         "dapo/kept_groups": 2.0,
+        "batch/dropped_groups": 4.0,
+        "batch/refill_rounds": 2.0,
     }
 
 

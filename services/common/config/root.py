@@ -74,7 +74,8 @@ class RlfleetConfig(Section):
     def _check_cross_fields(self) -> RlfleetConfig:
         if self.rollout.n < 1:
             raise ValueError("rollout.n must be >= 1")
-        if self.algorithm.adv_estimator in ("grpo", "rloo") and self.rollout.n < 2:
+        grouped = self.algorithm.adv_estimator in ("grpo", "rloo")
+        if grouped and self.rollout.n < 2 and self.trainer.mode != "sft":
             raise ValueError(f"{self.algorithm.adv_estimator} needs rollout.n >= 2 (a group)")
         if self.data.train_batch_size < 1 or self.trainer.total_steps < 0:
             raise ValueError("data.train_batch_size must be >= 1 and trainer.total_steps >= 0")
@@ -86,6 +87,7 @@ class RlfleetConfig(Section):
         self._check_algorithm()
         self.agent.check_model_len(self.rollout.max_model_len)
         self._check_agent_mode()
+        self._check_sft_mode()
         if self.model.lora_rank and self.trainer.strategy != "single":
             raise NotImplementedError(
                 "model.lora_rank with trainer.strategy ddp/fsdp is not built yet; use single"
@@ -123,6 +125,17 @@ class RlfleetConfig(Section):
         if named:
             raise NotImplementedError(f"agent mode does not support {', '.join(named)} yet")
 
+    def _check_sft_mode(self) -> None:
+        """What ``trainer.mode: sft`` does not run yet, refused at load."""
+        if self.trainer.mode != "sft":
+            return
+        if self.agent.env:
+            raise NotImplementedError("trainer.mode=sft with agent.env (episodes) is not built")
+        if self.trainer.strategy != "single":
+            raise NotImplementedError(
+                "trainer.mode=sft with trainer.strategy ddp/fsdp is not built yet; use single"
+            )
+
     def _check_algorithm(self) -> None:
         """Rules of the verl algorithm knobs (dual clip, KL controller, overlong buffer)."""
         if self.trainer.clip_ratio_c <= 1.0:
@@ -140,13 +153,15 @@ class RlfleetConfig(Section):
     @property
     def needs_reference(self) -> bool:
         """The loss or the reward has a KL term, so reference log-probs are computed every step."""
+        if self.trainer.mode == "sft":  # cross-entropy only: no KL, no reference
+            return False
         kl_loss = self.trainer.use_kl_loss and self.trainer.kl_loss_coef > 0
         return kl_loss or self.algorithm.use_kl_in_reward
 
     @property
     def needs_critic(self) -> bool:
-        """The advantage estimator reads critic values (GAE)."""
-        return self.algorithm.adv_estimator == "gae"
+        """The advantage estimator reads critic values (GAE) and RL steps run."""
+        return self.algorithm.adv_estimator == "gae" and self.trainer.mode != "sft"
 
     @property
     def reference_from_actor(self) -> bool:

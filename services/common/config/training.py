@@ -164,9 +164,13 @@ class TrainerConfig(Section):
     ``trainer.resume_mode``). ``resume_from``, when set, wins."""
     max_ckpt_to_keep: int = 0
     """Keep only the newest N ``global_step_N`` checkpoints (0 = keep all)."""
-    mode: Literal["sync", "async"] = "sync"
+    mode: Literal["sync", "async", "sft"] = "sync"
     """``sync``: generate with the weights being trained (strictly on-policy). ``async``:
-    replicas generate the next batches while the trainer updates; see ``max_staleness``."""
+    replicas generate the next batches while the trainer updates; see ``max_staleness``.
+    ``sft``: supervised fine-tuning on the assistant turns of ``data.train_files``'
+    conversations (``rlfleet.trainer.sft``: a warm-up on an answer format before RL), with the
+    same checkpoints, weight pushes and held-out validation through the fleet; no rollouts,
+    rewards, reference or critic during the steps."""
     max_staleness: int = 1
     """Async mode: the oldest weight version a trained response may come from is
     ``current - max_staleness``; older ones are dropped (counted in ``async/dropped``)."""

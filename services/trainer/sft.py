@@ -103,9 +103,18 @@ def text_pieces(tokenizer: Any, messages: Messages, mode: ChatTemplate) -> list[
                 "the chat template does not render this conversation incrementally (a prefix "
                 "renders differently inside the whole); SFT needs one that does"
             )
-        pieces += [(opened[len(done) :], 0), (closed[len(opened) :], 1)]
+        answer, after = split_after_eos(closed[len(opened) :], tokenizer)
+        pieces += [(opened[len(done) :], 0), (answer, 1), (after, 0)]
         done = closed
     return [(text, learned) for text, learned in pieces if text]
+
+
+def split_after_eos(turn: str, tokenizer: Any) -> tuple[str, str]:
+    """An assistant turn cut after its EOS token (SmolLM2's ``<|im_end|>``): the engine stops
+    there, so what the template adds after it (a newline) is context, never a target."""
+    eos = getattr(tokenizer, "eos_token", None)
+    end = turn.rfind(eos) + len(eos) if eos and eos in turn else len(turn)
+    return turn[:end], turn[end:]
 
 
 def render(tokenizer: Any, messages: Messages, templated: bool, opened: bool) -> str:

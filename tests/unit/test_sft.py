@@ -213,3 +213,16 @@ def test_sft_mode_refuses_what_it_does_not_run():
         load_config(CONFIGS / "agent_calc.yaml", ["trainer.mode=sft"])
     with pytest.raises(Exception, match="trainer.mode=sft with trainer.strategy"):
         load_config(None, ["trainer.mode=sft", "trainer.strategy=ddp", "trainer.world_size=2"])
+
+
+def test_what_the_template_adds_after_the_eos_token_is_not_learned():
+    class NewlineAfterEos(CharTokenizer):
+        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+            text = "".join(f"<{m['role']}>{m['content']}$\n" for m in messages)
+            return text + ("<assistant>" if add_generation_prompt else "")
+
+    record = encode_conversation(
+        NewlineAfterEos(), conversation_of({"prompt": "a", "response": "b"}, "f"), "auto"
+    )
+    assert text_of(record.response_ids) == "b$\n"
+    assert record.loss_mask == [1, 1, 0]  # the engine stops at EOS; the newline is context

@@ -20,6 +20,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "refcritic": ("rlfleet.refcritic.main", "reference-policy log-probs and the critic"),
     "env": ("rlfleet.env.main", "agent episodes: the Env service and its episode workers"),
     "score": ("rlfleet.reward.score_cli", "score a JSONL file through the reward service"),
+    "data": ("rlfleet.launch.data_filter", "prompt data: `data filter` keeps prompts by pass rate"),
     "status": ("rlfleet.status_cli", "show replicas, versions and trainer state"),
     "dashboard": ("rlfleet.dashboard.main", "the live web page of a run (rlfleet up starts it)"),
     "scale": ("rlfleet.launch.scale", "scale rollout replicas of a running `up --ray`"),

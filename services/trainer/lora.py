@@ -67,24 +67,24 @@ def wrap(model, cfg: ModelConfig, adapter: Path | None = None):
     return peft.get_peft_model(model, lora_config(cfg))
 
 
-def lora_layers(model):
-    """``(base weight name, peft LoRA layer)`` for every layer the adapter wraps."""
+def lora_layers(model, adapter: str = "default"):
+    """``(base weight name, peft LoRA layer)`` for every layer adapter ``adapter`` wraps."""
     from peft.tuners.lora import LoraLayer
 
     for name, module in model.named_modules():
-        if isinstance(module, LoraLayer) and "default" in module.lora_A:
+        if isinstance(module, LoraLayer) and adapter in module.lora_A:
             yield name.removeprefix(PEFT_PREFIX) + ".weight", module
 
 
-def adapter_state(model) -> dict[str, torch.Tensor]:
-    """The adapter in ``rlfleet.model.lora``'s wire form: per wrapped weight ``A`` and the
-    scaled ``B`` (detached; ``B`` is a new tensor, ``A`` a view of the parameter)."""
+def adapter_state(model, adapter: str = "default") -> dict[str, torch.Tensor]:
+    """Adapter ``adapter`` in ``rlfleet.model.lora``'s wire form: per wrapped weight ``A`` and
+    the scaled ``B`` (detached; ``B`` is a new tensor, ``A`` a view of the parameter)."""
     state = {}
-    for base, layer in lora_layers(model):
+    for base, layer in lora_layers(model, adapter):
         if getattr(layer, "fan_in_fan_out", False):
             raise NotImplementedError(f"LoRA push of fan_in_fan_out layer {base} is not built")
-        a = layer.lora_A["default"].weight.detach()
-        b = layer.lora_B["default"].weight.detach() * layer.scaling["default"]
+        a = layer.lora_A[adapter].weight.detach()
+        b = layer.lora_B[adapter].weight.detach() * layer.scaling[adapter]
         state[lora.adapter_name(base, "A")] = a
         state[lora.adapter_name(base, "B")] = b
     return state

@@ -25,6 +25,11 @@ def print_summary(summary: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("trainer", "The controller: trains the policy through the fleet.")
     config, _ = resolve(parser, "trainer", argv)
+    if config.tinker.enabled:  # no loop of its own: serve the Tinker API (docs/tinker.md)
+        from rlfleet.trainer.tinker.serve import serve
+
+        asyncio.run(serve(config))
+        return 0
     from rlfleet.trainer.run import run_training
     from rlfleet.trainer.server import control_server
 

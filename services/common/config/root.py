@@ -20,6 +20,7 @@ from rlfleet.common.config.serving import (
     RolloutConfig,
     RouterConfig,
 )
+from rlfleet.common.config.tinker import TinkerConfig
 from rlfleet.common.config.training import (
     AlgorithmConfig,
     TrainerConfig,
@@ -54,6 +55,7 @@ class RlfleetConfig(Section):
     ray: RayConfig = RayConfig()
     dashboard: DashboardConfig = DashboardConfig()
     agent: AgentConfig = AgentConfig()
+    tinker: TinkerConfig = TinkerConfig()
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -88,6 +90,8 @@ class RlfleetConfig(Section):
         self.agent.check_model_len(self.rollout.max_model_len)
         self._check_agent_mode()
         self._check_sft_mode()
+        if self.tinker.enabled and not self.model.lora_rank:
+            raise ValueError("tinker.enabled needs model.lora_rank > 0 (the largest rank served)")
         if self.model.lora_rank and self.trainer.strategy != "single":
             raise NotImplementedError(
                 "model.lora_rank with trainer.strategy ddp/fsdp is not built yet; use single"

@@ -1,0 +1,140 @@
+"""Sampling through the fleet: the sampled weights onto the replicas, then batched generation.
+
+Replicas serve one set of weights at a time (the base plus at most one merged adapter), each
+with a version. A sampling session names a snapshot of one client's adapter (or the base);
+a ``sample`` for the snapshot the replicas hold goes straight to the router; one for another
+snapshot waits until the samples in flight are answered, pushes its snapshot as the next
+version, and samples with ``min_weight_version`` at that version, so no completion is drawn
+from another client's weights. Swaps are first come, first served (one lock), so two clients
+sampling in turn both progress. Concurrent samples go to the router together
+(``generate_batch``: each replica gets its share as one queue entry), a few milliseconds after
+the first of them arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+
+from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams
+from rlfleet.trainer.fleet import Generator, WeightPublisher
+from rlfleet.trainer.tinker.types import SampledSequence, SampleSpec
+
+log = logging.getLogger(__name__)
+
+LINGER_S = 0.005
+"""How long the first sample of a batch waits for others to join it."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Weights to sample from: a copy of an adapter in wire form (``rlfleet.model.lora``)."""
+
+    key: str
+    state: dict
+
+
+class Batcher:
+    """Concurrent ``generate`` calls as one ``generate_batch`` to the router."""
+
+    def __init__(self, rollout: Generator, linger_s: float = LINGER_S) -> None:
+        self.rollout, self.linger_s = rollout, linger_s
+        self._pending: list[tuple[GenerateRequest, asyncio.Future]] = []
+        self._flush: asyncio.Task | None = None
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if self._flush is None:
+            self._flush = asyncio.create_task(self._send())
+        return await future
+
+    async def _send(self) -> None:
+        await asyncio.sleep(self.linger_s)
+        batch, self._pending, self._flush = self._pending, [], None
+        try:
+            results = await self.rollout.generate_batch([request for request, _ in batch])
+        except Exception as exc:  # every caller of the batch gets the failure
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+
+class Sampler:
+    """One fleet of replicas shared by every sampling session (see the module docstring)."""
+
+    def __init__(
+        self, rollout: Generator, weights: WeightPublisher, min_replicas: int,
+        replica_wait_s: float, timeout_s: float,
+    ) -> None:  # fmt: skip
+        self.weights, self.batcher = weights, Batcher(rollout)
+        self.min_replicas, self.replica_wait_s, self.timeout_s = (min_replicas, replica_wait_s,
+                                                                  timeout_s)  # fmt: skip
+        self.current: str | None = None
+        """The key of the snapshot the replicas hold (None: not pushed yet)."""
+        self.version = 0
+        self._swap = asyncio.Lock()
+        self._in_flight = 0
+        self._idle = asyncio.Condition()
+        self._ready = False
+
+    async def close(self) -> None:
+        await self.batcher.rollout.close()
+        await self.weights.close()
+
+    async def sample(self, snapshot: Snapshot, spec: SampleSpec, max_tokens: int,
+                     session: str) -> list[SampledSequence]:  # fmt: skip
+        """``spec.num_samples`` completions of ``spec.prompt`` under ``snapshot``."""
+        await self._enter(snapshot)
+        try:
+            request = GenerateRequest(
+                request_id=f"tinker-{uuid.uuid4().hex}", sampling=sampling_params(spec, max_tokens),
+                prompt_token_ids=list(spec.prompt), session_id=session,
+                min_weight_version=self.version, timeout_s=self.timeout_s,
+            )  # fmt: skip
+            result = await self.batcher.generate(request)
+        finally:
+            await self._leave()
+        return [sequence_of(c.token_ids, c.logprobs, c.finish_reason) for c in result.completions]
+
+    async def _enter(self, snapshot: Snapshot) -> None:
+        async with self._swap:
+            if self.current != snapshot.key:
+                async with self._idle:
+                    await self._idle.wait_for(lambda: self._in_flight == 0)
+                await self._push(snapshot)
+            self._in_flight += 1
+
+    async def _leave(self) -> None:
+        async with self._idle:
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    async def _push(self, snapshot: Snapshot) -> None:
+        if not self._ready:
+            await self.weights.wait_for_replicas(self.min_replicas, self.replica_wait_s)
+            self._ready = True
+        version = self.version + 1
+        await self.weights.push(snapshot.state, version, flush_cache=True)
+        self.current, self.version = snapshot.key, version
+        log.info("replicas serve %s as weight version %d", snapshot.key, version)
+
+
+def sampling_params(spec: SampleSpec, max_tokens: int) -> SamplingParams:
+    """The fleet's sampling parameters for ``spec`` (``top_k`` -1, "no limit", is 0 here)."""
+    return SamplingParams(
+        n=spec.num_samples, temperature=spec.temperature, top_p=spec.top_p,
+        top_k=max(spec.top_k, 0), max_tokens=max_tokens, stop=list(spec.stop), seed=spec.seed,
+        logprobs=1,
+    )  # fmt: skip
+
+
+def sequence_of(tokens: list[int], logprobs: list[float], finish_reason: str) -> SampledSequence:
+    reason = "length" if finish_reason == "length" else "stop"
+    return SampledSequence(list(tokens), [float(x) for x in logprobs], reason)

@@ -72,6 +72,6 @@ fi
 # openai-agents websockets<17, which would downgrade fastmcp's mcp 2.x and websockets 17;
 # what they import besides is in the extra (aiolimiter, prime-sandboxes, ...).
 "${PIP[@]}" --no-deps verifiers==0.3.1 openai-agents==0.24.0 renderers==0.1.12
-"${PIP[@]}" -e ".[dev,loggers,ray,agents,tasks]"
+"${PIP[@]}" -e ".[dev,loggers,ray,agents,tasks,tinker]"
 echo "$WANT" > "$STAMP"
 echo "[setup] done: $VENV"

@@ -22,7 +22,8 @@ from rlfleet.model import lora
 from rlfleet.trainer.tinker.adapters import ATTENTION, AdapterPool
 from rlfleet.trainer.tinker.app import create_app
 from rlfleet.trainer.tinker.sampler import Sampler
-from rlfleet.trainer.tinker.service import ServedModel, TinkerService
+from rlfleet.trainer.tinker.service import TinkerService
+from rlfleet.trainer.tinker.types import ServedModel
 
 log = logging.getLogger(__name__)
 NOT_TOKENIZER = ("config.json", "generation_config.json", "README.md")

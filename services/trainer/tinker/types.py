@@ -100,3 +100,22 @@ class Saved:
     path: str | None = None
     sampling_session_id: str | None = None
     model_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The fleet's one base model, as the API names and limits it."""
+
+    name: str
+    """Its directory, absolute: what ``get_server_capabilities`` lists."""
+    aliases: frozenset[str]
+    """Other names a client may pass as ``base_model`` (the config's path, the folder name)."""
+    tokenizer_id: str
+    max_context: int
+    """``rollout.max_model_len``: the longest datum, and prompt plus completion."""
+    max_rank: int
+    vocab: int
+    arch: str
+    eos_ids: frozenset[int]
+    base_state: dict
+    """A zero adapter in wire form: pushing it makes replicas serve the plain base."""

@@ -71,13 +71,23 @@ class LearnPlan:
         """Per side: the budget, start-up, and the evaluations (TRL's are slow) with room."""
         return 2 * self.budget_s + 2400
 
+    def bf16(self) -> bool:
+        """Whether the fleet's trainer autocasts to bf16 here (``auto`` decides by the CPU):
+        TRL gets the same precision."""
+        mode = self.config.trainer.autocast_dtype
+        if mode == "auto":
+            from rlfleet.model.precision import fast_bf16
+
+            return fast_bf16("cpu")
+        return mode == "bfloat16"
+
     def trl_flags(self) -> dict[str, Any]:
         c = self.config
         return {"batch": c.data.train_batch_size, "n": c.rollout.n,
                 "max_tokens": c.rollout.max_tokens, "max_prompt_length": c.data.max_prompt_length,
                 "lr": c.trainer.lr, "temperature": c.rollout.temperature,
                 "threads": os.cpu_count() or 1, "seed": c.trainer.seed, "steps": STEP_CAP,
-                "bf16": int(c.trainer.autocast_dtype == "bfloat16"),
+                "bf16": int(self.bf16()),
                 "budget_s": self.budget_s, "val_size": self.val_size,
                 "eval_every_s": self.eval_every_s,
                 "train_file": Path(c.data.train_files[0]).expanduser(),

@@ -8,6 +8,7 @@ entropy bonus. The actor does not know which advantage estimator produced its in
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -177,9 +178,18 @@ class Actor:
 
     def autocast(self) -> torch.autocast:
         """bf16 autocast of the actor's forwards when ``trainer.autocast_dtype`` asks for it
-        (its backward follows the forward's dtypes); a no-op context otherwise."""
-        on = self.cfg.autocast_dtype == "bfloat16"
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=on)
+        (``uses_bf16``; the backward follows the forward's dtypes); a no-op context otherwise."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.uses_bf16)
+
+    @functools.cached_property
+    def uses_bf16(self) -> bool:
+        """``trainer.autocast_dtype``: ``bfloat16``, or ``auto`` where bf16 is fast here."""
+        mode = self.cfg.autocast_dtype
+        if mode == "auto":
+            from rlfleet.model.precision import fast_bf16
+
+            return fast_bf16(self.device.type)
+        return mode == "bfloat16"
 
     def update(
         self, batch, advantages: torch.Tensor, mask: torch.Tensor, orders=None

@@ -116,12 +116,12 @@ async def validation(trainer: Trainer, records, writer=None):
     return result
 
 
-def progress(total: int):
+def progress(total: int, desc: str = "GRPO steps"):
     """The steps bar; off when INFO is (``rlfleet up -q``: warnings and the summary only)."""
     from tqdm import tqdm
 
     quiet = not log.isEnabledFor(logging.INFO)
-    return tqdm(total=total, desc="GRPO steps", unit="step", dynamic_ncols=True, disable=quiet)
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, disable=quiet)
 
 
 async def validate_during_training(trainer: Trainer, val, writer, clock, rollouts) -> None:
@@ -155,7 +155,9 @@ async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None
     if cfg.trainer.mode == "async":
         rollouts = AsyncRollouts(trainer, data, trainer.step)
         rollouts.start()
-    bar = progress(cfg.trainer.total_steps)
+    bar = progress(
+        cfg.trainer.total_steps, "SFT steps" if cfg.trainer.mode == "sft" else "GRPO steps"
+    )
     bar.update(trainer.step)
     clock.begin()
     try:

@@ -14,6 +14,13 @@ leaves the loss, ``async/masked_tokens``; a row with nothing left goes).
 version (slime's choice: train only on the segment after the last update). Masks travel as
 the rows' loss masks, so losses, entropy, KL and the reward's position all skip those tokens;
 the off-policy weight of every kept token uses that token's own behaviour log-prob.
+
+A row's lag splits in two (``split_lag``, prime-rl's split): **in flight**, the versions that
+landed while it was being generated (its newest sampled token's version - its oldest's), and
+**in queue**, the versions the trainer published after it was done and before it was trained
+(trainer version - its newest token's version). Each has its own bound
+(``trainer.max_in_flight_lag``, ``trainer.max_in_queue_lag``; -1 = none beyond
+``max_staleness``), applied by ``bound_lag`` and reported as ``off_policy/*``.
 """
 
 from __future__ import annotations
@@ -102,3 +109,45 @@ def staleness_metrics(batch: RolloutBatch, version: int, dropped: int) -> dict[s
         "async/dropped": float(dropped),
         "async/masked_tokens": float(batch.stale_masked_tokens),
     }
+
+
+def split_lag(batch: RolloutBatch, version: int) -> tuple[list[int], list[int]]:
+    """Per row: ``(in_flight, in_queue)`` lags behind trainer ``version`` (module docstring);
+    their sum is the row's whole lag (``version`` - its oldest token's version)."""
+    in_flight, in_queue = [], []
+    for row, row_version in zip(batch_token_versions(batch), batch.weight_versions, strict=True):
+        sampled = [v for v in row if v >= 0] or [row_version]
+        in_flight.append(max(sampled) - min(sampled))
+        in_queue.append(version - max(sampled))
+    return in_flight, in_queue
+
+
+def bound_lag(
+    batch: RolloutBatch, version: int, max_in_flight: int, max_in_queue: int,
+    stale_tokens: StaleTokens = "drop_sample",
+) -> tuple[RolloutBatch, int]:  # fmt: skip
+    """Apply the two bounds (-1 = none): a row whose in-queue lag is over its bound goes
+    (every token of it is at least that old); a row whose in-flight lag is over its bound goes
+    (``drop_sample``) or keeps only the tokens sampled within ``max_in_flight`` versions of
+    its newest (``mask``). Returns (kept, rows dropped)."""
+    in_flight, in_queue = split_lag(batch, version)
+    keep = [i for i, lag in enumerate(in_queue) if max_in_queue < 0 or lag <= max_in_queue]
+    if max_in_flight >= 0 and stale_tokens == "drop_sample":
+        keep = [i for i in keep if in_flight[i] <= max_in_flight]
+    batch, dropped = _only(batch, keep)
+    if max_in_flight < 0 or stale_tokens == "drop_sample":
+        return batch, dropped
+    batch = _masked(batch, lambda versions: _newest(versions) - max_in_flight)
+    batch, emptied = _only(batch, [i for i, mask in enumerate(_loss_masks(batch)) if any(mask)])
+    return batch, dropped + emptied
+
+
+def split_lag_metrics(batch: RolloutBatch, version: int, dropped: int) -> dict[str, float]:
+    """``off_policy/in_flight/{mean,max}``, ``off_policy/in_queue/{mean,max}`` over the rows
+    that arrived, and ``off_policy/dropped`` (rows dropped by any staleness bound)."""
+    in_flight, in_queue = split_lag(batch, version)
+    metrics = {"off_policy/dropped": float(dropped)}
+    for name, lags in (("in_flight", in_flight or [0]), ("in_queue", in_queue or [0])):
+        metrics[f"off_policy/{name}/mean"] = sum(lags) / len(lags)
+        metrics[f"off_policy/{name}/max"] = float(max(lags))
+    return metrics

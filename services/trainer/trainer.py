@@ -36,7 +36,12 @@ from rlfleet.trainer.pushes import WeightPushes
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
 from rlfleet.trainer.samples import TrainSamples
-from rlfleet.trainer.staleness import drop_stale, staleness_metrics
+from rlfleet.trainer.staleness import (
+    bound_lag,
+    drop_stale,
+    split_lag_metrics,
+    staleness_metrics,
+)
 from rlfleet.trainer.state import TrainerState
 
 if TYPE_CHECKING:
@@ -258,13 +263,18 @@ class Trainer:
                 batch, produced = await self.catching_up_while(rollouts.next())
             oldest = self.version - self.config.trainer.max_staleness
             trainer = self.config.trainer
+            arrived = split_lag_metrics(batch, self.version, 0)
             batch, dropped = drop_stale(batch, oldest, trainer.stale_tokens,
                                         trainer.mask_pre_update_segments)  # fmt: skip
+            batch, over = bound_lag(batch, self.version, trainer.max_in_flight_lag,
+                                    trainer.max_in_queue_lag, trainer.stale_tokens)  # fmt: skip
             if not len(batch):
                 raise FailedPrecondition(
-                    f"all {dropped} responses were older than weight version {oldest}"
+                    f"all {dropped + over} responses were older than weight version {oldest} "
+                    "or over trainer.max_in_flight_lag / max_in_queue_lag"
                 )
-            lag = staleness_metrics(batch, self.version, dropped)
+            lag = {**staleness_metrics(batch, self.version, dropped), **arrived,
+                   "off_policy/dropped": float(dropped + over)}  # fmt: skip
             if self.corrects_staleness(batch):
                 batch.use_engine_logprobs_as_behaviour()
             metrics = await self.learn(batch, timer)

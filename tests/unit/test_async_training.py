@@ -208,3 +208,14 @@ def test_answers_from_two_versions_are_flagged():
     assert evaluator.version_metrics(4) == {"val/weight_version": 4.0, "val/mixed_versions": 1.0}
     evaluator.versions = set()
     assert evaluator.version_metrics(7) == {"val/weight_version": 7.0}
+
+
+def test_async_steps_report_the_split_lag():
+    trainer = seeded_trainer("async", 1, **{"trainer.max_in_queue_lag": 1,
+                                            "trainer.max_in_flight_lag": 0})  # fmt: skip
+    trainer.fleet.rollout = LaggingRollout(trainer.fleet.rollout, trainer.fleet.weight_sync)
+    rows = run(trainer, 4)
+    for row in rows:
+        assert row["off_policy/in_flight/max"] == 0  # whole requests, no update crossed one
+        assert row["off_policy/in_queue/max"] == row["async/staleness/max"] <= 1
+        assert row["off_policy/dropped"] == row["async/dropped"] == 0

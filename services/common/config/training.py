@@ -175,6 +175,17 @@ class TrainerConfig(Section):
     max_staleness: int = 1
     """Async mode: the oldest weight version a trained response may come from is
     ``current - max_staleness``; older ones are dropped (counted in ``async/dropped``)."""
+    max_in_flight_lag: int = Field(-1, ge=-1)
+    """Async mode: the most weight versions that may land while one sample is generated (its
+    newest token's version - its oldest's; a request an update crossed with
+    ``rollout.update_policy: keep``); a sample over it is dropped or its older tokens masked
+    (``stale_tokens``), counted in ``off_policy/dropped``. -1 = bounded by ``max_staleness``
+    only. Reported as ``off_policy/in_flight/{mean,max}``."""
+    max_in_queue_lag: int = Field(-1, ge=-1)
+    """Async mode: the most versions the trainer may publish between a sample's last token and
+    the step that trains it (trainer version - its newest token's version); a sample over it
+    is dropped, counted in ``off_policy/dropped``. -1 = bounded by ``max_staleness`` only.
+    Reported as ``off_policy/in_queue/{mean,max}``."""
     stale_tokens: Literal["drop_sample", "mask"] = "drop_sample"
     """Async mode, per token (staleness = trainer version - the version that sampled the
     token): ``drop_sample`` drops a row holding any token older than ``max_staleness``

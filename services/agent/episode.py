@@ -1,35 +1,37 @@
-"""One multi-turn episode as the trainer needs it: token-native, shaped like verl's AgentLoopOutput.
+"""One multi-turn episode as the trainer needs it: token-native records plus what happened.
 
-Why token-native: the trainer must score exactly the tokens the policy sampled, with their
-behaviour log-probs and weight versions. ``response_ids`` holds the policy's tokens and, between
-turns, the tokens the chat template and the environment added; ``response_mask`` tells them
-apart (1 = sampled, trained; 0 = observation or template, not trained). Masked-out positions
-carry log-prob 0.0 and version -1, so the arrays line up one to one.
+Why a record on top of ``Trajectory`` (``rlfleet.common.trajectory``, the token fields every
+role shares): an episode adds what the trainer and the metrics read about the whole play (the
+reward and its parts, turns, tool calls, why it ended, timings, the transcript). Its own token
+fields are its main line: the whole episode when the loop played it, or a gateway session's
+last branch, the conversation that reached the reward. ``earlier`` holds the session's other
+branches (calls whose prompts did not extend the record before them: the agent rewrote its
+history, a completion cut by ``max_tokens`` was re-rendered differently, ...), each a trained
+record of its own with the same reward (``branches``); ``agent.multi_call`` decides how a
+session's calls become branches (``rlfleet.common.config``).
 
-``encode`` is the Redis form: a magic, a JSON header (scalars, reward parts, transcript) and
-the arrays packed little-endian (int32 ids, uint8 mask, float32 log-probs, int64 versions),
-because an episode holds thousands of numbers that JSON would print one by one. ``decode``
-checks everything it reads (``EpisodeError``), so a corrupt or foreign entry never reaches the
-trainer as a half-valid episode.
+``encode`` is the Redis and gRPC form, in ``rlfleet.common.packed``'s frame: the magic
+``\\0AE2``, a JSON header (scalars, reward parts, transcript, each branch's array lengths),
+then every branch's arrays, main line last. ``decode`` checks everything it reads
+(``EpisodeError``), so a corrupt or foreign entry never reaches the trainer as a half-valid
+episode.
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import math
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-MAGIC = b"\x00AE1"  # never the first bytes of JSON
-HEADER_LEN = struct.Struct("<I")
-TOKEN_MAX = (1 << 31) - 1
-NO_VERSION = -1
-_ARRAYS = (("response_ids", "i", 4), ("response_mask", "B", 1),
-           ("response_logprobs", "f", 4), ("response_versions", "q", 8))  # fmt: skip
+from rlfleet.common.packed import PackedError, pack, read_arrays, unpack
+from rlfleet.common.trajectory import Trajectory, TrajectoryError, is_number
+
+MAGIC = b"\x00AE2"  # never the first bytes of JSON
 _SCALARS = {"episode_id": str, "reward": float, "num_turns": int, "tool_calls": int,
             "tool_errors": int, "error": str, "generate_s": float, "env_s": float}  # fmt: skip
+
+EpisodeError = TrajectoryError
+"""An episode whose fields do not fit together (or bytes that are not an episode)."""
 
 
 class EndReason(enum.StrEnum):
@@ -41,23 +43,15 @@ class EndReason(enum.StrEnum):
     ERROR = "error"  # the environment failed (raised, bad output): a counted failed episode
 
 
-class EpisodeError(ValueError):
-    """An episode whose fields do not fit together (or bytes that are not an episode)."""
-
-
-@dataclass
-class Episode:
-    """The record of one episode; ``extend_*`` grow it turn by turn."""
+@dataclass(kw_only=True)
+class Episode(Trajectory):
+    """The record of one episode; ``extend_*`` grow its main line turn by turn."""
 
     episode_id: str
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    response_mask: list[int] = field(default_factory=list)
-    response_logprobs: list[float] = field(default_factory=list)
-    response_versions: list[int] = field(default_factory=list)
     reward: float = 0.0
     reward_parts: dict[str, float] = field(default_factory=dict)
     num_turns: int = 0
+    """Generation calls the policy answered in this episode (every branch's)."""
     tool_calls: int = 0
     tool_errors: int = 0
     end_reason: EndReason = EndReason.DONE
@@ -65,37 +59,18 @@ class Episode:
     generate_s: float = 0.0
     env_s: float = 0.0
     messages: list[dict[str, Any]] = field(default_factory=list)
+    earlier: list[Trajectory] = field(default_factory=list)
+    """The branches before the main line, in call order (a gateway session's calls that did
+    not form one token-native sequence); empty for an episode the loop played."""
 
-    def extend_sampled(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
-        """Append tokens the policy sampled (trained)."""
-        if not len(ids) == len(logprobs) == len(versions):
-            raise EpisodeError("sampled ids, log-probs and versions differ in length")
-        self.response_ids.extend(ids)
-        self.response_mask.extend([1] * len(ids))
-        self.response_logprobs.extend(logprobs)
-        self.response_versions.extend(versions)
-
-    def extend_environment(self, ids: list[int]) -> None:
-        """Append tokens the template or the environment added (never trained)."""
-        self.response_ids.extend(ids)
-        self.response_mask.extend([0] * len(ids))
-        self.response_logprobs.extend([0.0] * len(ids))
-        self.response_versions.extend([NO_VERSION] * len(ids))
+    def branches(self) -> list[Trajectory]:
+        """Every trained record of the episode, in call order: ``earlier``, then the main line."""
+        return [*self.earlier, self.tokens()]
 
     @property
-    def total_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
-    @property
-    def num_sampled(self) -> int:
-        return sum(self.response_mask)
-
-    @property
-    def oldest_version(self) -> int:
-        """The oldest weight version among sampled tokens (the episode's staleness is that of
-        its oldest token); -1 when nothing was sampled."""
-        sampled = [v for v, m in zip(self.response_versions, self.response_mask, strict=True) if m]
-        return min(sampled, default=NO_VERSION)
+    def sampled_tokens(self) -> int:
+        """Tokens the policy sampled in the whole episode (every branch)."""
+        return sum(branch.num_sampled for branch in self.branches())
 
     @property
     def truncated(self) -> bool:
@@ -105,18 +80,17 @@ class Episode:
     def failed(self) -> bool:
         return self.end_reason == EndReason.ERROR
 
-    def sampled_ids(self) -> list[int]:
-        """The trained tokens: ``response_ids`` where the mask is 1, in order."""
-        return [t for t, m in zip(self.response_ids, self.response_mask, strict=True) if m]
-
     def validate(self) -> None:
         """Raise EpisodeError naming the first field that does not fit."""
         _check_scalars(self)
         if not isinstance(self.end_reason, EndReason):
             raise EpisodeError(f"end_reason must be an EndReason, got {self.end_reason!r}")
-        _check_tokens("prompt_ids", self.prompt_ids)
-        _check_tokens("response_ids", self.response_ids)
-        _check_response_arrays(self)
+        if not isinstance(self.earlier, list) or not all(
+            isinstance(b, Trajectory) for b in self.earlier
+        ):
+            raise EpisodeError("earlier must be a list of Trajectory records")
+        for branch in self.branches():
+            Trajectory.validate(branch)
         _check_parts(self.reward_parts)
         if not isinstance(self.messages, list) or not all(
             isinstance(m, dict) for m in self.messages
@@ -124,60 +98,41 @@ class Episode:
             raise EpisodeError("messages must be a list of message objects")  # fmt: skip
 
     def encode(self) -> bytes:
-        """Magic, header length, JSON header, then the packed arrays (see the module doc)."""
+        """The packed form (see the module doc)."""
         self.validate()
+        branches = self.branches()
         head = {name: getattr(self, name) for name in _SCALARS}
         head.update(end_reason=str(self.end_reason), reward_parts=self.reward_parts,
-                    messages=self.messages, n_prompt=len(self.prompt_ids),
-                    n_response=len(self.response_ids))  # fmt: skip
-        header = json.dumps(head, default=str).encode()
-        n = len(self.response_ids)
-        arrays = [struct.pack(f"<{len(self.prompt_ids)}i", *self.prompt_ids)]
-        arrays += [struct.pack(f"<{n}{code}", *getattr(self, name)) for name, code, _ in _ARRAYS]
-        return b"".join([MAGIC, HEADER_LEN.pack(len(header)), header, *arrays])
+                    messages=self.messages, branches=[b.lengths() for b in branches])  # fmt: skip
+        return pack(MAGIC, head, [array for b in branches for array in b.arrays()])
 
     @classmethod
     def decode(cls, data: bytes) -> Episode:
         """The episode ``encode`` wrote; EpisodeError for anything else."""
-        head, body = _split(data)
-        n_prompt, n = _count(head, "n_prompt"), _count(head, "n_response")
-        sizes = [4 * n_prompt] + [width * n for _, _, width in _ARRAYS]
-        if len(body) != sum(sizes):
-            raise EpisodeError(f"episode body is {len(body)} bytes, header says {sum(sizes)}")
+        try:
+            head, body = unpack(MAGIC, data)
+            lengths = _branch_lengths(head)
+            arrays = read_arrays(body, [a for n in lengths for a in Trajectory.layout(n)])
+        except PackedError as exc:
+            raise EpisodeError(f"not an encoded episode: {exc}") from exc
+        branches = [Trajectory(*arrays[i : i + 5]) for i in range(0, len(arrays), 5)]
+        main = branches.pop()
         fields: dict[str, Any] = {name: head.get(name) for name in _SCALARS}
-        fields["prompt_ids"] = list(struct.unpack_from(f"<{n_prompt}i", body))
-        offset = sizes[0]
-        for (name, code, _), size in zip(_ARRAYS, sizes[1:], strict=True):
-            fields[name] = list(struct.unpack_from(f"<{n}{code}", body, offset))
-            offset += size
-        episode = cls(**fields, reward_parts=head.get("reward_parts"),
+        episode = cls(**fields, **vars(main), earlier=branches,
+                      reward_parts=head.get("reward_parts"),
                       end_reason=_end_reason(head.get("end_reason")),
                       messages=head.get("messages"))  # fmt: skip
         episode.validate()
         return episode
 
 
-def _split(data: bytes) -> tuple[dict[str, Any], bytes]:
-    if not isinstance(data, bytes | bytearray | memoryview) or not bytes(data[:4]) == MAGIC:
-        raise EpisodeError("not an encoded episode (bad magic)")
-    start = len(MAGIC) + HEADER_LEN.size
-    if len(data) < start:
-        raise EpisodeError("episode too short for its header")
-    (size,) = HEADER_LEN.unpack_from(data, len(MAGIC))
-    try:
-        head = json.loads(bytes(data[start : start + size]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EpisodeError(f"episode header is not JSON: {exc}") from exc
-    if not isinstance(head, dict):
-        raise EpisodeError("episode header must be a JSON object")
-    return head, bytes(data[start + size :])
-
-
-def _count(head: dict[str, Any], name: str) -> int:
-    value = head.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise EpisodeError(f"header field {name} must be a non-negative integer, got {value!r}")
-    return value
+def _branch_lengths(head: object) -> list[list[int]]:
+    lengths = head.get("branches") if isinstance(head, dict) else None
+    if not isinstance(lengths, list) or not lengths:
+        raise EpisodeError("episode header must be an object listing at least one branch")
+    for n in lengths:
+        Trajectory.layout(n)  # refuses anything but two non-negative counts
+    return lengths
 
 
 def _end_reason(value: object) -> EndReason:
@@ -190,7 +145,7 @@ def _end_reason(value: object) -> EndReason:
 def _check_scalars(episode: Episode) -> None:
     for name, kind in _SCALARS.items():
         value = getattr(episode, name)
-        ok = _is_number(value) if kind is float else isinstance(value, kind)
+        ok = is_number(value) if kind is float else isinstance(value, kind)
         if isinstance(value, bool) or not ok:
             raise EpisodeError(f"{name} must be a finite {kind.__name__}, got {value!r}")
         if kind is int and value < 0:
@@ -199,47 +154,9 @@ def _check_scalars(episode: Episode) -> None:
         raise EpisodeError("episode_id must not be empty")
 
 
-def _check_tokens(name: str, ids: object) -> None:
-    if not isinstance(ids, list):
-        raise EpisodeError(f"{name} must be a list of token ids")
-    for token in ids:
-        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= TOKEN_MAX:
-            raise EpisodeError(f"{name} holds {token!r}, not a token id")
-
-
-def _check_response_arrays(episode: Episode) -> None:
-    n = len(episode.response_ids)
-    for name, _, _ in _ARRAYS[1:]:
-        if not isinstance(getattr(episode, name), list) or len(getattr(episode, name)) != n:
-            raise EpisodeError(f"{name} must be a list as long as response_ids ({n})")
-    rows = zip(episode.response_mask, episode.response_logprobs, episode.response_versions,
-               strict=True)  # fmt: skip
-    for i, (mask, logprob, version) in enumerate(rows):
-        _check_position(i, mask, logprob, version)
-
-
-def _check_position(i: int, mask: object, logprob: object, version: object) -> None:
-    if mask not in (0, 1) or isinstance(mask, bool):
-        raise EpisodeError(f"response_mask[{i}] must be 0 or 1, got {mask!r}")
-    if not _is_number(logprob):
-        raise EpisodeError(f"response_logprobs[{i}] must be a finite log-prob, got {logprob!r}")
-    if isinstance(version, bool) or not isinstance(version, int):
-        raise EpisodeError(f"response_versions[{i}] must be an integer, got {version!r}")
-    if mask == 0 and (logprob != 0.0 or version != NO_VERSION):
-        raise EpisodeError(f"position {i} is not sampled: log-prob must be 0.0, version -1")
-    if mask == 1 and version < 0:
-        raise EpisodeError(f"response_versions[{i}] of a sampled token must be >= 0")
-
-
 def _check_parts(parts: object) -> None:
     if not isinstance(parts, dict):
         raise EpisodeError("reward_parts must be a mapping of name to number")
     for name, value in parts.items():
-        if not isinstance(name, str) or not _is_number(value):
+        if not isinstance(name, str) or not is_number(value):
             raise EpisodeError(f"reward_parts[{name!r}] must be a finite number, got {value!r}")
-
-
-def _is_number(value: object) -> bool:
-    """A finite int or float (a bool is not a number here)."""
-    real = isinstance(value, int | float) and not isinstance(value, bool)
-    return real and math.isfinite(value)

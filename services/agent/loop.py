@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlfleet.agent.env import EnvError, Message, check_messages, check_step
@@ -28,6 +28,7 @@ from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.agent.invoke import invoke
 from rlfleet.agent.render import ChatRenderer
 from rlfleet.agent.tool_calls import parse_tool_calls
+from rlfleet.common.trajectory import token_versions
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams
 
 if TYPE_CHECKING:
@@ -47,13 +48,11 @@ class SampledTurn:
     logprobs: list[float]
     weight_version: int
     finish_reason: str = "stop"
-    token_versions: list[int] | None = None
+    token_versions: list[int] = field(default_factory=list)
 
     def versions(self) -> list[int]:
-        """The weight version of every sampled token."""
-        if self.token_versions is not None:
-            return list(self.token_versions)
-        return [self.weight_version] * len(self.token_ids)
+        """The weight version of every sampled token (the turn's when it has none per token)."""
+        return token_versions(self.token_versions, len(self.token_ids), self.weight_version)
 
 
 class TurnGenerator(Protocol):
@@ -85,11 +84,11 @@ class RouterTurnGenerator:
 
 
 def turn_of(result: GenerateResult) -> SampledTurn:
-    """The first completion of a result as a turn (per-token versions when it has them)."""
+    """The first completion of a result as a turn, each token's weight version with it."""
     completion = result.completions[0]
-    per_token = getattr(completion, "weight_versions", None) or None
     return SampledTurn(list(completion.token_ids), list(completion.logprobs),
-                       result.weight_version, completion.finish_reason, per_token)  # fmt: skip
+                       result.weight_version, completion.finish_reason,
+                       completion.versions(result.weight_version))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,7 +106,9 @@ async def run_episode(
 ) -> Episode:  # fmt: skip
     """Play one episode of ``env`` on ``task`` (a dataset row, passed to ``reset``)."""
     limits = Limits(max_turns, max_episode_tokens, step_timeout_s, max_observation_chars)
-    run = _EpisodeRun(env, generate, renderer, limits, sampling, Episode(episode_id, []))
+    run = _EpisodeRun(
+        env, generate, renderer, limits, sampling, Episode(episode_id=episode_id, prompt_ids=[])
+    )
     try:
         await run.start(task)
         await run.play()

@@ -126,7 +126,8 @@ class EpisodeRunner:
             raise ValueError(f"agent.env {self.agent.env!r} samples through the router's OpenAI "
                              "gateway: set agent.gateway_url (rlfleet up sets it)")  # fmt: skip
         return GatewayRun(self.agent.gateway_url, self.api_key, queued.job.episode_id,
-                          queued.settings.sampling, queued.settings.max_turns)  # fmt: skip
+                          queued.settings.sampling, queued.settings.max_turns,
+                          self.agent.multi_call)  # fmt: skip
 
     async def _close(self, env: Any) -> None:
         """``env.close()`` when it has one (OpenEnv clients, sandboxes); its failure is logged."""

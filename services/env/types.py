@@ -141,7 +141,7 @@ class QueuedEpisode:
 
 def failed_episode(episode_id: str, error: str) -> Episode:
     """An episode that ended before its first turn (or was lost): no tokens, ``error`` set."""
-    return Episode(episode_id, [], end_reason=EndReason.ERROR, error=error)
+    return Episode(episode_id=episode_id, prompt_ids=[], end_reason=EndReason.ERROR, error=error)
 
 
 def encode_job(job: EpisodeJob, settings: EpisodeSettings) -> bytes:

@@ -41,18 +41,31 @@ def dense_group_ids(group_index: GroupIndex, device: torch.device) -> torch.Tens
     return torch.tensor(ids, dtype=torch.long, device=device)
 
 
-def _group_stats(scores: torch.Tensor, ids: torch.Tensor):
-    """Per-sample (group mean, unbiased group std, group size), each [B].
+def branch_weights(episode_index: GroupIndex, device: torch.device) -> torch.Tensor:
+    """Each row's weight in its group's statistics, [B]: 1 / the rows of its episode.
+
+    An agent's episode may be several rows (branches: its calls did not form one sequence),
+    each with the episode's score. Weighted so, a group's count, mean and std are its
+    episodes' own, and every branch gets its episode's advantage.
+    """
+    ids = dense_group_ids(episode_index, device)
+    return 1.0 / torch.bincount(ids).to(torch.get_default_dtype())[ids]
+
+
+def _group_stats(scores: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor | None = None):
+    """Per-sample (group mean, unbiased group std, group size), each [B]; with ``weights``
+    (``branch_weights``) a group's size counts episodes, not rows.
 
     A group of one has no spread to compare against: it gets mean 0 and std 1, so its
     advantage is its raw score (as in verl).
     """
     n_groups = int(ids.max()) + 1 if ids.numel() else 0
-    count = torch.bincount(ids, minlength=n_groups).to(scores.dtype)
-    mean = torch.zeros_like(count).index_add_(0, ids, scores) / count.clamp_min(1)
-    sq_dev = torch.zeros_like(count).index_add_(0, ids, (scores - mean[ids]) ** 2)
+    w = torch.ones_like(scores) if weights is None else weights.to(scores)
+    count = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, ids, w)
+    mean = torch.zeros_like(count).index_add_(0, ids, w * scores) / count.clamp_min(1)
+    sq_dev = torch.zeros_like(count).index_add_(0, ids, w * (scores - mean[ids]) ** 2)
     std = (sq_dev / (count - 1).clamp_min(1)).sqrt()
-    single = count[ids] == 1
+    single = count[ids] < 1.5  # one sample (or one episode's branches, weighing 1 together)
     return mean[ids].masked_fill(single, 0.0), std[ids].masked_fill(single, 1.0), count[ids]
 
 
@@ -62,15 +75,17 @@ def grpo_outcome_advantage(
     group_index: GroupIndex,
     eps: float = 1e-6,
     norm_by_std: bool = True,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: each sample's score relative to the other samples of its prompt, no critic needed.
 
-    Args: rewards and mask [B, T]; ``group_index`` [B], one label per prompt group.
+    Args: rewards and mask [B, T]; ``group_index`` [B], one label per prompt group;
+    ``weights`` [B] (``branch_weights``): rows that are branches of one episode count once.
     ``norm_by_std=False`` keeps only the mean baseline (Dr. GRPO style).
     Returns (advantages [B, T], returns [B, T]); both are the same broadcast score.
     """
     scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
-    mean, std, _ = _group_stats(scores, dense_group_ids(group_index, scores.device))
+    mean, std, _ = _group_stats(scores, dense_group_ids(group_index, scores.device), weights)
     adv = scores - mean
     if norm_by_std:
         adv = adv / (std + eps)
@@ -83,16 +98,18 @@ def rloo_outcome_advantage(
     response_mask: torch.Tensor,
     group_index: GroupIndex,
     eps: float = 1e-6,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO: baseline is the mean score of the *other* samples in the group (unbiased).
 
     score_i - mean(others) equals n/(n-1) * (score_i - group mean). A group of one keeps its raw
-    score. ``eps`` is accepted for a uniform signature with GRPO and unused.
+    score. ``eps`` is accepted for a uniform signature with GRPO and unused; ``weights`` as
+    in GRPO (n counts episodes).
     Returns (advantages [B, T], returns [B, T]).
     """
     scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
-    mean, _, count = _group_stats(scores, dense_group_ids(group_index, scores.device))
-    scale = torch.where(count > 1, count / (count - 1).clamp_min(1), torch.ones_like(count))
+    mean, _, count = _group_stats(scores, dense_group_ids(group_index, scores.device), weights)
+    scale = torch.where(count > 1.5, count / (count - 1).clamp_min(1), torch.ones_like(count))
     adv = (scale * (scores - mean)).unsqueeze(-1) * response_mask
     return adv, adv
 
@@ -119,8 +136,9 @@ def reinforce_plus_plus_advantage(
 
 
 def reinforce_plus_plus_baseline_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: GroupIndex
-) -> tuple[torch.Tensor, torch.Tensor]:
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: GroupIndex,
+    weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """REINFORCE++-baseline: score minus its group's mean, then whitened over the whole batch.
 
     The group mean removes the prompt's difficulty (as in GRPO) without dividing by a group std
@@ -129,7 +147,7 @@ def reinforce_plus_plus_baseline_advantage(
     Returns (advantages [B, T], returns [B, T]), the same tensor twice as in verl.
     """
     scores = masked_sum(token_level_rewards, response_mask, dim=-1)  # outcome score, [B]
-    mean, _, _ = _group_stats(scores, dense_group_ids(group_index, scores.device))
+    mean, _, _ = _group_stats(scores, dense_group_ids(group_index, scores.device), weights)
     centred = (scores - mean).unsqueeze(-1) * response_mask
     adv = masked_whiten(centred, response_mask)
     return adv, adv
@@ -184,6 +202,9 @@ class AdvantageInputs:
     response_mask: torch.Tensor
     group_index: GroupIndex | None = None
     """One label per prompt group (group estimators: grpo, rloo)."""
+    episode_index: GroupIndex | None = None
+    """One label per episode, ``[B]``, when an episode may be several rows (an agent's
+    branches): group estimators then count episodes (``branch_weights``)."""
     values: torch.Tensor | None = None
     """Critic values per response token (gae)."""
     baseline_scores: torch.Tensor | None = None
@@ -206,16 +227,22 @@ def _require(value, what: str, estimator: str):
     return value
 
 
+def _weights(x: AdvantageInputs) -> torch.Tensor | None:
+    if x.episode_index is None:
+        return None
+    return branch_weights(x.episode_index, x.response_mask.device)
+
+
 def _grpo(p: AdvantageParams, x: AdvantageInputs):
     groups = _require(x.group_index, "group_index", p.estimator)
-    return grpo_outcome_advantage(
-        x.token_level_rewards, x.response_mask, groups, norm_by_std=p.norm_by_std
-    )
+    return grpo_outcome_advantage(x.token_level_rewards, x.response_mask, groups,
+                                  norm_by_std=p.norm_by_std, weights=_weights(x))  # fmt: skip
 
 
 def _rloo(p: AdvantageParams, x: AdvantageInputs):
     groups = _require(x.group_index, "group_index", p.estimator)
-    return rloo_outcome_advantage(x.token_level_rewards, x.response_mask, groups)
+    return rloo_outcome_advantage(x.token_level_rewards, x.response_mask, groups,
+                                  weights=_weights(x))  # fmt: skip
 
 
 def _reinforce_pp(p: AdvantageParams, x: AdvantageInputs):
@@ -224,7 +251,8 @@ def _reinforce_pp(p: AdvantageParams, x: AdvantageInputs):
 
 def _reinforce_pp_baseline(p: AdvantageParams, x: AdvantageInputs):
     groups = _require(x.group_index, "group_index", p.estimator)
-    return reinforce_plus_plus_baseline_advantage(x.token_level_rewards, x.response_mask, groups)
+    return reinforce_plus_plus_baseline_advantage(x.token_level_rewards, x.response_mask, groups,
+                                                  _weights(x))  # fmt: skip
 
 
 def _remax(p: AdvantageParams, x: AdvantageInputs):

@@ -27,12 +27,12 @@ import enum
 import hashlib
 import json
 import math
-import struct
-from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from rlfleet.common import packed
 from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.trajectory import token_versions
 
 MAX_SAMPLES = 1024
 MAX_NEW_TOKENS = 1 << 16
@@ -42,7 +42,6 @@ MAX_STOP_STRINGS = 64
 INT32_MAX = (1 << 31) - 1
 INT64 = (-(1 << 63), (1 << 63) - 1)
 PACKED_MAGIC = b"\x00RG1"  # never the first bytes of JSON, so old JSON answers still decode
-_HEADER_LEN = struct.Struct("<I")
 BATCH_FIELD = "batch"
 
 
@@ -131,9 +130,7 @@ class Completion:
     def versions(self, default: int) -> list[int]:
         """The version of every token: ``weight_versions``, or ``default`` (the result's
         ``weight_version``) for each token when the completion carries none."""
-        if len(self.weight_versions) == len(self.token_ids):
-            return list(self.weight_versions)
-        return [default] * len(self.token_ids)
+        return token_versions(self.weight_versions, len(self.token_ids), default)
 
 
 @dataclass
@@ -194,58 +191,36 @@ class GenerateResult:
         return cls(**raw)
 
     def encode(self) -> bytes:
-        """Packed: magic, header length, JSON header, int32 token ids, float32 log-probs,
-        int64 per-token weight versions (the engine's log-probs are float32 already, so
-        nothing is lost)."""
+        """Packed (``rlfleet.common.packed``): the header, then int32 token ids (the prompt's,
+        then each completion's), float32 log-probs and int64 per-token weight versions (the
+        engine's log-probs are float32 already, so nothing is lost)."""
         cs = self.completions
-        ids = array("i", self.prompt_token_ids)
-        for c in cs:
-            ids.extend(c.token_ids)
-        logprobs = array("f", [lp for c in cs for lp in c.logprobs])
-        versions = array("q", [v for c in cs for v in c.weight_versions])
-        head = json.dumps([self.request_id, self.weight_version, self.replica_id,
-                           len(self.prompt_token_ids),
-                           [[c.text, c.finish_reason, len(c.token_ids), len(c.logprobs),
-                             len(c.weight_versions)] for c in cs]]).encode()  # fmt: skip
-        return b"".join([PACKED_MAGIC, _HEADER_LEN.pack(len(head)), head,
-                         _little(ids).tobytes(), _little(logprobs).tobytes(),
-                         _little(versions).tobytes()])  # fmt: skip
+        head = [self.request_id, self.weight_version, self.replica_id, len(self.prompt_token_ids),
+                [[c.text, c.finish_reason, len(c.token_ids), len(c.logprobs),
+                  len(c.weight_versions)] for c in cs]]  # fmt: skip
+        ids = self.prompt_token_ids + [t for c in cs for t in c.token_ids]
+        return packed.pack(PACKED_MAGIC, head, [
+            ("i", ids), ("f", [lp for c in cs for lp in c.logprobs]),
+            ("q", [v for c in cs for v in c.weight_versions])])  # fmt: skip
 
     @classmethod
     def decode(cls, data: bytes) -> GenerateResult:
         """From ``encode`` (or ``to_json``, what replicas wrote before packing). A header
         entry without a version count (written before per-token versions) has none."""
-        if not data.startswith(PACKED_MAGIC):
+        if not packed.is_packed(PACKED_MAGIC, data):
             return cls.from_json(data)
-        start = len(PACKED_MAGIC) + _HEADER_LEN.size
-        (size,) = _HEADER_LEN.unpack_from(data, len(PACKED_MAGIC))
-        request_id, version, replica_id, n_prompt, heads = json.loads(data[start : start + size])
+        head, body = packed.unpack(PACKED_MAGIC, data)
+        request_id, version, replica_id, n_prompt, heads = head
         heads = [[*h, 0][:5] for h in heads]
-        n_ids, n_lps = n_prompt + sum(h[2] for h in heads), sum(h[3] for h in heads)
-        body = start + size
-        ids = _little_from("i", data[body : body + 4 * n_ids])
-        logprobs = _little_from("f", data[body + 4 * n_ids : body + 4 * (n_ids + n_lps)])
-        versions = _little_from("q", data[body + 4 * (n_ids + n_lps) :])
+        n_ids = n_prompt + sum(h[2] for h in heads)
+        ids, logprobs, versions = packed.read_arrays(body, [
+            ("i", n_ids), ("f", sum(h[3] for h in heads)), ("q", sum(h[4] for h in heads))])  # fmt: skip
         completions, i, j, k = [], n_prompt, 0, 0
         for text, reason, n_tokens, n_logprobs, n_versions in heads:
             completions.append(Completion(ids[i : i + n_tokens], logprobs[j : j + n_logprobs],
                                           text, reason, versions[k : k + n_versions]))  # fmt: skip
             i, j, k = i + n_tokens, j + n_logprobs, k + n_versions
         return cls(request_id, completions, version, replica_id, ids[:n_prompt])
-
-
-def _little(values: array) -> array:
-    """Little-endian on any machine, so a router and a replica on different hosts agree."""
-    if struct.pack("=i", 1) != struct.pack("<i", 1):
-        values = array(values.typecode, values)
-        values.byteswap()
-    return values
-
-
-def _little_from(typecode: str, raw: bytes) -> list:
-    values = array(typecode)
-    values.frombytes(raw)
-    return _little(values).tolist()
 
 
 def pack_requests(requests: Sequence[GenerateRequest]) -> bytes:

@@ -8,8 +8,11 @@ every function in ``rlfleet.rl`` expects.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from rlfleet.common.trajectory import Trajectory
+from rlfleet.env.types import EpisodeResult
 from rlfleet.trainer.data import PromptRecord
 
 
@@ -46,6 +49,9 @@ class RolloutBatch:
     """Agent mode: per response token, 1 = sampled by the policy (trained), 0 = a token the
     environment or the chat template added between turns. Empty in single-turn mode (every
     response token is sampled)."""
+    episode_ids: list[str] = field(default_factory=list)
+    """Agent mode: the episode each row is a branch of (an episode whose agent's calls did not
+    form one token-native sequence is several rows, each with the episode's advantage)."""
     token_versions: list[list[int]] = field(default_factory=list)
     """The weight version that sampled every response token (-1 where the mask is 0, agent
     mode): a completion that a weight update crossed (``rollout.update_policy: keep``) holds
@@ -76,26 +82,42 @@ class RolloutBatch:
             self.finish_reasons.append(completion.finish_reason)
             self.engine_logprobs.append(list(completion.logprobs))
 
-    def add_episode_group(self, record: PromptRecord, group_id: int, results) -> None:
-        """Append the episodes of one task (``rlfleet.env`` results) as one group: each row's
-        prompt is the episode's prompt ids, its response every token after them, its loss mask
-        the episode's response mask, its version the oldest sampled token's."""
+    def add_episode_group(
+        self, record: PromptRecord, group_id: int, results: Sequence[EpisodeResult]
+    ) -> None:
+        """Append the episodes of one task (``rlfleet.env`` results) as one group, a row per
+        branch (``Episode.branches``): its prompt the branch's prompt ids, its response every
+        token after them, its loss mask the branch's response mask, its version the oldest
+        sampled token's, its score the episode's reward; ``episode_ids`` ties an episode's
+        branches together (each gets the episode's advantage: ``trainer.episodes``)."""
         for result in results:
             episode = result.episode
-            if not episode.num_sampled:  # failed before its first turn: nothing to train
+            branches = [b for b in episode.branches() if b.num_sampled]
+            if not branches:  # failed before its first turn: nothing to train
                 self.empty_episodes += 1
                 continue
-            self.records.append(record)
-            self.prompts.append(list(episode.prompt_ids))
-            self.responses.append(list(episode.response_ids))
-            self.loss_masks.append(list(episode.response_mask))
-            self.token_versions.append(list(episode.response_versions))
-            self.group_ids.append(group_id)
-            self.weight_versions.append(max(0, episode.oldest_version))
-            self.replica_ids.append("+".join(sorted(set(result.replica_ids))))
-            self.finish_reasons.append(str(episode.end_reason))
-            self.engine_logprobs.append(list(episode.response_logprobs))
-            self.scores.append(float(episode.reward))
+            for branch in branches:
+                self._add_branch(record, group_id, result, branch)
+
+    def _add_branch(self, record: PromptRecord, group_id: int, result: EpisodeResult,
+                    branch: Trajectory) -> None:  # fmt: skip
+        episode = result.episode
+        self.records.append(record)
+        self.prompts.append(list(branch.prompt_ids))
+        self.responses.append(list(branch.response_ids))
+        self.loss_masks.append(list(branch.response_mask))
+        self.token_versions.append(list(branch.response_versions))
+        self.group_ids.append(group_id)
+        self.episode_ids.append(episode.episode_id)
+        self.weight_versions.append(max(0, branch.oldest_version))
+        self.replica_ids.append("+".join(sorted(set(result.replica_ids))))
+        self.finish_reasons.append(str(episode.end_reason))
+        self.engine_logprobs.append(list(branch.response_logprobs))
+        self.scores.append(float(episode.reward))
+
+    def row_episodes(self) -> list[str] | None:
+        """Each row's episode id when every row has one (agent mode), else None."""
+        return self.episode_ids if len(self.episode_ids) == len(self) else None
 
     def select(self, rows: list[int]) -> RolloutBatch:
         """A batch of only ``rows`` (every per-sequence list filtered the same way)."""

@@ -187,6 +187,7 @@ class Trainer:
             token_level_rewards=rewards,
             response_mask=mask,
             group_index=batch.group_ids,
+            episode_index=batch.row_episodes(),
             values=values,
             baseline_scores=torch.tensor(batch.baseline_scores) if batch.baseline_scores else None,
         )

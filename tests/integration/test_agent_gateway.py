@@ -135,10 +135,10 @@ def play_calc(router: RouterProc, session: str, key: str = "unused") -> list:
     return seen
 
 
-def masked(segments: list[dict], name: str) -> list:
-    """The values of ``name`` at the sampled positions (mask 1), segment after segment."""
-    return [value for segment in segments
-            for value, mask in zip(segment[name], segment["response_mask"], strict=True) if mask]  # fmt: skip
+def masked(branches: list[dict], name: str) -> list:
+    """The values of ``name`` at the sampled positions (mask 1), branch after branch."""
+    return [value for branch in branches
+            for value, mask in zip(branch[name], branch["response_mask"], strict=True) if mask]  # fmt: skip
 
 
 def test_a_session_records_the_sampled_tokens_across_routers(fleet: Fleet) -> None:
@@ -147,7 +147,7 @@ def test_a_session_records_the_sampled_tokens_across_routers(fleet: Fleet) -> No
     assert rl(fleet.b, "set_reward", {"session_id": session, "reward": 0.5}, KEY).status_code == 200
     episode = rl(fleet.b, "end_session", {"session_id": session}, KEY).json()
     assert episode["num_calls"] == len(seen) and episode["reward"] == 0.5
-    segments = episode["segments"]
+    segments = episode["branches"]
     choices = [answer.choices[0] for answer in seen]
     assert masked(segments, "response_ids") == [
         t for c in choices for t in c.model_extra["token_ids"]
@@ -156,6 +156,7 @@ def test_a_session_records_the_sampled_tokens_across_routers(fleet: Fleet) -> No
         [x.logprob for c in choices for x in c.logprobs.content])  # fmt: skip
     assert set(masked(segments, "response_versions")) == {0}
     assert episode["token_native"] == (len(segments) == 1)
+    assert episode["num_branches"] == len(segments) and episode["multi_call"] == "merge_prefixes"
     first = seen[0].model_extra["prompt_token_ids"]
     assert segments[0]["prompt_ids"] == first
     stats = rl(fleet.a, "stats").json()
@@ -176,9 +177,11 @@ def test_bad_and_ended_session_ids_are_4xx_naming_the_field(fleet: Fleet) -> Non
     with pytest.raises(openai.BadRequestError) as refused:
         chat(fleet.a, session, TASK["prompt"], n=2)
     assert refused.value.body["param"] == "n"
-    assert rl(fleet.a, "end_session", {"session_id": session}).json()["num_calls"] == 0
-    again = rl(fleet.a, "end_session", {"session_id": session})
-    assert again.status_code == 409 and again.json()["error"]["param"] == "session_id"
+    first = rl(fleet.a, "end_session", {"session_id": session}).json()
+    assert first["num_calls"] == 0
+    assert rl(fleet.a, "end_session", {"session_id": session}).json() == first  # idempotent
+    answer = rl(fleet.a, "end_session", {"session_id": session, "multi_call": "all"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "multi_call"
     with pytest.raises(openai.APIStatusError) as refused:
         chat(fleet.a, session, TASK["prompt"])
     assert refused.value.status_code == 409 and refused.value.body["param"] == "X-Session-ID"

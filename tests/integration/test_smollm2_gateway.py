@@ -134,7 +134,7 @@ def test_an_episode_of_smollm2_through_the_gateway(gateway: Gateway) -> None:
     sampled = [answer.choices[0].model_extra["token_ids"] for answer in answers]
     assert all(sampled) and all(answer.model_extra["weight_version"] == 0 for answer in answers)
     assert episode["token_native"], [answer.choices[0].message for answer in answers]
-    (segment,) = episode["segments"]
+    (segment,) = episode["branches"]
     ids, mask = segment["response_ids"], segment["response_mask"]
     assert segment["prompt_ids"] == prompts[0]
     assert len(ids) == len(mask) == len(segment["response_logprobs"])

@@ -10,7 +10,7 @@ from rlfleet.agent.episode import MAGIC, EndReason, Episode, EpisodeError
 
 
 def sample_episode() -> Episode:
-    episode = Episode("ep-1", [1, 2, 3])
+    episode = Episode(episode_id="ep-1", prompt_ids=[1, 2, 3])
     episode.extend_sampled([10, 11], [-0.5, -1.25], [4, 4])
     episode.extend_environment([2, 12, 13])
     episode.extend_sampled([14], [-2.0], [5])
@@ -32,7 +32,7 @@ def test_arrays_line_up_and_properties() -> None:
     assert episode.sampled_ids() == [10, 11, 14]
     assert (episode.oldest_version, episode.num_sampled, episode.total_tokens) == (4, 3, 9)
     assert not episode.truncated and not episode.failed
-    assert Episode("empty", [1]).oldest_version == -1
+    assert Episode(episode_id="empty", prompt_ids=[1]).oldest_version == -1
 
 
 def test_encode_decode_round_trip() -> None:
@@ -40,7 +40,7 @@ def test_encode_decode_round_trip() -> None:
     data = episode.encode()
     assert data.startswith(MAGIC)
     assert Episode.decode(data) == episode
-    truncated = Episode("t", [5], end_reason=EndReason.TOKEN_BUDGET, error="")
+    truncated = Episode(episode_id="t", prompt_ids=[5], end_reason=EndReason.TOKEN_BUDGET, error="")
     assert Episode.decode(truncated.encode()) == truncated and truncated.truncated
 
 

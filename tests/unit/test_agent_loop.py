@@ -280,5 +280,5 @@ async def test_router_turn_generator_sends_token_prompts_per_session() -> None:
         assert request.min_weight_version == 2 and request.request_id.startswith("ep-9-")
     assert client.requests[1].prompt_token_ids == [1, 2, 3, 5, 6, 2]
     assert len({r.request_id for r in client.requests}) == 2
-    assert turns[0] == SampledTurn([5, 6, 2], [-0.5, -0.25, -1.0], 4, "stop")
+    assert turns[0] == SampledTurn([5, 6, 2], [-0.5, -0.25, -1.0], 4, "stop", [4, 4, 4])
     assert turns[0].versions() == [4, 4, 4] and turns[1].versions() == [3, 3, 4]

@@ -19,7 +19,7 @@ from rlfleet.agent.adapters.workflow import (
     is_workflow,
     reward_of,
 )
-from rlfleet.agent.episode import NO_VERSION
+from rlfleet.common.trajectory import NO_VERSION
 from rlfleet.rollout.router.trajectory import CallRecord, session_episode
 
 
@@ -96,13 +96,34 @@ def test_a_token_native_session_is_one_episode_of_exactly_the_sampled_tokens() -
     assert episode.oldest_version == 3
 
 
-def test_a_rewritten_history_trains_the_last_segment() -> None:
+def test_a_rewritten_history_trains_every_call_as_branches() -> None:
     calls = [call([1, 2], [7, 2]), call([1, 2, 9, 9], [5, 2]), call([1, 2, 9, 9, 5, 2, 4], [6])]
     record = session_episode("rls-x", calls, 0.5)
-    assert not record["token_native"] and record["num_segments"] == 2
+    assert not record["token_native"] and record["num_branches"] == 2
     episode = episode_of("ep-2", record, None)  # the reward set through /rl/set_reward
     assert episode.prompt_ids == [1, 2, 9, 9] and episode.sampled_ids() == [5, 2, 6]
-    assert episode.reward == 0.5 and episode.num_turns == 2
+    [earlier] = episode.earlier
+    assert earlier.prompt_ids == [1, 2] and earlier.sampled_ids() == [7, 2]
+    trained = [t for branch in episode.branches() for t in branch.sampled_ids()]
+    assert trained == [t for c in calls for t in c.token_ids]  # no sampled token dropped
+    assert episode.reward == 0.5 and episode.num_turns == 3 and episode.sampled_tokens == 5
+
+
+def test_every_call_mode_keeps_each_call_a_record_of_its_own() -> None:
+    calls = [call([1, 2], [7, 2]), call([1, 2, 7, 2, 9], [5])]  # token-native, kept apart
+    record = session_episode("rls-x", calls, 1.0, mode="every_call")
+    assert record["token_native"] and record["num_branches"] == 2
+    episode = episode_of("ep-4", record, None)
+    assert [b.prompt_ids for b in episode.branches()] == [[1, 2], [1, 2, 7, 2, 9]]
+    assert [b.response_mask for b in episode.branches()] == [[1, 1], [1]]
+    assert episode.decode(episode.encode()) == episode  # the branches travel in its bytes
+
+
+def test_a_session_record_that_is_no_trajectory_is_refused() -> None:
+    record = session_episode("rls-x", [call([1], [2])], 1.0)
+    record["branches"][0]["response_mask"] = [2]
+    with pytest.raises(WorkflowError, match="response_mask"):
+        episode_of("ep-5", record, None)
 
 
 def test_a_session_without_calls_is_no_episode() -> None:

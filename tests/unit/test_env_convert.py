@@ -55,7 +55,7 @@ def test_a_task_that_cannot_travel_names_its_job():
 
 
 def test_results_decode_their_episode_and_refuse_unreadable_bytes():
-    episode = Episode("e0", [1, 2], num_turns=1)
+    episode = Episode(episode_id="e0", prompt_ids=[1, 2], num_turns=1)
     episode.extend_sampled([3], [-0.1], [0])
     proto = outcome_to_proto(EpisodeOutcome("e0", episode.encode(), "", 1, ["ra", "ra"]))
     result = result_from_proto(proto)
@@ -72,10 +72,10 @@ def test_environment_infos_round_trip():
 
 def test_answers_become_outcomes_checked_against_their_job():
     job = EpisodeJob("e0")
-    good = EpisodeOutcome("e0", Episode("e0", [1]).encode(), restarts=1)
+    good = EpisodeOutcome("e0", Episode(episode_id="e0", prompt_ids=[1]).encode(), restarts=1)
     assert outcome_of(job, Result("r", good.encode())) == good
     lost = outcome_of(job, Result("r", b"", ErrorCode.INTERNAL, "dead-lettered: delivered 4 times"))
     assert lost.error.startswith("dead-lettered") and Episode.decode(lost.episode).failed
-    foreign = EpisodeOutcome("e7", Episode("e7", [1]).encode())
+    foreign = EpisodeOutcome("e7", Episode(episode_id="e7", prompt_ids=[1]).encode())
     assert "answered episode 'e7'" in outcome_of(job, Result("r", foreign.encode())).error
     assert "unreadable" in outcome_of(job, Result("r", b"\x01")).error

@@ -100,7 +100,7 @@ def test_a_queued_job_round_trips_and_garbage_is_refused():
 
 
 def test_an_outcome_round_trips_with_its_episode_bytes():
-    episode = Episode("e0", [1, 2, 3], num_turns=1)
+    episode = Episode(episode_id="e0", prompt_ids=[1, 2, 3], num_turns=1)
     episode.extend_sampled([4, 5], [-0.5, -0.25], [3, 3])
     outcome = EpisodeOutcome("e0", episode.encode(), "", 1, ["ra"])
     again = EpisodeOutcome.decode(outcome.encode())

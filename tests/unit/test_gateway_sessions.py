@@ -20,7 +20,7 @@ from rlfleet.rollout.router.sessions import (
     check_reward,
     is_session_id,
 )
-from rlfleet.rollout.router.trajectory import CallRecord, segments_of
+from rlfleet.rollout.router.trajectory import CallRecord, branches_of
 from rlfleet.rollout.types import Completion, GenerateResult
 from rlfleet.rollout.types import InvalidField as BadField
 
@@ -43,11 +43,9 @@ async def test_a_session_records_its_calls_in_order_and_ends_once(store: Session
     await store.set_reward(session, 0.25)
     episode = await store.end(session)
     assert episode["num_calls"] == 2 and episode["token_native"] and episode["reward"] == 0.25
-    [segment] = episode["segments"]
-    assert segment["response_ids"] == [3, 4, 5, 6] and segment["response_mask"] == [1, 1, 0, 1]
-    with pytest.raises(EndedSession) as ended:
-        await store.end(session)
-    assert ended.value.param == "session_id"
+    [branch] = episode["branches"]
+    assert branch["response_ids"] == [3, 4, 5, 6] and branch["response_mask"] == [1, 1, 0, 1]
+    assert await store.end(session) == episode  # idempotent: a lost answer may be asked again
     with pytest.raises(EndedSession) as ended:
         await store.record(session, [record([1], [2])], "X-Session-ID")
     assert ended.value.param == "X-Session-ID"
@@ -84,15 +82,30 @@ async def test_a_rewritten_history_is_counted_segmented(store: SessionStore) -> 
     session = await store.start()
     await store.record(session, [record([1, 2], [3]), record([1, 9], [4])], "user")
     episode = await store.end(session)
-    assert not episode["token_native"] and episode["num_segments"] == 2
-    assert (await store.stats())["segmented"] == 1
+    assert not episode["token_native"] and episode["num_branches"] == 2
+    assert await store.end(session) == episode
+    assert (await store.stats())["segmented"] == 1  # counted once
 
 
-def test_segments_follow_the_prompts() -> None:
+async def test_a_second_end_after_the_answer_is_gone_is_refused(store, monkeypatch) -> None:
+    monkeypatch.setattr("rlfleet.rollout.router.sessions.ENDED_ANSWER_S", 0.05)
+    session = await store.start()
+    await store.record(session, [record([1], [2])], "user")
+    await store.end(session)
+    await asyncio.sleep(0.2)
+    with pytest.raises(EndedSession) as ended:
+        await store.end(session)
+    assert ended.value.param == "session_id"
+
+
+def test_branches_follow_the_prompts() -> None:
     calls = [record([1], [2, 3]), record([1, 2, 3, 7], [8]), record([5], [6])]
-    first, second = segments_of(calls)
-    assert first.response_ids == [2, 3, 7, 8] and first.num_turns == 2
+    first, second = branches_of(calls)
+    assert first.response_ids == [2, 3, 7, 8] and first.response_mask == [1, 1, 0, 1]
     assert second.prompt_ids == [5] and second.response_mask == [1]
+    every = branches_of(calls, "every_call")
+    assert [b.prompt_ids for b in every] == [[1], [1, 2, 3, 7], [5]]
+    assert [t for b in every for t in b.sampled_ids()] == [2, 3, 8, 6]
 
 
 class Tokenizer:

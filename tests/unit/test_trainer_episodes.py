@@ -14,6 +14,8 @@ from trainer_fakes import GOOD_TOKEN, make_trainer, prompts
 
 from rlfleet.agent.episode import Episode
 from rlfleet.common.config import load_config
+from rlfleet.common.trajectory import Trajectory
+from rlfleet.rl.advantages import AdvantageInputs, AdvantageParams, compute_advantage
 from rlfleet.trainer.episodes import episode_jobs, episode_metrics
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
 from rlfleet.trainer.staleness import staleness_metrics
@@ -43,7 +45,7 @@ class Result:
 
 def scripted_episode(job: dict, version: int, rng: random.Random) -> Episode:
     """Two sampled turns around two environment tokens; reward counts GOOD_TOKEN sampled."""
-    episode = Episode(job["episode_id"], prompt_ids=[1, 2, 3])
+    episode = Episode(episode_id=job["episode_id"], prompt_ids=[1, 2, 3])
     for flag in PATTERN:
         token = rng.choice([GOOD_TOKEN, 7, 8])
         if flag:
@@ -120,8 +122,10 @@ def test_episode_jobs_are_deterministic_groups_of_n():
 
 
 def test_episode_metrics_count_ends_and_parts():
-    done = Episode("a", [1], num_turns=3, tool_calls=2, reward_parts={"format": 1.0})
-    cut = Episode("b", [1], num_turns=1, tool_errors=1)
+    done = Episode(
+        episode_id="a", prompt_ids=[1], num_turns=3, tool_calls=2, reward_parts={"format": 1.0}
+    )
+    cut = Episode(episode_id="b", prompt_ids=[1], num_turns=1, tool_errors=1)
     cut.end_reason = "token_budget"
     metrics = episode_metrics([Result(done), Result(cut, restarts=1)])
     assert metrics["agent/turns/mean"] == 2.0
@@ -142,3 +146,50 @@ def test_token_staleness_is_per_sampled_token():
 def test_agent_mode_refuses_what_it_cannot_train_yet():
     with pytest.raises(Exception, match="gae"):
         load_config(None, ["agent.env=calc", "algorithm.adv_estimator=gae"], env={})
+
+
+def branched_episode(episode_id: str, reward: float, branches: int) -> Episode:
+    """An episode of ``branches`` records (a gateway session whose calls did not extend one
+    another), each one sampled turn after its own prompt."""
+    records = [Trajectory.of_call([1, 2, b], [5, 6], [-1.0, -1.0], [0, 0]) for b in range(branches)]
+    *earlier, last = records
+    return Episode(episode_id=episode_id, **vars(last), earlier=earlier, reward=reward,
+                   num_turns=branches)  # fmt: skip
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
+def test_every_branch_gets_its_episodes_advantage(estimator: str) -> None:
+    rewards, branches = [1.0, 0.0, 1.0, 0.0], [3, 1, 1, 2]
+    split, whole = RolloutBatch(), RolloutBatch()
+    results = [Result(branched_episode(f"e{i}", r, k))
+               for i, (r, k) in enumerate(zip(rewards, branches, strict=True))]  # fmt: skip
+    split.add_episode_group(prompts(1)[0], 0, results)
+    whole.add_episode_group(
+        prompts(1)[0], 0, [Result(branched_episode(f"w{i}", r, 1)) for i, r in enumerate(rewards)]
+    )
+    assert len(split) == sum(branches) and split.episode_ids[:3] == ["e0"] * 3
+    params = AdvantageParams(estimator=estimator)
+    per_row = advantages_of(split, params)
+    per_episode = advantages_of(whole, params)
+    rows_of = [i for i, k in enumerate(branches) for _ in range(k)]
+    if estimator == "reinforce_plus_plus_baseline":  # whitened over rows: same sign and order
+        assert torch.equal(per_row.sign(), per_episode[rows_of].sign())
+    else:
+        assert torch.allclose(per_row, per_episode[rows_of])
+
+
+def advantages_of(batch: RolloutBatch, params: AdvantageParams) -> torch.Tensor:
+    """Each row's advantage (on its one sampled turn)."""
+    lengths, masks = batch.response_lengths(), batch.row_loss_masks()
+    inputs = AdvantageInputs(token_level_rewards(batch.scores, lengths, masks),
+                             response_mask(lengths, masks), batch.group_ids,
+                             episode_index=batch.row_episodes())  # fmt: skip
+    return compute_advantage(params, inputs)[0][:, -1]
+
+
+def test_a_branched_episode_counts_once_in_the_metrics_and_all_its_calls_as_turns() -> None:
+    metrics = episode_metrics(
+        [Result(branched_episode("a", 1.0, 3)), Result(branched_episode("b", 0.0, 1))]
+    )
+    assert metrics["agent/turns/mean"] == 2.0 and metrics["agent/branches/mean"] == 2.0
+    assert metrics["agent/sampled_tokens/mean"] == 4.0  # two per branch, every branch counted

@@ -16,15 +16,23 @@ what the gateway recorded (``episode_of``): its tokens are the sampled ones, the
 workflow's return (a number, or a dict with ``reward`` and the reward parts: a
 ``reward_parts`` mapping, or the other numeric items), else what the agent set with
 ``/rl/set_reward``. A workflow that raises, returns something else, sets no reward or calls
-nothing through its session is a counted failed episode. A session whose calls did not extend
-one another (``token_native`` false: the agent rewrote its history) trains its last segment,
-the conversation that reached the reward; the earlier calls are dropped with a warning.
+nothing through its session is a counted failed episode. Every call is trained: the gateway
+answers the session's calls as ``Trajectory`` branches (``agent.multi_call``: exact prefixes
+merged, or every call its own record), the last is the episode's main line and the others its
+``earlier`` branches, each trained with the episode's reward. ``num_turns`` counts the calls.
 The episode's ``generate_s`` is the router's time for its calls, ``env_s`` the rest of its
 wall time (the agent's own work and its tools).
+
+Session calls and dropped connections: a gateway's answer may be lost on the way (a
+connection reset under a full step's concurrency). Ending a session is idempotent (the
+gateway answers a second end with the same episode), so ``end`` is retried; starting one is
+not (a second start is a second session), so ``start`` is retried only when the request
+never left (the connection could not be made).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
@@ -36,6 +44,8 @@ from typing import Any
 import httpx
 
 from rlfleet.agent.episode import EndReason, Episode
+from rlfleet.common.config.agent import MultiCall
+from rlfleet.common.trajectory import Trajectory, TrajectoryError
 from rlfleet.rollout.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -43,6 +53,8 @@ for _chatty in ("httpx", "httpx2"):  # a line per agent call at INFO would drown
     logging.getLogger(_chatty).setLevel(logging.WARNING)
 
 SESSION_CALL_TIMEOUT_S = 30.0
+SESSION_CALL_TRIES = 4
+RETRY_BASE_S = 0.25
 Workflow = Callable[..., Awaitable[Any]]
 
 
@@ -59,6 +71,7 @@ class GatewayRun:
     episode_id: str
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_turns: int = 8
+    multi_call: MultiCall = "merge_prefixes"  # how the session's calls become branches
 
     @property
     def key(self) -> str:
@@ -92,16 +105,29 @@ class GatewaySessions:
         self._http = httpx.AsyncClient(base_url=root, headers=headers, timeout=timeout_s)
 
     async def start(self) -> str:
-        return (await self._post("/rl/start_session", {}))["session_id"]
+        answer = await self._post("/rl/start_session", {}, retry_on=httpx.ConnectError)
+        return answer["session_id"]
 
-    async def end(self, session_id: str) -> dict[str, Any]:
-        return await self._post("/rl/end_session", {"session_id": session_id})
+    async def end(self, session_id: str, multi_call: MultiCall = "merge_prefixes") -> dict:
+        body = {"session_id": session_id, "multi_call": multi_call}
+        return await self._post("/rl/end_session", body, retry_on=httpx.TransportError)
 
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = await self._http.post(path, json=body)
+    async def _post(self, path: str, body: dict[str, Any],
+                    retry_on: type[Exception]) -> dict[str, Any]:  # fmt: skip
+        """POST ``body``; a ``retry_on`` failure is tried again (``SESSION_CALL_TRIES`` in all,
+        backing off), what else fails raises."""
+        for attempt in range(SESSION_CALL_TRIES):
+            try:
+                answer = await self._http.post(path, json=body)
+                break
+            except retry_on as exc:
+                if attempt + 1 == SESSION_CALL_TRIES:
+                    raise
+                log.info("gateway %s: %s: %s; trying again", path, type(exc).__name__, exc)
+                await asyncio.sleep(RETRY_BASE_S * 2**attempt)
         if answer.status_code != 200:
             raise WorkflowError(
                 f"gateway {path} answered {answer.status_code}: {answer.text[:300]}"
@@ -137,7 +163,7 @@ async def play_in_session(
         except Exception as exc:  # noqa: BLE001 - user code: its failure ends only its episode
             error = f"{what} raised {type(exc).__name__}: {exc}"
         finally:
-            record = await _end_quietly(sessions, session_id)
+            record = await _end_quietly(sessions, session_id, run.multi_call)
         episode = _episode(run.episode_id, record, outcome, error)
         episode.generate_s = float((record or {}).get("generate_s") or 0.0)
         episode.env_s = max(0.0, time.perf_counter() - started - episode.generate_s)
@@ -146,11 +172,13 @@ async def play_in_session(
         await sessions.close()
 
 
-async def _end_quietly(sessions: GatewaySessions, session_id: str) -> dict[str, Any] | None:
+async def _end_quietly(
+    sessions: GatewaySessions, session_id: str, multi_call: MultiCall
+) -> dict[str, Any] | None:
     """The ended session's record; None (logged) when the gateway could not end it, so that a
     timeout's cancellation still reaches the worker as a timeout."""
     try:
-        return await sessions.end(session_id)
+        return await sessions.end(session_id, multi_call)
     except Exception as exc:  # noqa: BLE001 - the episode fails either way
         log.warning("could not end gateway session %s: %s: %s", session_id,
                     type(exc).__name__, exc)  # fmt: skip
@@ -165,22 +193,25 @@ def _episode(episode_id: str, record: dict | None, outcome: Any, error: str) -> 
             return episode_of(episode_id, record, outcome)
         except WorkflowError as exc:
             error = str(exc)
-    return Episode(episode_id, [], end_reason=EndReason.ERROR, error=error)
+    return Episode(episode_id=episode_id, prompt_ids=[], end_reason=EndReason.ERROR, error=error)
 
 
 def episode_of(episode_id: str, record: dict[str, Any], outcome: Any) -> Episode:
     """The Episode of an ended session's record (``/rl/end_session``'s answer) and the
-    workflow's return; WorkflowError when they do not make one."""
-    segments = record.get("segments") or []
-    if not segments:
+    workflow's return: the last branch its main line, the others ``earlier``; WorkflowError
+    when they do not make one."""
+    if not record.get("branches"):
         raise WorkflowError("the workflow made no generation call through its session")
-    if len(segments) > 1:
-        dropped = sum(s["num_turns"] for s in segments[:-1])
-        log.warning("episode %s: session %s was not token-native (%d segments); training the "
-                    "last, %d earlier call(s) dropped", episode_id, record.get("session_id"),
-                    len(segments), dropped)  # fmt: skip
+    try:
+        *earlier, last = [Trajectory.from_dict(raw) for raw in record["branches"]]
+    except TrajectoryError as exc:
+        raise WorkflowError(f"the gateway's session record is not an episode: {exc}") from exc
     reward, parts = reward_of(outcome, record.get("reward"))
-    episode = Episode(episode_id, **segments[-1], reward=reward, reward_parts=parts)
+    episode = Episode(episode_id=episode_id, **vars(last), earlier=earlier, reward=reward,
+                      reward_parts=parts, num_turns=int(record.get("num_calls") or 0),
+                      tool_calls=int(record.get("tool_calls") or 0),
+                      tool_errors=int(record.get("tool_errors") or 0),
+                      messages=list(record.get("messages") or []))  # fmt: skip
     episode.validate()
     return episode
 

@@ -10,7 +10,7 @@ trainer samples single completions as before. Names are checked here for their f
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -18,6 +18,7 @@ from rlfleet.common.config.base import Section
 
 BUILTIN_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+MultiCall = Literal["merge_prefixes", "every_call"]
 
 
 class AgentConfig(Section):
@@ -63,6 +64,15 @@ class AgentConfig(Section):
     gateway_session_ttl_s: float = Field(3600.0, gt=0)
     """Read by the router: a gateway session (``/rl/start_session``) not touched for this long
     expires, is counted (``/rl/stats``) and its calls are dropped."""
+    multi_call: MultiCall = "merge_prefixes"
+    """How the calls of a gateway session (an agent workflow, a verifiers environment) become
+    trained records. ``merge_prefixes``: a call whose prompt starts with the previous record's
+    tokens extends it (the tokens in between masked 0), any other call (history rewritten, a
+    ``max_tokens`` cut re-rendered) starts a new record, a branch. ``every_call``: each call is
+    a record of its own (its prompt, then what it sampled). Either way every sampled token is
+    trained once and every branch gets the episode's reward and advantage (its GRPO group
+    counts episodes, not branches); ``merge_prefixes`` trains the same tokens in fewer rows,
+    so a token-native session is one row as in the loop."""
 
     @field_validator("env")
     @classmethod

@@ -8,7 +8,8 @@ AReaL's shape (behind the API key like the rest of the front)::
 
     POST /rl/start_session  {}                        -> {"session_id": "rls-..."}
     POST /rl/set_reward     {"session_id", "reward"}  -> {"session_id", "reward"}
-    POST /rl/end_session    {"session_id", "reward"?} -> the episode (trajectory.session_episode)
+    POST /rl/end_session    {"session_id", "reward"?, "multi_call"?}
+                            -> the episode (trajectory.session_episode); asked again, the same
     GET  /rl/stats                                    -> started, ended, expired, segmented, ...
 
 A chat or completion call whose session id (``X-Session-ID`` header, else ``user``) is a
@@ -26,6 +27,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
+from rlfleet.common.config.agent import MultiCall
 from rlfleet.rollout.router.sessions import (
     BadSessionField,
     SessionStore,
@@ -50,6 +52,7 @@ class RewardBody(BaseModel):
 class EndBody(BaseModel):
     session_id: str
     reward: float | None = None
+    multi_call: MultiCall = "merge_prefixes"  # how the calls become branches (trajectory.py)
 
 
 class Recorder:
@@ -94,10 +97,10 @@ def add_session_routes(app: FastAPI, store: SessionStore, auth: list[Any]) -> No
     @app.post("/rl/end_session", dependencies=auth)
     async def end_session(body: EndBody) -> dict[str, Any]:
         reward = None if body.reward is None else check_reward(body.reward)
-        episode = await store.end(check_session_id(body.session_id), reward)
+        episode = await store.end(check_session_id(body.session_id), reward, body.multi_call)
         if not episode["token_native"]:
-            log.info("session %s: %d calls in %d segments (a prompt did not extend the one "
-                     "before)", body.session_id, episode["num_calls"], episode["num_segments"])  # fmt: skip
+            log.debug("session %s: %d calls in %d branches (a prompt did not extend the one "
+                      "before)", body.session_id, episode["num_calls"], episode["num_branches"])  # fmt: skip
         return episode
 
     @app.get("/rl/stats", dependencies=auth)

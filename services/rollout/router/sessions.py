@@ -13,8 +13,11 @@ here as ``rls-<32 hex>`` so they never alias another key)::
 
 A session lives ``ttl_s`` after its last touch (start, a recorded call, set_reward). One that
 never ends expires: ``sweep`` (run at each start and stats read) drops it and counts it
-``expired``. An ended session keeps its hash (state ``ended``, no calls) for another ``ttl_s``,
-so a late call or a second end is refused as ended (409), not as unknown (404).
+``expired``. An ended session keeps its hash (state ``ended``) for another ``ttl_s``, so a
+late call is refused as ended (409), not as unknown (404). Ending is idempotent: for
+``ENDED_ANSWER_S`` after the end its calls are kept and a second end answers the same episode
+(counted once), so a client whose answer was lost on the way (a dropped connection) may ask
+again; after that a second end is refused as ended (409).
 """
 
 from __future__ import annotations
@@ -28,13 +31,15 @@ from redis.asyncio import Redis
 
 from rlfleet.common import errors
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.config.agent import MultiCall
 from rlfleet.common.keys import Keys
-from rlfleet.rollout.router.trajectory import CallRecord, segments_of, session_episode
+from rlfleet.rollout.router.trajectory import CallRecord, is_token_native, session_episode
 
 SESSION_PREFIX = "rls-"
 SESSION_ID = re.compile(r"^rls-[0-9a-f]{32}$")
 MAX_CALLS = 1024
 SWEEP_LIMIT = 256
+ENDED_ANSWER_S = 120.0
 OPEN, ENDED = "open", "ended"
 _NOW_MS = "local t = redis.call('TIME') local now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
 _START = (
@@ -82,12 +87,18 @@ return 1
 _END = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {-1} end
-if state ~= 'open' then return {-2} end
+if state ~= 'open' then
+  local kept = redis.call('LRANGE', KEYS[2], 0, -1)
+  if tonumber(redis.call('HGET', KEYS[1], 'ncalls') or -1) ~= #kept then return {-2} end
+  local again = {2, redis.call('HGET', KEYS[1], 'reward') or ''}
+  for _, call in ipairs(kept) do table.insert(again, call) end
+  return again
+end
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'reward', ARGV[3]) end
 local reward = redis.call('HGET', KEYS[1], 'reward') or ''
 local calls = redis.call('LRANGE', KEYS[2], 0, -1)
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[1], 'state', 'ended')
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+redis.call('HSET', KEYS[1], 'state', 'ended', 'ncalls', #calls)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[2])
 redis.call('HINCRBY', KEYS[4], 'ended', 1)
@@ -201,18 +212,21 @@ class SessionStore:
                                              args=[self.ttl_ms, session_id, repr(reward)])  # fmt: skip
         self._refuse(session_id, "session_id", code)
 
-    async def end(self, session_id: str, reward: float | None = None) -> dict:
-        """The session's episode (``trajectory.session_episode``); the session is ended."""
+    async def end(self, session_id: str, reward: float | None = None,
+                  mode: MultiCall = "merge_prefixes") -> dict:  # fmt: skip
+        """The session's episode (``trajectory.session_episode``, its calls as ``mode``
+        branches); the session is ended. Asked again soon after, the same episode."""
         check_session_id(session_id)
         answer = await self._scripts["end"](keys=self._keys(session_id),
                                             args=[self.ttl_ms, session_id,
-                                                  "" if reward is None else repr(reward)])  # fmt: skip
+                                                  "" if reward is None else repr(reward),
+                                                  int(ENDED_ANSWER_S * 1000)])  # fmt: skip
         self._refuse(session_id, "session_id", int(answer[0]))
         calls = [CallRecord.from_dict(json.loads(raw)) for raw in answer[2:]]
-        if len(segments_of(calls)) > 1:
+        if int(answer[0]) == 1 and not is_token_native(calls):
             await self._redis.hincrby(self._stats, "segmented", 1)
         stored = answer[1].decode() if isinstance(answer[1], bytes) else answer[1]
-        return session_episode(session_id, calls, float(stored) if stored else None)
+        return session_episode(session_id, calls, float(stored) if stored else None, mode)
 
     async def sweep(self) -> int:
         """Drop the sessions past their deadline that never ended, counting them ``expired``."""

@@ -6,14 +6,19 @@ tests (``test_update_keep``, ``test_resume_in_flight``) let the update finish, o
 trainer; these kill the fleet's other parts inside that window, with real processes (a router
 and one hf replica, ``router_fleet``), and count what the callers get.
 
-How the kill lands inside the update without a test hook: six calls that would run their whole
-budget under the old weights (a copy of the tiny model whose end-of-sequence token it never
-samples, ``test_update_keep.long_model``) are generating when a push is sent, and a thread polling the replica's registry
-entry signals the victim the moment it reads ``updating`` (the replica writes it after it
-stopped admission, before it stops the requests, and only writes another state after
-the requests were let go on). Each test checks that the kill did land there: the router test
-by the answers' tokens (sampled by both versions, so stopped and continued), the replica test
-by the registry entry it left behind (still ``updating``, and the push never answered).
+How the kill lands inside the update, on a fast machine or a loaded one: the replica decodes
+with the engine's debug delay (``rollout.debug_step_delay_s``, ``STEP_DELAY_S`` at every step),
+so six calls that would run their whole budget under the old weights (a copy of the tiny
+model whose end-of-sequence token it never samples, ``test_update_keep.long_model``) are still
+generating, seconds later, when a push is sent; and since the delay also runs on the step that
+sees the update's stop, the update holds them for at least ``STEP_DELAY_S``. A thread polling
+the replica's registry entry signals the victim the moment it reads ``updating`` (the replica
+writes it after it stopped admission, before it stops the requests, and only writes another
+state after the requests were let go on), well inside that window. Nothing is left to chance,
+so nothing is skipped: each test asserts that the kill did land there, the router test by the
+answers' tokens (sampled by both versions, so stopped and continued) and the callers' retries,
+the replica test by the registry entry it left behind (still ``updating``, and the push never
+answered).
 
 Counted: every call answered once, by the replica, with one finished sample (``length``, or
 ``stop``: the pushed weights may sample the end token) within its budget, each token stamped; the
@@ -55,6 +60,7 @@ pytestmark = [
     pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny model not built"),
 ]
 CALLS = 6
+STEP_DELAY_S = 0.1  # 48 steps: ~5 s of decoding per call; the update holds them >= 0.1 s
 DEADLINE_S = 300.0  # long enough for a replica restart (a model load) on a loaded machine
 REPLICA = "kp"
 
@@ -72,7 +78,12 @@ def fleet(
 
 
 def keep_args(model: Path) -> tuple[str, ...]:
-    return ("rollout.update_policy=keep", f"model.path={model}", "rollout.hf_batch_wait_ms=1")
+    return (
+        "rollout.update_policy=keep",
+        f"model.path={model}",
+        "rollout.hf_batch_wait_ms=1",
+        f"rollout.debug_step_delay_s={STEP_DELAY_S}",
+    )
 
 
 def request(tag: str) -> GenerateRequest:
@@ -140,22 +151,16 @@ async def stream_counts(client: aioredis.Redis, fleet: Fleet) -> tuple[int, int,
 async def until_generating(
     client: aioredis.Redis, fleet: Fleet, before: int, reqs: list[GenerateRequest]
 ) -> None:
-    """Until every call is queued and held by the replica, and a moment into generation.
-    Skipped as inconclusive when the replica answered all of them before a poll saw them
-    held: on a quiet machine the tiny model decodes the whole budget in well under a
-    second, and then no update can hold them (the test needs them in flight)."""
+    """Until every call is queued and held by the replica (and none answered: the step delay
+    keeps each decoding for seconds)."""
     deadline = time.monotonic() + 120
     while True:
         added, pending, _ = await stream_counts(client, fleet)
         if added - before == CALLS and pending == CALLS:
             break
-        if added - before == CALLS and pending == 0 and await stored(client, fleet, reqs) == CALLS:
-            pytest.skip(
-                "inconclusive: the replica answered every call before an update could hold it"
-            )
         assert time.monotonic() < deadline, (added, pending)
         await asyncio.sleep(0.01)
-    await asyncio.sleep(0.02)  # the engine has begun decoding them (48 tokens take ~0.1 s)
+    assert await stored(client, fleet, reqs) == 0, "answered before the update could hold them"
 
 
 async def push_next(address: str, model: Path) -> int:
@@ -219,10 +224,7 @@ async def test_the_router_killed_while_an_update_holds_requests(
         await client.aclose()
     answers = [a for a, _ in results]
     check_answers(answers, reqs)
-    if not any(tries > 1 for _, tries in results):
-        # Every caller had its answer before the router died (on a loaded machine the six
-        # generations can end before the push reaches the replica): nothing was tested.
-        pytest.skip("inconclusive: every answer arrived before the router was killed")
+    assert any(tries > 1 for _, tries in results), "every answer came before the router died"
     assert served_after - served_before == CALLS  # none run twice, none lost
     assert (added - before, pending, dead) == (CALLS, 0, 0)
     crossed = [set(a.completions[0].weight_versions) for a in answers]
@@ -247,19 +249,11 @@ async def test_the_replica_killed_while_an_update_holds_requests(
         with Trigger(fleet, victim.proc.pid, signal.SIGKILL) as trigger:
             pushed = asyncio.ensure_future(push_next(victim.address, long_model))
             await asyncio.wait([pushed], timeout=60)
-        if not trigger.fired.is_set() and pushed.done() and pushed.exception() is None:
-            # The update went through without holding anything long enough to be caught (on
-            # a quiet machine the six calls can end between the poll and the push): the
-            # replica lives on, nothing was tested.
-            await asyncio.gather(*calls)
-            pytest.skip("inconclusive: the update ended before the replica could be killed in it")
-        assert trigger.fired.is_set()
+        assert trigger.fired.is_set(), "the update ended before the replica was killed"
         victim.proc.wait(30)
         assert pushed.done() and pushed.exception() is not None  # the update never ended
         entry = await client.hgetall(fleet.keys.replica(REPLICA))
-        # it died inside the update, unless the kill landed just after the update's last
-        # registry write (a fast update on a quiet machine): then the rest still holds
-        inside = entry[b"state"] == b"updating"
+        assert entry[b"state"] == b"updating", entry  # it died inside the update
         answered_by_dead = await stored(client, fleet, reqs)
         stop_replica(victim, signal.SIGKILL)  # reaps what the kill left in its group
         successor = start_replica(fleet.redis_url, fleet.keys, REPLICA, victim.log_path,
@@ -275,8 +269,6 @@ async def test_the_replica_killed_while_an_update_holds_requests(
     check_answers(answers, reqs)
     assert served_by_successor == CALLS - answered_by_dead  # none run twice, none lost
     assert (pending, dead) == (0, 0)
-    if not inside:
-        pytest.skip(f"inconclusive: the kill landed just after the update ({entry})")
     # Not checked: how often each was queued. The dead replica's stream can be made anew
     # (its entries-added counter restarts), so the counter says nothing here; the served count
     # above is what proves that nothing ran twice.

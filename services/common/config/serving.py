@@ -160,6 +160,10 @@ class RolloutConfig(Section):
     debug_generate_delay_s: float = 0.0
     """Chaos/testing aid: sleep this long inside every queued request before generating, so
     tests can kill a replica mid-request. Keep 0 in real runs."""
+    debug_step_delay_s: float = Field(0.0, ge=0)
+    """Testing aid (``backend: hf``): sleep this long at every decoding step, so requests stay
+    in flight while a test acts on them, and stopping them (an update under ``keep``) takes at
+    least this long (``rollout/engines/step_delay.py``). Keep 0 in real runs."""
     metrics_port: int = 0
     """Port of the replica's Prometheus ``/metrics`` (tokens, queue depth, weight version,
     update time), served on ``host``; 0 = off."""

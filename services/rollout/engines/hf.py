@@ -45,6 +45,7 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.model import lora
 from rlfleet.rl.sequences import accepts_logits_to_keep, distinct_rows
 from rlfleet.rollout.engines.base import Engine, check_state_dict, tokens_until_stop
+from rlfleet.rollout.engines.step_delay import step_delays
 from rlfleet.rollout.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -278,8 +279,9 @@ class HFEngine(Engine):
                     past_key_values=cache,
                     pad_token_id=self._pad_id, eos_token_id=sorted(self._eos_ids),
                     return_dict_in_generate=False,  # the ids only: nothing kept per step
-                    stopping_criteria=StoppingCriteriaList([_AbortRows(owners, ids.shape[1]),
-                                                            picked]),
+                    stopping_criteria=StoppingCriteriaList([
+                        _AbortRows(owners, ids.shape[1]), picked,
+                        *step_delays(self.config.rollout.debug_step_delay_s)]),  # delay last
                     **_sampling_kwargs(sampling),
                 )  # fmt: skip
         rows = iter(_row_results(sequences, ids.shape[1], picked))

@@ -137,7 +137,7 @@ class Collector:
         """``rollout.n`` episodes per prompt in one ``RunEpisodes``; one group per prompt."""
         n = self.config.rollout.n
         jobs = episode_jobs(prompts, prefix, n, min_version)
-        results = await self.fleet.env.run_episodes(jobs, replace(self._sampling, n=1))
+        results = await self.fleet.needed_env().run_episodes(jobs, replace(self._sampling, n=1))
         batch = RolloutBatch()
         for group_id, record in enumerate(prompts):
             batch.add_episode_group(record, group_id, results[group_id * n : (group_id + 1) * n])
@@ -205,8 +205,8 @@ class Collector:
 
     async def reference_and_values(self, batch: RolloutBatch) -> None:
         if self.config.needs_reference and not self.config.reference_from_actor:
-            batch.ref_logprobs = await self.fleet.refcritic.ref_logprobs(
-                batch.prompts, batch.responses
-            )
+            refcritic = self.fleet.needed_refcritic()
+            batch.ref_logprobs = await refcritic.ref_logprobs(batch.prompts, batch.responses)
         if self.config.needs_critic:
-            batch.values = await self.fleet.refcritic.values(batch.prompts, batch.responses)
+            refcritic = self.fleet.needed_refcritic()
+            batch.values = await refcritic.values(batch.prompts, batch.responses)

@@ -24,6 +24,7 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.episodes import episode_jobs
+from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.val_metrics import answer_of, sampled_metrics
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def sample_rows(tokenizer, records, texts, scores, count: int) -> list[dict]:
 class Evaluator:
     """Runs validations for one trainer: the fleet's rollout and reward, its tokenizer."""
 
-    def __init__(self, config: RlfleetConfig, fleet, tokenizer) -> None:
+    def __init__(self, config: RlfleetConfig, fleet: Fleet, tokenizer) -> None:
         self.config = config
         self.fleet = fleet
         self.tokenizer = tokenizer
@@ -160,7 +161,7 @@ class Evaluator:
         """One greedy episode per record through the env service: transcript and reward."""
         jobs = episode_jobs(records, f"val-{uuid.uuid4().hex[:8]}", 1, version)
         sampling = SamplingParams(n=1, temperature=0.0, max_tokens=self.config.rollout.max_tokens)
-        results = await self.fleet.env.run_episodes(jobs, sampling)
+        results = await self.fleet.needed_env().run_episodes(jobs, sampling)
         texts = self.decode([r.episode.response_ids for r in results])
         return texts, [float(r.episode.reward) for r in results]
 

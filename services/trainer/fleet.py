@@ -84,6 +84,21 @@ class Fleet:
     env: EpisodeSource | None = None
     """The env service, in agent mode only (``agent.env`` set)."""
 
+    def needed_refcritic(self) -> RefCritic:
+        """``refcritic``, for a config with a reference or a critic (``connect_fleet`` then
+        connects one: its absence is a wiring error, not a state to handle)."""
+        if self.refcritic is None:
+            raise RuntimeError(
+                "the config needs a refcritic (a reference or a critic), the fleet has none"
+            )
+        return self.refcritic
+
+    def needed_env(self) -> EpisodeSource:
+        """``env``, in agent mode (``agent.env`` set: ``connect_fleet`` then connects one)."""
+        if self.env is None:
+            raise RuntimeError("agent mode needs the env service; the fleet has none")
+        return self.env
+
     async def close(self) -> None:
         for client in (self.rollout, self.reward, self.refcritic, self.weight_sync, self.env):
             if client is not None:

@@ -27,7 +27,7 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.trainer.metrics import MetricsWriter
@@ -53,10 +53,20 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
 class TableBackend(Backend, Protocol):
     """A backend that also shows tables (validation generations)."""
 
     def log_table(self, step: int, columns: list[str], rows: list[list]) -> None: ...
+
+
+class StepWriter(Protocol):
+    """Where the training loop writes each step's metrics and validation samples
+    (``Tracker``; the loop's tests hand in doubles that keep rows in memory)."""
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def log_samples(self, step: int, samples: list[Mapping]) -> None: ...
 
 
 class LoggerUnavailable(RuntimeError):
@@ -269,7 +279,9 @@ class Tracker:
             return
         columns = list(samples[0])
         rows = [[sample[c] for c in columns] for sample in samples]
-        tables = {name: b for name, b in self.backends.items() if hasattr(b, "log_table")}
+        tables: dict[str, TableBackend | SamplesFile] = {
+            name: b for name, b in self.backends.items() if isinstance(b, TableBackend)
+        }
         if self.samples_file is not None:
             tables["val_samples.jsonl"] = self.samples_file
         for name, backend in tables.items():

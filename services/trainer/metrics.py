@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -141,9 +142,9 @@ class MetricsWriter:
         return {"segment": self.segment, **({"retrained": True} if step <= self.logged_through
                                              else {})}  # fmt: skip
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """The ``jsonl`` backend of ``rlfleet.trainer.loggers.Tracker``."""
-        self.write(step, metrics)
+        self.write(step, dict(metrics))
 
     def close(self) -> None:
         """Nothing is held open: every write appends and closes the file."""

@@ -173,7 +173,9 @@ class RankWorker:
         self.model = model
         self.pad_id = pad_id
         self.rank = rank
-        self.actor: ShardedActor | None = None
+
+    actor: ShardedActor
+    """This rank's actor, made by ``join`` (the process group must exist first)."""
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port on it (asked of rank 0)."""
@@ -225,8 +227,9 @@ class RankWorker:
         """This rank's gradients after the last optimizer step (for tests and debugging)."""
         return {n: p.grad.detach().cpu().clone() for n, p in self.model.named_parameters()}
 
-    def training_state(self) -> dict:
-        """Optimizer/schedule state, on the CPU (the controller may have no GPU)."""
+    def training_state(self) -> dict | None:
+        """Optimizer/schedule state, on the CPU (the controller may have no GPU); None from a
+        rank that does not hold it whole (FSDP's ranks other than 0)."""
         return on_cpu(self.actor.training_state())
 
     def apply_training_state(self, state: dict) -> None:

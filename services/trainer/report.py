@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,8 @@ COLORS = ("#2f6fdb", "#e8710a", "#12a37f", "#9334e6", "#d01884", "#7f7f7f")
 WIDTH, HEIGHT, PAD = 560, 220, 46
 
 
-def svg_chart(lines: list[tuple[str, list[tuple[float, float]], str]],
-              hlines: list[tuple[str, float, str]] = (), width: int = WIDTH,
+def svg_chart(lines: Sequence[tuple[str, Sequence[tuple[float, float]], str]],
+              hlines: Sequence[tuple[str, float, str]] = (), width: int = WIDTH,
               height: int = HEIGHT) -> str:  # fmt: skip
     """An SVG line chart: ``lines`` are ``(label, points, color)``, ``hlines`` dashed
     horizontal ``(label, y, color)``; axes carry the x and y ranges."""

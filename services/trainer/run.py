@@ -12,7 +12,7 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.trainer.clock import TrainingClock
 from rlfleet.trainer.data import batches, load_records
 from rlfleet.trainer.evaluate import Evaluator
-from rlfleet.trainer.loggers import Tracker, progress_postfix
+from rlfleet.trainer.loggers import StepWriter, Tracker, progress_postfix
 from rlfleet.trainer.report import curve_series, plot_reward_curve, write_report
 from rlfleet.trainer.run_record import set_aside_previous
 from rlfleet.trainer.samples import TrainSamples
@@ -84,16 +84,18 @@ async def restore_critic(trainer: Trainer, path: Path | None) -> None:
     if not (path / CRITIC_DIR).is_dir():
         log.warning("%s holds no critic; the refcritic keeps the critic it has", path)
         return
-    info = await trainer.fleet.refcritic.load_checkpoint(str((path / CRITIC_DIR).resolve()))
+    info = await trainer.fleet.needed_refcritic().load_checkpoint(
+        str((path / CRITIC_DIR).resolve())
+    )
     log.info("critic restored from %s (critic step %d)", info.path, info.step)
 
 
-async def validate(trainer: Trainer, records, writer=None) -> dict[str, float]:
+async def validate(trainer: Trainer, records, writer: StepWriter | None = None) -> dict[str, float]:
     """Held-out metrics (``validation``'s) without the version they were pinned to."""
     return (await validation(trainer, records, writer)).metrics
 
 
-async def validation(trainer: Trainer, records, writer=None):
+async def validation(trainer: Trainer, records, writer: StepWriter | None = None):
     """Held-out metrics of what the replicas serve now, per data source (greedy mean@1 first;
     mean/best/maj@n with ``trainer.val_n > 1``); sample generations go to ``writer``'s tables.
 
@@ -111,7 +113,7 @@ async def validation(trainer: Trainer, records, writer=None):
 
     budget = trainer.config.trainer.step_retry_s
     result = await retry_transient(attempt, budget, f"validation at step {trainer.step}")
-    if writer is not None and hasattr(writer, "log_samples"):
+    if writer is not None:
         writer.log_samples(trainer.step, result.samples)
     return result
 
@@ -124,7 +126,9 @@ def progress(total: int, desc: str = "GRPO steps"):
     return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True, disable=quiet)
 
 
-async def validate_during_training(trainer: Trainer, val, writer, clock, rollouts) -> None:
+async def validate_during_training(
+    trainer: Trainer, val, writer: StepWriter, clock, rollouts
+) -> None:
     """Periodic validation: the clock and the async producer stand still meanwhile."""
     clock.pause()
     if rollouts is not None:
@@ -141,7 +145,9 @@ async def validate_during_training(trainer: Trainer, val, writer, clock, rollout
     clock.begin()
 
 
-async def train_loop(trainer: Trainer, train_records, writer, val=(), clock=None) -> None:
+async def train_loop(
+    trainer: Trainer, train_records, writer: StepWriter, val=(), clock=None
+) -> None:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from rlfleet.trainer.pipeline import AsyncRollouts
@@ -200,7 +206,9 @@ async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:
     return {**metrics, **call_counts.per_step_metrics(calls_before, call_counts.snapshot())}
 
 
-async def after_step(trainer: Trainer, writer, bar, metrics: dict[str, float], clock=None) -> None:
+async def after_step(
+    trainer: Trainer, writer: StepWriter, bar, metrics: dict[str, float], clock=None
+) -> None:
     cfg = trainer.config
     trainer.step += 1
     metrics["training/global_step"] = float(trainer.step)
@@ -239,7 +247,7 @@ async def save_full_checkpoint(
 
     if trainer.config.needs_critic:
         path.mkdir(parents=True, exist_ok=True)
-        await trainer.fleet.refcritic.save_checkpoint(str((path / CRITIC_DIR).resolve()))
+        await trainer.fleet.needed_refcritic().save_checkpoint(str((path / CRITIC_DIR).resolve()))
     return save_checkpoint(trainer, path, clock)
 
 

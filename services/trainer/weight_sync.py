@@ -195,8 +195,8 @@ class GrpcWeightTransport:
             header, payload = weights.encode(state_dict, version, flush_cache, force,
                                              allocate if shared else None)  # fmt: skip
         except BaseException:
-            for file in holder:  # never handed to a replica
-                file.close()
+            for unused in holder:  # never handed to a replica
+                unused.close()
             raise
         file = holder[0] if holder else None
         return _Encoded(header, payload, self._prepare, self._chunk_bytes, file)

@@ -15,17 +15,19 @@ import asyncio
 import random
 import shutil
 import tempfile
+from collections.abc import Mapping
 
 import pytest
 import torch
 from tiny_models import random_qwen2
 
 from rlfleet.common.config import load_config
-from rlfleet.reward.types import ScoreResult
-from rlfleet.rollout.types import Completion, GenerateResult
+from rlfleet.reward.types import ScoreRequest, ScoreResult
+from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, ReplicaStatus
 from rlfleet.trainer.actor import Actor
 from rlfleet.trainer.data import PromptRecord
-from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.fleet import Fleet, Generator, ScoreService, WeightPublisher
+from rlfleet.trainer.loggers import StepWriter
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask
 from rlfleet.trainer.trainer import Trainer
 
@@ -151,49 +153,54 @@ def test_a_rank_with_no_rows_and_an_empty_mini_batch_still_match(ddp_actor):
 
 
 # --- the controller loop with the DDP actor -----------------------------------------------------
-class RandomRollout:
+class RandomRollout(Generator):
     """Random response tokens, reported as produced by the version the trainer asks for."""
 
     def __init__(self) -> None:
         self.rng = random.Random(0)
 
-    async def generate_batch(self, requests):
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        return self._one(request)
+
+    async def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return [self._one(r) for r in requests]
 
-    def _one(self, request):
+    def _one(self, request: GenerateRequest) -> GenerateResult:
         n, length = request.sampling.n, request.sampling.max_tokens
         rows = [[self.rng.randrange(1, VOCAB) for _ in range(length)] for _ in range(n)]
         completions = [Completion(row, [], "", "length") for row in rows]
         return GenerateResult(request.request_id, completions, request.min_weight_version, "f")
 
-    async def close(self):
+    async def close(self) -> None:
         pass
 
 
-class VariedReward:
+class VariedReward(ScoreService):
     """Scores spread over [0, 1) so that groups rarely tie (every step trains some rows)."""
 
-    async def score_batch(self, requests):
+    async def score_batch(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         scores = [sum(map(ord, r.solution_str)) % 7 / 7 for r in requests]
         return [ScoreResult(r.id, score, {}, "") for r, score in zip(requests, scores, strict=True)]
 
-    async def close(self):
+    async def close(self) -> None:
         pass
 
 
-class RecordingSync:
-    def __init__(self):
+class RecordingSync(WeightPublisher):
+    def __init__(self) -> None:
         self.pushed: list[tuple[int, dict]] = []
 
-    async def push(self, state, version, flush=True, only_stale=False):
+    async def push(
+        self, state_dict: dict, version: int, flush_cache: bool = True, only_stale: bool = False
+    ) -> dict[str, float]:
         if not only_stale:
-            self.pushed.append((version, {k: v.clone() for k, v in state.items()}))
+            self.pushed.append((version, {k: v.clone() for k, v in state_dict.items()}))
         return {"timing_s/update_weights": 0.0}
 
-    async def wait_for_replicas(self, count, timeout_s):
+    async def wait_for_replicas(self, count: int, timeout_s: float) -> list[ReplicaStatus]:
         return []
 
-    async def close(self):
+    async def close(self) -> None:
         pass
 
 
@@ -218,9 +225,12 @@ def test_the_controller_loop_trains_and_pushes_rank_0_weights(ddp_actor, tmp_pat
     records = [PromptRecord("p", "count", "", {}, [1, 2, 3 + i]) for i in range(6)]
     rows = []
 
-    class Writer:
-        def write(self, step, metrics):
-            rows.append(metrics)
+    class Writer(StepWriter):
+        def write(self, step: int, metrics: Mapping[str, float]) -> None:
+            rows.append(dict(metrics))
+
+        def log_samples(self, step: int, samples: list[Mapping]) -> None:
+            pass
 
     async def go():
         await trainer.start(1, 1.0)  # fetches rank 0's weights unless the last update's are held

@@ -5,23 +5,30 @@ are dropped and counted."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 import torch
 from trainer_fakes import make_trainer, prompts
 
 from rlfleet.common.errors import FailedPrecondition
+from rlfleet.trainer.loggers import StepWriter
 from rlfleet.trainer.pipeline import AsyncRollouts
 from rlfleet.trainer.run import TrainingClock, train_loop
 from rlfleet.trainer.staleness import drop_stale
 
 
-class MemoryWriter:
+class MemoryWriter(StepWriter):
     def __init__(self) -> None:
         self.rows: list[dict] = []
+        self.samples: list[Mapping] = []
 
-    def write(self, step, metrics) -> None:
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
         self.rows.append({"step": step, **metrics})
+
+    def log_samples(self, step: int, samples: list[Mapping]) -> None:
+        self.samples += samples
 
 
 def run(trainer, steps: int) -> list[dict]:
@@ -39,7 +46,7 @@ def run(trainer, steps: int) -> list[dict]:
 
 def seeded_trainer(mode: str, staleness: int, **overrides):
     torch.manual_seed(0)
-    items = {
+    items: dict[str, Any] = {
         "trainer.mode": mode,
         "trainer.max_staleness": staleness,
         "trainer.total_steps": 3,
@@ -125,7 +132,8 @@ def test_skipping_zero_advantage_rows_gives_the_same_update():
         torch.manual_seed(0)
         # One forward per row in both runs: the shared-prompt forward groups different row
         # sets (1 prompt vs 3), whose float rounding Adam can magnify past this tolerance.
-        overrides = {"trainer.use_kl_loss": "false", "trainer.share_prompt_forward": "false"}
+        overrides: dict[str, Any] = {"trainer.use_kl_loss": "false",
+                                     "trainer.share_prompt_forward": "false"}  # fmt: skip
         trainer = make_trainer(**overrides)
         asyncio.run(trainer.start(1, 1.0))
         torch.manual_seed(2)

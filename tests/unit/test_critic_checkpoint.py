@@ -10,20 +10,40 @@ import logging
 from pathlib import Path
 
 from tiny_models import random_qwen2
+from trainer_fakes import CountingReward, RecordingSync, SamplingRollout
 
 from rlfleet.common.config import load_config
 from rlfleet.refcritic.client import CheckpointInfo
 from rlfleet.trainer.actor import Actor
-from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.fleet import Fleet, RefCritic
 from rlfleet.trainer.run import restore, restore_critic, save_full_checkpoint
 from rlfleet.trainer.trainer import Trainer
 
 
-class RecordingCritic:
+class RecordingCritic(RefCritic):
     """Writes a marker where the refcritic would write the critic; records every call."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+
+    async def ref_logprobs(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> list[list[float]]:
+        raise AssertionError("not called by checkpoints")
+
+    async def values(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> list[list[float]]:
+        raise AssertionError("not called by checkpoints")
+
+    async def update_critic(
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        returns: list[list[float]],
+        old_values: list[list[float]],
+    ) -> dict[str, float]:
+        raise AssertionError("not called by checkpoints")
 
     async def save_checkpoint(self, path: str) -> CheckpointInfo:
         self.calls.append(("save", path))
@@ -53,7 +73,7 @@ def make_trainer(tmp_path: Path, estimator: str, critic: RecordingCritic, **extr
     }
     config = load_config(None, [f"{k}={v}" for k, v in settings.items()], env={})
     model = random_qwen2(hidden=32, layers=1, heads=2, kv_heads=1, vocab=16)
-    fleet = Fleet(rollout=None, reward=None, refcritic=critic, weight_sync=None)
+    fleet = Fleet(SamplingRollout(model), CountingReward(), critic, RecordingSync())
     return Trainer(config, fleet, Actor(config, model, pad_id=0), Tokenizer())
 
 

@@ -8,11 +8,13 @@ In-process fakes (``trainer_fakes``) stand in for the services; the integration 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from trainer_fakes import RecordingSync, SamplingRollout, make_trainer, prompts
 
 from rlfleet.common.errors import InvalidArgument, Unavailable
+from rlfleet.rollout.types import GenerateRequest, GenerateResult
 from rlfleet.trainer import retry
 
 
@@ -24,11 +26,12 @@ def quick_backoff(monkeypatch):
 class FlakyRollout(SamplingRollout):
     """Fails the first ``failures`` batches with ``error``; records every batch's ids."""
 
-    def __init__(self, model, failures: int, error: Exception) -> None:
+    def __init__(self, model: Any, failures: int, error: Exception) -> None:
         super().__init__(model)
-        self.failures, self.error, self.batches = failures, error, []
+        self.failures, self.error = failures, error
+        self.batches: list[list[str]] = []
 
-    async def generate_batch(self, requests):
+    async def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         self.batches.append([r.request_id for r in requests])
         if len(self.batches) <= self.failures:
             raise self.error
@@ -40,13 +43,15 @@ class FlakySync(RecordingSync):
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = []
+        self.calls: list[tuple[int, bool]] = []
 
-    async def push(self, state, version, flush=True, only_stale=False):
+    async def push(
+        self, state_dict: dict, version: int, flush_cache: bool = True, only_stale: bool = False
+    ) -> dict[str, float]:
         self.calls.append((version, only_stale))
         if len(self.calls) == 2:  # the first push after start
             raise Unavailable("router UNAVAILABLE: Redis down")
-        return await super().push(state, version, flush, only_stale)
+        return await super().push(state_dict, version, flush_cache, only_stale)
 
 
 def flaky_trainer(failures: int, error: Exception, **overrides):

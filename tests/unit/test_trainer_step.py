@@ -8,6 +8,7 @@ run the same step through real servers.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from trainer_fakes import (
 )
 
 from rlfleet.common.errors import FailedPrecondition
+from rlfleet.trainer.loggers import StepWriter
 
 
 def good_token_probability(trainer) -> float:
@@ -116,12 +118,15 @@ def test_resume_mid_run_continues_exactly(tmp_path):
         def save_pretrained(self, path):
             (path / "tokenizer.marker").write_text("char")
 
-    class Rows:
-        def __init__(self):
-            self.rows = []
+    class Rows(StepWriter):
+        def __init__(self) -> None:
+            self.rows: list[dict] = []
 
-        def write(self, step, metrics):
-            self.rows.append(metrics)
+        def write(self, step: int, metrics: Mapping[str, float]) -> None:
+            self.rows.append(dict(metrics))
+
+        def log_samples(self, step: int, samples: list[Mapping]) -> None:
+            pass
 
     records = prompts(16)
     settings = {"run_dir": str(tmp_path), "data.train_batch_size": 4, "trainer.save_freq": 2}

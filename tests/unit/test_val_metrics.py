@@ -8,12 +8,14 @@ import asyncio
 import json
 
 import pytest
+from trainer_fakes import RecordingSync
 
 from rlfleet.common.config import load_config
-from rlfleet.reward.types import ScoreResult
-from rlfleet.rollout.types import Completion, GenerateResult
+from rlfleet.reward.types import ScoreRequest, ScoreResult
+from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.evaluate import SAMPLE_COLUMNS, Evaluator
+from rlfleet.trainer.fleet import Fleet, Generator, ScoreService
 from rlfleet.trainer.loggers import Tracker, markdown_table
 from rlfleet.trainer.val_metrics import answer_of, majority_score, sampled_metrics
 
@@ -60,32 +62,38 @@ def test_uneven_sample_counts_are_refused():
 # --- the evaluator against in-process fakes -----------------------------------------------
 
 
-class ScriptedRollout:
+class ScriptedRollout(Generator):
     """Prompt i answers with ``SCRIPT[i][:n]`` (token ids are digits); greedy takes the first."""
 
     SCRIPT = [[5, 3, 3, 5], [1, 2, 2, 2], [7, 7, 7, 8]]
 
-    def __init__(self):
-        self.requests = []
+    def __init__(self) -> None:
+        self.requests: list[GenerateRequest] = []
 
-    async def generate_batch(self, requests):
-        self.requests += requests
-        results = []
-        for request in requests:
-            index = int(request.request_id.rsplit("-", 1)[1])
-            tokens = self.SCRIPT[index][: request.sampling.n]
-            completions = [Completion([t], [0.0], "", "stop") for t in tokens]
-            results.append(GenerateResult(request.request_id, completions, 1, "fake"))
-        return results
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.requests.append(request)
+        index = int(request.request_id.rsplit("-", 1)[1])
+        tokens = self.SCRIPT[index][: request.sampling.n]
+        completions = [Completion([t], [0.0], "", "stop") for t in tokens]
+        return GenerateResult(request.request_id, completions, 1, "fake")
+
+    async def generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        return [await self.generate(request) for request in requests]
+
+    async def close(self) -> None:
+        pass
 
 
-class TruthReward:
+class TruthReward(ScoreService):
     """1.0 when the text equals the ground truth."""
 
-    async def score_batch(self, requests):
+    async def score_batch(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         return [
             ScoreResult(r.id, float(r.solution_str.strip() == r.ground_truth)) for r in requests
         ]
+
+    async def close(self) -> None:
+        pass
 
 
 class DigitTokenizer:
@@ -93,14 +101,10 @@ class DigitTokenizer:
         return "".join(str(i) for i in ids)
 
 
-class Fleet:
-    rollout = ScriptedRollout()
-    reward = TruthReward()
-
-
 def evaluator(**overrides) -> Evaluator:
     config = load_config(None, [f"{k}={v}" for k, v in overrides.items()], env={})
-    return Evaluator(config, Fleet(), DigitTokenizer())
+    return Evaluator(config, Fleet(ScriptedRollout(), TruthReward(), None, RecordingSync()),
+                     DigitTokenizer())  # fmt: skip
 
 
 RECORDS = [

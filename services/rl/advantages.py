@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeAlias
 
 import torch
 
 from rlfleet.rl.core_algos import masked_sum, masked_whiten
 
-GroupIndex = Sequence | torch.Tensor
+GroupIndex: TypeAlias = Sequence | torch.Tensor
 EstimatorName = Literal[
     "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "gae"
 ]

@@ -161,7 +161,7 @@ class JobWorker:
         jobs = await self._reclaim_due()
         if not jobs:
             await self._say_waiting(True)
-            jobs = await self.queue.read(self.consumer, self.read_count, self.read_block_ms)
+            jobs = await self.read()
         if jobs:
             await self._say_waiting(False)
             with self.slots.held():
@@ -171,6 +171,11 @@ class JobWorker:
             await asyncio.gather(*(self.queue.complete(job, *answer) for job, answer in pairs))
             self.answered += len(jobs)
         return len(jobs)
+
+    async def read(self) -> list[Job]:
+        """New jobs for this consumer, blocking up to ``read_block_ms`` (a subclass may ration
+        reads, as the env's lanes do)."""
+        return await self.queue.read(self.consumer, self.read_count, self.read_block_ms)
 
     async def _say_waiting(self, waiting: bool) -> None:
         """Tell producers (``IdleWorkers``) whether this worker waits for work: its own mark,

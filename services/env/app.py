@@ -103,6 +103,7 @@ def start_workers(config: RlfleetConfig, keys: Keys, on_crash: Callable[[], None
     lanes = agent.workers * agent.concurrency
     workers = Workers(JobWorkerPool(on_crash, stop_after_s=WORKER_STOP_S),
                       connect(config.redis_url, lanes * REDIS_PER_LANE + 4))  # fmt: skip
+    read_turn = asyncio.Lock()  # one blocked read per process: processes share batches
     for index in range(agent.workers):
         client = RolloutClient(config.endpoints.router, config.api_key, config.max_message_mb)
         runner = EpisodeRunner(make_env, renderer, client, agent, config.api_key)
@@ -110,7 +111,7 @@ def start_workers(config: RlfleetConfig, keys: Keys, on_crash: Callable[[], None
         for lane in range(agent.concurrency):
             name = consumer_name("env", index, lane)
             workers.lanes.append(EnvWorker(env_queue(workers.redis, keys), runner, name,
-                                           agent.reclaim_idle_s))  # fmt: skip
+                                           agent.reclaim_idle_s, read_turn))  # fmt: skip
             workers.group.add(workers.lanes[-1])
     log.info("%d env worker(s) x %d lanes started on %s, running %r", agent.workers,
              agent.concurrency, keys.env_stream, agent.env)  # fmt: skip

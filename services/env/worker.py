@@ -12,6 +12,13 @@ One worker plays ``agent.concurrency`` episodes at once as that many lanes: each
 lanes rather than one consumer reading ``concurrency`` jobs: a consumer handles what it read
 together and reads again only when all are answered, so one long episode would hold the
 others' places idle; a lane that finishes takes the next episode at once.
+
+The lanes of one process take turns at reading (``read_turn``: one blocked read per process
+at a time). Why: Redis hands new entries to blocked readers in the order they blocked, so a
+process whose 128 idle lanes all blocked before another process's took whole batches (up to
+its lane count), and a worker-only process started next to the front door could play 0 of
+a run's episodes. With one reader per process, the processes' reads alternate and a batch is
+spread over them; a lane still starts its episode the moment it has one.
 """
 
 from __future__ import annotations
@@ -34,11 +41,21 @@ class EnvWorker(JobWorker):
     LIFECYCLE_LEVEL = logging.DEBUG  # the env role logs its lanes' start and stop in one line
 
     def __init__(
-        self, queue: Consumer, runner: EpisodeRunner, consumer: str, reclaim_idle_s: float = 10.0
-    ) -> None:
+        self, queue: Consumer, runner: EpisodeRunner, consumer: str, reclaim_idle_s: float = 10.0,
+        read_turn: asyncio.Lock | None = None,
+    ) -> None:  # fmt: skip
         super().__init__(queue, consumer, reclaim_idle_s, read_count=1)
         self.runner = runner
+        self.read_turn = read_turn or asyncio.Lock()
+        """Shared by the lanes of one process: one of them blocks on the stream at a time."""
         self.withdrawn = 0
+
+    async def read(self) -> list[Job]:
+        """An episode, when this lane's turn at reading comes (module docstring)."""
+        async with self.read_turn:
+            if self._stop.is_set():
+                return []
+            return await super().read()
 
     async def handle(self, job: Job) -> bytes:
         """The episode's outcome; InvalidArgument (a failed answer) when the entry is unusable.

@@ -21,6 +21,13 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from rlfleet.common import errors, tls
 from rlfleet.common.config.security import TlsConfig
 
+KEEP_ALIVE_S = 75
+"""How long the server keeps an idle connection open. Longer than any client keeps one for
+reuse (httpx and the ``openai`` client: 5 s), so the client always lets go first: with
+uvicorn's default of 5 s both sides timed out together, and under a full step's load (256
+episodes) the server closed connections just as a client sent its next request on them, which
+the client saw as ``httpx.ReadError`` (an agent's ``/rl/end_session`` after ~5 s of play)."""
+
 
 class _Server(uvicorn.Server):
     """uvicorn inside our own loop: the role owns SIGTERM/SIGINT, not uvicorn."""
@@ -35,7 +42,7 @@ def make_http_server(
 ) -> uvicorn.Server:
     """A uvicorn server to ``await server.serve()``; set ``should_exit`` to stop it."""
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            **tls.http_options(tls_config))  # fmt: skip
+                            timeout_keep_alive=KEEP_ALIVE_S, **tls.http_options(tls_config))  # fmt: skip
     return _Server(config)
 
 

@@ -13,7 +13,10 @@ failed episode whose session is ended. One fleet per file; each process stopped 
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import json
+import random
 import time
 import uuid
 from collections.abc import Iterator
@@ -209,19 +212,19 @@ def test_a_session_that_never_ends_expires_and_is_counted(fleet: Fleet) -> None:
 
 
 def runner_for(fleet: Fleet, env: str, env_kwargs: dict | None = None,
-               timeout_s: float = 120.0) -> EpisodeRunner:  # fmt: skip
+               timeout_s: float = 120.0, multi_call: str = "merge_prefixes") -> EpisodeRunner:  # fmt: skip
     agent = AgentConfig(env=env, env_kwargs=env_kwargs or {}, gateway_url=fleet.a.base_url,
                         episode_timeout_s=timeout_s, step_timeout_s=min(60.0, timeout_s),
-                        tool_timeout_s=min(10.0, timeout_s))  # fmt: skip
+                        tool_timeout_s=min(10.0, timeout_s), multi_call=multi_call)  # fmt: skip
     make_env = load_env_factory(agent.env, agent.env_kwargs)
     client = RolloutClient(fleet.a.address)
     return EpisodeRunner(make_env, load_renderer(str(AGENT_MODEL)), client, agent)
 
 
-async def play(runner: EpisodeRunner, task: dict = TASK):
+async def play(runner: EpisodeRunner, task: dict = TASK, max_tokens: int = 40):
     from rlfleet.agent.episode import Episode
 
-    settings = EpisodeSettings(SamplingParams(temperature=1.0, max_tokens=40), 4, 400)
+    settings = EpisodeSettings(SamplingParams(temperature=1.0, max_tokens=max_tokens), 4, 400)
     outcome = await runner.play(QueuedEpisode(EpisodeJob(f"ep-{uuid.uuid4().hex[:8]}", task),
                                               settings))  # fmt: skip
     await runner.client.close()
@@ -276,3 +279,99 @@ async def test_a_verifiers_environment_runs_unchanged_through_the_gateway(
     assert episode.reward in (0.0, 1.0) and "exact_answer" in episode.reward_parts
     assert episode.reward == episode.reward_parts["exact_answer"]
     assert episode.num_sampled > 0 and episode.oldest_version == 0
+
+
+CUT = """
+from openai import AsyncOpenAI
+
+SAMPLED = []  # (finish reason, token ids) of every call, in order
+
+
+async def run(data, *, base_url, api_key, session_id, max_tokens=5, turns=3):
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0,
+                         default_headers={"X-Session-ID": session_id})
+    messages = list(data["prompt"])
+    for _ in range(turns):
+        answer = await client.chat.completions.create(
+            model="policy", messages=messages, max_tokens=max_tokens,
+            extra_body={"return_token_ids": True})
+        choice = answer.choices[0]
+        SAMPLED.append((choice.finish_reason, choice.model_extra["token_ids"]))
+        messages.append({"role": "assistant", "content": choice.message.content or ""})
+        messages.append({"role": "user", "content": "Continue."})
+    await client.close()
+    return 1.0
+"""
+
+
+@pytest.mark.parametrize("multi_call", ["merge_prefixes", "every_call"])
+async def test_every_call_of_an_agent_cut_by_max_tokens_is_trained(
+    fleet: Fleet, tmp_path, monkeypatch: pytest.MonkeyPatch, multi_call: str
+) -> None:
+    """An ``openai``-client agent whose turns are cut by ``max_tokens`` and re-rendered: every
+    call's sampled tokens are trained, in order, with the episode's reward."""
+    (tmp_path / "cut_agent.py").write_text(CUT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import cut_agent
+
+    cut_agent.SAMPLED.clear()
+    outcome, episode = await play(runner_for(fleet, "cut_agent:run", multi_call=multi_call))
+    assert not outcome.error, outcome.error
+    assert "length" in [reason for reason, _ in cut_agent.SAMPLED]  # turns were cut
+    trained = [t for branch in episode.branches() for t in branch.sampled_ids()]
+    assert trained == [t for _, ids in cut_agent.SAMPLED for t in ids]  # nothing dropped
+    assert episode.num_turns == 3 and episode.reward == 1.0
+    if multi_call == "every_call":
+        assert len(episode.branches()) == 3
+    print(f"{multi_call}: 3 calls trained as {len(episode.branches())} branch(es)")
+
+
+async def test_a_verifiers_multi_turn_env_cut_by_max_tokens_trains_every_call(
+    fleet: Fleet,
+) -> None:
+    pytest.importorskip("verifiers")
+    runner = runner_for(fleet, "examples.agents.verifiers_calc:load_environment",
+                        {"kind": "multi", "max_turns": 3})  # fmt: skip
+    calls = rl(fleet.a, "stats").json()["calls"]
+    outcome, episode = await play(runner, {"question": "12+34+56=", "answer": "102"}, 6)
+    assert not outcome.error, outcome.error
+    assert episode.num_turns == rl(fleet.a, "stats").json()["calls"] - calls  # every call
+    assert len(episode.messages) == episode.num_turns
+    assert all(branch.num_sampled for branch in episode.branches())
+    assert episode.num_turns <= episode.sampled_tokens <= 6 * episode.num_turns
+    print(f"verifiers multi: {episode.num_turns} calls in {len(episode.branches())} branch(es)")
+
+
+async def test_session_calls_survive_a_full_steps_concurrency(fleet: Fleet) -> None:
+    """256 episodes' sessions at once, each idle about as long as a client keeps a connection
+    (5 s): every start and end answers (a ReadError here once failed 5.5% of a step)."""
+    from rlfleet.agent.adapters.workflow import GatewaySessions
+
+    async def episode() -> dict:
+        sessions = GatewaySessions(fleet.a.base_url, None)
+        try:
+            session = await sessions.start()
+            await asyncio.sleep(random.uniform(4.0, 6.0))
+            return await sessions.end(session)
+        finally:
+            await sessions.close()
+
+    ended = await asyncio.gather(*(episode() for _ in range(256)), return_exceptions=True)
+    failed = [repr(e) for e in ended if isinstance(e, BaseException)]
+    assert not failed, f"{len(failed)} of 256: {failed[:3]}"
+
+
+def test_an_idle_connection_outlives_a_clients_keep_alive(fleet: Fleet) -> None:
+    """The router keeps an idle connection past 5 s (httpx's and openai's reuse window), so a
+    client never sends on a connection the server is closing."""
+    host, port = fleet.a.http.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() and conn.sock is not None
+        first = conn.sock
+        time.sleep(5.5)  # uvicorn's default keep-alive (5 s) closed the connection by now
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200 and conn.sock is first  # the same connection
+    finally:
+        conn.close()

@@ -6,8 +6,10 @@ real router and an ``openai``-client agent, is tests/integration/test_agent_gate
 
 from __future__ import annotations
 
+import json
 import math
 
+import httpx
 import pytest
 
 from rlfleet.agent.adapters import FUNCTION_ADAPTERS, is_gateway_env, load_env_factory
@@ -135,3 +137,38 @@ def test_the_session_routes_sit_beside_the_openai_base() -> None:
     sessions = GatewaySessions("http://127.0.0.1:9/v1/", "key")
     assert str(sessions._http.base_url).rstrip("/") == "http://127.0.0.1:9"
     assert sessions._http.headers["Authorization"] == "Bearer key"
+
+
+class FlakyGateway:
+    """An httpx transport that fails the first ``failures`` calls of each path with ``error``."""
+
+    def __init__(self, error: type[Exception], failures: int) -> None:
+        self.error, self.failures, self.calls = error, failures, []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(request.url.path)
+        if self.calls.count(request.url.path) <= self.failures:
+            raise self.error("dropped", request=request)
+        if request.url.path == "/rl/start_session":
+            return httpx.Response(200, json={"session_id": "rls-" + "0" * 32})
+        return httpx.Response(200, json={"session_id": json.loads(request.content)["session_id"]})
+
+
+def sessions_over(gateway: FlakyGateway) -> GatewaySessions:
+    return GatewaySessions("http://gw/v1", None, transport=httpx.MockTransport(gateway))
+
+
+async def test_end_is_asked_again_when_its_answer_is_lost(monkeypatch) -> None:
+    monkeypatch.setattr("rlfleet.agent.adapters.workflow.RETRY_BASE_S", 0.0)
+    gateway = FlakyGateway(httpx.ReadError, failures=2)
+    answer = await sessions_over(gateway).end("rls-" + "1" * 32, "every_call")
+    assert answer["session_id"] == "rls-" + "1" * 32 and gateway.calls.count("/rl/end_session") == 3
+
+
+async def test_start_is_tried_again_only_when_the_request_never_left(monkeypatch) -> None:
+    monkeypatch.setattr("rlfleet.agent.adapters.workflow.RETRY_BASE_S", 0.0)
+    assert await sessions_over(FlakyGateway(httpx.ConnectError, failures=1)).start()
+    read_lost = FlakyGateway(httpx.ReadError, failures=1)  # may have started a session
+    with pytest.raises(httpx.ReadError):
+        await sessions_over(read_lost).start()
+    assert read_lost.calls == ["/rl/start_session"]

@@ -64,6 +64,8 @@ class DashboardState:
         self._last_read = -float("inf")  # time.monotonic() of the last reader's request
         self._read = asyncio.Event()  # set by a reader; wakes an idle loop
         self._refreshing = asyncio.Lock()  # one refresh at a time (loop or a waking reader)
+        self.idle = False
+        """True while ``run`` waits for a reader (probing nothing)."""
 
     async def latest(self) -> dict[str, Any]:
         """The document for a reader (``GET /api/state``): keeps the loop refreshing, and
@@ -111,7 +113,9 @@ class DashboardState:
         while True:
             if not self.watched():
                 self._read.clear()
+                self.idle = True
                 await self._read.wait()  # nobody reads the page: probe nothing
+                self.idle = False
             started = time.monotonic()
             try:
                 async with self._refreshing:

@@ -1,6 +1,7 @@
 """The dashboard's pieces without a fleet: reading the run directory as it grows, the JSON
-document and its API key, and the probe's view of a fleet whose roles are down (a real Redis
-holds the registry; the addresses probed have nobody listening)."""
+document and its API key, and the probe's view of a fleet whose roles are down (the addresses
+probed have nobody listening). Its fallback to the replica registry on a real Redis:
+tests/integration/test_dashboard_registry.py."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ from rlfleet.dashboard import runfiles
 from rlfleet.dashboard.app import create_app, replica_metrics_urls
 from rlfleet.dashboard.probe import FleetProbe
 from rlfleet.dashboard.state import DashboardState, time_left
-from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
-from rlfleet.rollout.types import ReplicaState
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.rollout_batch import RolloutBatch
 from rlfleet.trainer.samples import TrainSamples, prompt_text
@@ -35,7 +34,7 @@ def append(path, *rows: dict) -> None:
         handle.writelines(json.dumps(r) + "\n" for r in rows)
 
 
-def dead_config(tmp_path, redis_url=None, **over):
+def dead_config(tmp_path, **over):
     """A config whose every endpoint is a port nobody listens on."""
     ports = [free_port() for _ in range(4)]
     overrides = [
@@ -46,8 +45,6 @@ def dead_config(tmp_path, redis_url=None, **over):
         f"endpoints.trainer=127.0.0.1:{ports[3]}",
         "dashboard.probe_timeout_s=0.5",
     ]
-    if redis_url:
-        overrides.append(f"redis_url={redis_url}")
     return load_config(None, overrides + [f"{k}={v}" for k, v in over.items()])
 
 
@@ -215,6 +212,13 @@ def test_page_is_plain_html_with_no_outside_assets_and_no_data(tmp_path):
     assert "0.123456" not in page.text
 
 
+async def until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
 class CountingProbe:
     """Stands in for the fleet probe: counts how often the dashboard probed."""
 
@@ -230,52 +234,27 @@ class CountingProbe:
 
 
 async def test_an_unread_dashboard_probes_nothing_and_a_reader_wakes_it(tmp_path):
-    config = dead_config(tmp_path, **{"dashboard.refresh_s": 0.05, "dashboard.idle_after_s": 0.3})
+    config = dead_config(tmp_path, **{"dashboard.refresh_s": 0.05, "dashboard.idle_after_s": 1.0})
     probe = CountingProbe()
     state = DashboardState(config, probe)
     loop = asyncio.create_task(state.run())
     try:
-        await asyncio.sleep(0.4)
-        assert probe.calls == 0  # no page open: no probe, no file read
+        await until(lambda: state.idle)  # no page open: the loop waits for a reader
+        assert probe.calls == 0  # no probe, no file read
         append(tmp_path / "metrics.jsonl", step_row(1, 0.25))
         document = await state.latest()  # the first reader gets a fresh document at once
         assert document["curves"]["reward"] == [[1, 0.25]] and probe.calls == 1
-        await asyncio.sleep(0.2)
-        assert probe.calls >= 3  # while read, the loop refreshes every period
-        await asyncio.sleep(0.5)  # past idle_after_s without a reader
+        await until(lambda: probe.calls >= 3)  # while read, the loop refreshes every period
+        await until(lambda: state.idle)  # idle_after_s without a reader: waiting again
         settled = probe.calls
-        await asyncio.sleep(0.3)
-        assert probe.calls == settled  # idle again
+        await asyncio.sleep(0)
+        assert probe.calls == settled and state.idle
     finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
 
 
 # ---- the probe against the registry --------------------------------------------------------
-
-
-async def test_probe_falls_back_to_the_registry_and_shows_an_expired_replica_down(
-    tmp_path, redis_url, redis_client, cluster_name
-):
-    from rlfleet.common.keys import Keys
-
-    config = dead_config(tmp_path, redis_url, cluster=cluster_name)
-    registry = ReplicaRegistry(redis_client, Keys(cluster_name), heartbeat_ttl_s=0.3)
-    await registry.register(ReplicaInfo("r-live", "", 7, ReplicaState.SERVING, "hf", 3))
-    await registry.register(ReplicaInfo("r-gone", "", 5, ReplicaState.SERVING, "hf", 1))
-    await redis_client.delete(Keys(cluster_name).heartbeat("r-gone"))  # as if it died
-    await redis_client.xadd(Keys(cluster_name).reward_stream, {"job": "1"})
-    await redis_client.xgroup_create(Keys(cluster_name).reward_stream, "reward", id="0")
-    probe = FleetProbe(config)
-    try:
-        fleet = await probe.fleet()
-    finally:
-        await probe.close()
-    assert fleet["replica_source"].startswith("redis registry")
-    rows = {r["replica_id"]: r for r in fleet["replicas"]}
-    assert rows["r-live"]["up"] and rows["r-live"]["weight_version"] == 7
-    assert not rows["r-gone"]["up"] and rows["r-gone"]["state"] == "dead"
-    assert fleet["queues"]["reward"] == {"waiting": 1, "pending": 0}
 
 
 def test_replica_metrics_urls_come_from_the_launcher_entries():

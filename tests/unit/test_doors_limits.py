@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -57,14 +56,16 @@ def test_chat_messages_count_together():
 
 
 class SlowEngine:
-    """Tokenizes slowly and records the thread it ran on."""
+    """Tokenizes until the event loop has ticked (``loop_ran``: set by the test's ticker, which
+    could never tick were the tokenizer blocking the loop) and records the thread it ran on."""
 
     def __init__(self) -> None:
         self.thread = None
+        self.loop_ran = threading.Event()
 
     def encode(self, text: str) -> list[int]:
         self.thread = threading.current_thread()
-        time.sleep(0.5)
+        self.loop_ran.wait(30)
         return [1] * len(text)
 
 
@@ -77,12 +78,14 @@ async def test_tokenization_runs_off_the_event_loop_and_after_the_byte_check():
         while True:
             await asyncio.sleep(0.01)
             ticks += 1
+            if ticks == 5:
+                engine.loop_ran.set()
 
     task = asyncio.create_task(ticker())
     assert await tokenize.encode(engine, "abc", LIMITS) == [1, 1, 1]
     task.cancel()
     assert engine.thread is not threading.main_thread()
-    assert ticks >= 20  # the loop went on while the text was tokenized
+    assert engine.loop_ran.is_set()  # the loop went on while the text was tokenized
     engine.thread = None
     with pytest.raises(InvalidField, match="rollout.max_prompt_bytes"):
         await tokenize.encode(engine, "x" * 2_000_000, LIMITS)

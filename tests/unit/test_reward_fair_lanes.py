@@ -1,11 +1,10 @@
-"""Fair scoring inside a process, and idle detection on every server (issue 19, part 2).
+"""Fair scoring inside a process (issue 19, part 2); idle detection on every server is in
+tests/integration/test_reward_idle_workers.py.
 
 - Lanes go round-robin among owners: a 1-item owner is served next, not after 20 others.
 - Without a sandbox, calls that hang are abandoned at their timeout: after more stuck calls
   than there are threads, a good item is still scored (it used to time out behind them), and
   built-ins never wait for user functions.
-- ``IdleWorkers`` counts workers blocked on an empty stream on Valkey *and* Redis 7.0, whose
-  ``XINFO CONSUMERS idle`` never counted them.
 """
 
 from __future__ import annotations
@@ -15,13 +14,9 @@ import threading
 import time
 
 import pytest
-import redis.asyncio as aioredis
 from redis_servers import any_redis_url, redis_kind_server  # noqa: F401 - fixtures
 
 from rlfleet.common.config import RewardConfig
-from rlfleet.common.jobs import IdleWorkers, JobWorker, JobWorkerPool
-from rlfleet.common.keys import Keys
-from rlfleet.common.workqueue import Job, WorkQueue
 from rlfleet.reward.batch_scorer import USER_THREADS, BatchScorer
 from rlfleet.reward.lanes import FairLanes, StuckCalls, ThreadLanes, owned_by
 from rlfleet.reward.scorers import build_registry
@@ -112,42 +107,6 @@ async def test_builtins_never_wait_for_a_stuck_user_function(tmp_path):
     (result,) = await engine.score_all([math])
     assert result.score == 1.0 and time.perf_counter() - started < 0.25
     await hung
-
-
-class Blocked(JobWorker):
-    async def handle(self, job: Job) -> bytes:
-        await asyncio.sleep(30)
-        return b""
-
-
-async def test_idle_workers_sees_blocked_readers_on_every_server(any_redis_url):  # noqa: F811
-    client = aioredis.Redis.from_url(any_redis_url)
-    keys = Keys("idle")
-    queue = WorkQueue(client, keys, keys.reward_stream, "reward")
-    pool = JobWorkerPool(lambda: None, stop_after_s=0.1)
-    try:
-        await queue.ensure_group()
-        for name in ("one", "two"):
-            pool.add(Blocked(queue, name, read_block_ms=200))
-        idle = IdleWorkers(queue, cache_s=0)
-        await asyncio.sleep(3.5)  # longer than fresh_ms: block-reads that got nothing
-        assert await idle.count() == 2
-        await queue.submit("r1", b"work")
-        await _until(lambda: _count_is(idle, 1))  # the one holding the job is busy
-    finally:
-        await pool.stop()
-        await client.aclose()
-
-
-async def _count_is(idle: IdleWorkers, expected: int) -> bool:
-    return await idle.count() == expected
-
-
-async def _until(check, timeout_s: float = 10) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture(autouse=True, scope="module")

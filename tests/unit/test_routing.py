@@ -1,8 +1,8 @@
 """Routing choice: least in-flight, sticky sessions with a load cap, version gating.
 
 The rule lives twice, in ``routing.pick_replica`` (with ``admission.admit``) and in the
-router's one-step enqueue Lua; the last test runs both on the same generated fleets against a
-real Redis server and requires the same pick.
+router's one-step enqueue Lua; tests/integration/test_routing_lua_parity.py runs both on the
+same generated fleets against a real Redis server and requires the same pick.
 """
 
 from __future__ import annotations
@@ -11,15 +11,10 @@ import random
 import time
 
 import pytest
-import redis.asyncio as aioredis
 
-from rlfleet.common.errors import ResourceExhausted, Unavailable
-from rlfleet.common.keys import Keys
-from rlfleet.rollout.registry import RegistrySnapshot, ReplicaInfo
-from rlfleet.rollout.router.admission import admit
-from rlfleet.rollout.router.enqueue import Enqueuer, Placed, Placement
-from rlfleet.rollout.router.routing import RoundRobin, eligible, loading, pick_replica, tie_break
-from rlfleet.rollout.types import GenerateRequest, SamplingParams
+from rlfleet.common.errors import Unavailable
+from rlfleet.rollout.registry import ReplicaInfo
+from rlfleet.rollout.router.routing import RoundRobin, loading, pick_replica, tie_break
 
 
 def replica(rid: str, version: int = 0, state: str = "serving", alive: bool = True) -> ReplicaInfo:
@@ -135,92 +130,3 @@ def test_a_coin_picks_among_ties_as_the_enqueue_lua_does() -> None:
     assert [tie_break(tied, coin) for coin in (0.0, 0.33, 0.34, 0.67, 0.999999)] == [
         "a", "a", "b", "c", "c"
     ]  # fmt: skip
-
-
-# ---- the same rule in Lua: the router's one-step enqueue ----------------------------------
-
-CASES = 300
-
-
-class Coin:
-    """An ``rng`` whose every draw is ``value``: the coin the enqueue step is handed."""
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-
-    def random(self) -> float:
-        return self.value
-
-
-def random_fleet(rng: random.Random) -> dict:
-    """A registry state, a request's demands and a coin, drawn to hit every branch often."""
-    ids = sorted(rng.sample([f"r{i}" for i in range(6)], rng.randint(1, 5)))
-    states = ["serving"] * 4 + ["updating", "paused", "starting"]
-    fleet = [replica(rid, rng.randint(0, 3), rng.choice(states), rng.random() < 0.85)
-             for rid in ids]  # fmt: skip
-    inflight = {rid: rng.choice([-1, 0, 0, 1, 2, 3, 5, 7]) for rid in ids if rng.random() < 0.8}
-    session = rng.random() < 0.6
-    return {
-        "fleet": fleet,
-        "inflight": inflight,
-        "draining": {rid for rid in ids if rng.random() < 0.15},
-        "sticky": rng.choice([*ids, None, "gone"]) if session else None,
-        "session": session,
-        "min_version": rng.randint(0, 2),
-        "cap": rng.randint(1, 6),
-        "limit": rng.choice([None, None, rng.randint(1, 6)]),
-        "coin": rng.choice([0.0, 0.999999, rng.random(), rng.random()]),
-    }
-
-
-def python_pick(case: dict) -> str:
-    """What batches and the janitor choose: admission, then ``pick_replica``."""
-    snap = RegistrySnapshot(case["fleet"], dict(case["inflight"]), set(case["draining"]))
-    try:
-        snap = admit(snap, case["min_version"], case["limit"])
-        return pick_replica(snap.replicas, snap.inflight, case["sticky"], case["min_version"],
-                            case["cap"], snap.draining, Coin(case["coin"]))  # fmt: skip
-    except Unavailable:
-        return "unavailable"
-    except ResourceExhausted:
-        return "full"
-
-
-async def lua_pick(redis: aioredis.Redis, keys: Keys, case: dict) -> str:
-    """What a single request gets: the router's candidates (eligible replicas, sorted), then
-    the enqueue Lua against the same state written to Redis."""
-    pool = eligible(case["fleet"], case["min_version"], case["draining"])
-    if not pool:
-        return "unavailable"  # the router refuses before the Lua step
-    session = "s" if case["session"] else ""
-    async with redis.pipeline(transaction=False) as pipe:
-        for info in case["fleet"]:
-            pipe.hset(keys.replica(info.replica_id), mapping=info.to_hash())
-        if case["inflight"]:
-            pipe.hset(keys.inflight, mapping=case["inflight"])
-        if case["draining"]:
-            pipe.sadd(keys.draining, *case["draining"])
-        if session and case["sticky"]:
-            pipe.set(keys.sticky(session), case["sticky"])
-        await pipe.execute()
-    request = GenerateRequest("q", SamplingParams(), prompt_token_ids=[1], session_id=session,
-                              min_weight_version=case["min_version"])  # fmt: skip
-    placement = Placement(case["cap"], case["limit"], 60.0, case["coin"])
-    candidates = sorted(r.replica_id for r in pool)
-    placed = await Enqueuer(redis, keys).enqueue(request, request.fingerprint(), "sub",
-                                                 candidates, placement, 60)  # fmt: skip
-    assert placed.outcome in (Placed.QUEUED, Placed.FULL), placed
-    return placed.replica_id if placed.outcome is Placed.QUEUED else "full"
-
-
-async def test_python_and_lua_routing_pick_the_same_replica(
-    redis_client: aioredis.Redis, cluster_name: str
-) -> None:
-    rng, seen = random.Random(16), set()
-    for index in range(CASES):
-        case = random_fleet(rng)
-        keys = Keys(f"{cluster_name}c{index}")  # a fresh registry per case
-        expected = python_pick(case)
-        assert await lua_pick(redis_client, keys, case) == expected, (index, case)
-        seen.add("pinned" if expected == case["sticky"] else expected[:4])
-    assert {"pinned", "unav", "full"} <= seen  # every branch was exercised

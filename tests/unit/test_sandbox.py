@@ -159,7 +159,9 @@ async def test_crash_and_signalling_the_parent(scorer):
 
 async def test_a_cancelled_call_kills_its_child_and_holds_nothing(scorer):
     busy = [asyncio.create_task(score(scorer, "sleep", 30)) for _ in range(3)]  # 1 waits
-    await asyncio.sleep(0.5)
+    async with asyncio.timeout(10):
+        while scorer.pool.calls < 2:  # two calls hold a child each; the third waits for one
+            await asyncio.sleep(0.01)
     for task in busy:
         task.cancel()
     await asyncio.gather(*busy, return_exceptions=True)

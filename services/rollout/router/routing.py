@@ -9,8 +9,9 @@ all see zero load, still spread over the fleet.
 
 The router applies this rule in two places: here, in Python (batches, the janitor), and inside
 the one-step enqueue Lua (``enqueue.py``, single requests, against live counts). Both break
-ties with one random number the same way (``tie_break``), and ``tests/unit/test_routing.py``
-runs the two on the same generated fleets and requires the same picks.
+ties with one random number the same way (``tie_break``), and
+``tests/integration/test_routing_lua_parity.py`` runs the two on the same generated fleets and
+requires the same picks.
 """
 
 from __future__ import annotations

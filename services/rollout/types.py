@@ -2,10 +2,12 @@
 
 They travel through Redis without protobuf, so neither the router's nor the replica's core
 needs it; ``server.py`` files convert to and from proto. A request travels as JSON (small); a
-batch member's result as ``GenerateResult.encode()``: a JSON header plus the token ids and
-log-probs as packed int32/float32 arrays, because a step's completions are thousands of numbers
-that JSON would print and parse one by one (a single request's answer is still JSON, which
-every reader of the queue understands; ``decode`` reads both). Several requests for one replica travel as one queue entry
+batch member's result as ``GenerateResult.encode()``: a JSON header plus the token ids,
+log-probs and versions as packed int32/float32/int64 arrays (``rlfleet.common.packed``, the
+frame the episode travels in too), because a step's completions are thousands of numbers that
+JSON would print and parse one by one (a single request's answer is still JSON, which every
+reader of the queue understands; ``decode`` reads both). Several requests for one replica
+travel as one queue entry
 (``pack_requests``): a JSON object, so a janitor reads its ``min_weight_version`` like a single
 request's.
 

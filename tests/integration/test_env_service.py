@@ -34,12 +34,13 @@ from procs import ServiceProcess, clean_env
 from replica_proc import MODEL
 from router_fleet import Fleet, add_replica, launch_fleet, teardown
 
-from rlfleet.agent.episode import NO_VERSION, EndReason
+from rlfleet.agent.episode import EndReason
 from rlfleet.common.endpoints import read_endpoints
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.grpc_client import make_channel
 from rlfleet.common.keys import ENV_GROUP
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.common.trajectory import NO_VERSION
 from rlfleet.env.client import EnvClient
 from rlfleet.env.types import EpisodeJob, EpisodeResult
 from rlfleet.proto import common_pb2, env_pb2, env_pb2_grpc

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 NO_VERSION = -1
 TOKEN_MAX = (1 << 31) - 1
@@ -127,8 +126,8 @@ class Trajectory:
 
     def validate(self) -> None:
         """Raise TrajectoryError naming the first field that does not fit."""
-        check_tokens("prompt_ids", self.prompt_ids)
-        check_tokens("response_ids", self.response_ids)
+        _check_tokens("prompt_ids", self.prompt_ids)
+        _check_tokens("response_ids", self.response_ids)
         n = len(self.response_ids)
         for name, _ in ARRAYS[1:]:
             if not isinstance(getattr(self, name), list) or len(getattr(self, name)) != n:
@@ -183,7 +182,7 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def check_tokens(name: str, ids: object) -> None:
+def _check_tokens(name: str, ids: object) -> None:
     if not isinstance(ids, list):
         raise TrajectoryError(f"{name} must be a list of token ids")
     for token in ids:
@@ -208,7 +207,3 @@ def is_number(value: object) -> bool:
     """A finite int or float (a bool is not a number here)."""
     real = isinstance(value, int | float) and not isinstance(value, bool)
     return real and math.isfinite(value)  # type: ignore[arg-type]
-
-
-def as_dicts(records: Sequence[Trajectory]) -> list[dict[str, Any]]:
-    return [record.to_dict() for record in records]

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, get_args
+from typing import Any
 
 from rlfleet.common.config.agent import MultiCall
 from rlfleet.common.trajectory import Trajectory
 from rlfleet.rollout.types import Completion, GenerateResult
-
-MULTI_CALL_MODES: tuple[str, ...] = get_args(MultiCall)
 
 
 @dataclass

@@ -39,10 +39,14 @@ FAKES = (
     "tests/unit/test_critic_checkpoint.py",
     "tests/unit/test_trainer_step.py",
     "tests/unit/test_async_training.py",
+    "tests/unit/test_agent_loop.py",
+    "tests/unit/test_difficulty_filter.py",
     "tests/integration/test_ddp_actor.py",
+    "tests/integration/test_weight_updates.py",
 )
-"""Test modules whose doubles stand in for the trainer's Protocols (each subclasses the one it
-replaces), checked together with the package."""
+"""Test modules whose doubles stand in for a Protocol of the package (the trainer's services,
+its step writer, a turn generator, a replica directory, a progress bar): each subclasses the
+one it replaces, and they are checked together with the package."""
 
 
 def run_mypy() -> list[str]:

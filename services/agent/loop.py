@@ -21,7 +21,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from rlfleet.agent.env import EnvError, Message, check_messages, check_step
 from rlfleet.agent.episode import EndReason, Episode
@@ -30,9 +30,6 @@ from rlfleet.agent.render import ChatRenderer
 from rlfleet.agent.tool_calls import parse_tool_calls
 from rlfleet.common.trajectory import token_versions
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams
-
-if TYPE_CHECKING:
-    from rlfleet.rollout.client import RolloutClient
 
 MAX_OBSERVATION_CHARS = 64 * 1024
 STEP_TIMEOUT_S = 300.0
@@ -63,11 +60,17 @@ class TurnGenerator(Protocol):
     ) -> SampledTurn: ...
 
 
+class Router(Protocol):
+    """What a turn generator needs of the router (``rlfleet.rollout.client.RolloutClient``)."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+
 class RouterTurnGenerator:
     """Turns through a router (``RolloutClient.generate``), prompt as token ids."""
 
     def __init__(
-        self, client: RolloutClient, *, timeout_s: float = 0.0, min_weight_version: int = 0
+        self, client: Router, *, timeout_s: float = 0.0, min_weight_version: int = 0
     ) -> None:
         self.client, self.timeout_s, self.min_weight_version = client, timeout_s, min_weight_version
 

@@ -35,7 +35,7 @@ from rlfleet.rollout.client import PreparedUpdate, RolloutClient
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.replica import Replica
 from rlfleet.rollout.types import GenerateRequest, ReplicaState, ReplicaStatus, SamplingParams
-from rlfleet.trainer.weight_sync import GrpcWeightTransport, WeightSync
+from rlfleet.trainer.weight_sync import GrpcWeightTransport, ReplicaDirectory, WeightSync
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4)
 pytestmark = [
@@ -80,7 +80,7 @@ async def test_versions_only_go_up_unless_forced(replica: ReplicaProc) -> None:
         assert await version_and_state(client) == (current + 1, "serving")
 
 
-class OneReplica:
+class OneReplica(ReplicaDirectory):
     """A ``ReplicaDirectory`` that lists one replica, asked over gRPC (as a router would)."""
 
     def __init__(self, address: str) -> None:

@@ -17,7 +17,7 @@ from agent_fixtures import ScriptedGenerator, agent_tokenizer, encode
 
 from rlfleet.agent.env import calc_env_factory
 from rlfleet.agent.episode import EndReason, Episode
-from rlfleet.agent.loop import RouterTurnGenerator, SampledTurn, run_episode
+from rlfleet.agent.loop import Router, RouterTurnGenerator, SampledTurn, TurnGenerator, run_episode
 from rlfleet.agent.render import ChatRenderer
 from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 from rlfleet.tasks import calc
@@ -78,7 +78,8 @@ class RandomEnv:
     """Sync methods; random observations (tool and user messages, text of any characters)."""
 
     def __init__(self, rng: random.Random) -> None:
-        self.rng, self.observations = rng, []
+        self.rng = rng
+        self.observations: list[list[dict]] = []
 
     def reset(self, **task: Any) -> list[dict]:
         return [{"role": "user", "content": task["prompt"]}]
@@ -93,14 +94,18 @@ class RandomEnv:
         return observation, rng.choice([0.0, 0.5]), rng.random() < 0.15, {}
 
 
-class RandomGenerator:
+class RandomGenerator(TurnGenerator):
     """Samples random ids from the whole vocabulary (merged and special tokens included);
     most turns end with eos, some are cut by ``max_tokens``."""
 
     def __init__(self, rng: random.Random, eos: int, vocab: int) -> None:
-        self.rng, self.eos, self.vocab, self.calls, self.turns = rng, eos, vocab, [], []
+        self.rng, self.eos, self.vocab = rng, eos, vocab
+        self.calls: list[tuple[list[int], SamplingParams, str]] = []
+        self.turns: list[SampledTurn] = []
 
-    async def __call__(self, prompt_ids: list[int], sampling: Any, session_id: str) -> SampledTurn:
+    async def __call__(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str
+    ) -> SampledTurn:
         self.calls.append((list(prompt_ids), sampling, session_id))
         ids = [self.rng.randrange(self.vocab) for _ in range(self.rng.randint(0, 20))]
         ids = [t for t in ids if t != self.eos] + ([self.eos] if self.rng.random() < 0.8 else [])
@@ -254,7 +259,7 @@ async def test_a_generation_failure_raises(renderer: ChatRenderer) -> None:
         await play(renderer, broken)
 
 
-class RecordingClient:
+class RecordingClient(Router):
     """Stands in for RolloutClient: answers from a script, keeps the requests."""
 
     def __init__(self) -> None:
@@ -265,7 +270,8 @@ class RecordingClient:
         completion = Completion([5, 6, 2], [-0.5, -0.25, -1.0], "ab", "stop")
         if len(self.requests) == 2:
             completion.weight_versions = [3, 3, 4]  # in-flight update, per-token versions
-        return GenerateResult(request.request_id, [completion], 4, "r0", request.prompt_token_ids)
+        prompt = request.prompt_token_ids or []
+        return GenerateResult(request.request_id, [completion], 4, "r0", prompt)
 
 
 async def test_router_turn_generator_sends_token_prompts_per_session() -> None:

@@ -81,8 +81,8 @@ def test_measure_batches_rows_and_reports_progress():
         calls.append(len(batch))
         return [[1.0] * r["n"] + [0.0] * (4 - r["n"]) for r in batch]
 
-    class Bar:
-        def update(self, n):
+    class Bar(df.Progress):
+        def update(self, n: int) -> None:
             seen.append(n)
 
     items = [{"n": i % 5} for i in range(7)]

@@ -90,12 +90,17 @@ async def test_a_rewritten_history_is_counted_segmented(store: SessionStore) -> 
     assert (await store.stats())["segmented"] == 1  # counted once
 
 
-async def test_a_second_end_after_the_answer_is_gone_is_refused(store, monkeypatch) -> None:
+async def test_a_second_end_after_the_answer_is_gone_is_refused(
+    store, redis_client, monkeypatch
+) -> None:
     monkeypatch.setattr("rlfleet.rollout.router.sessions.ENDED_ANSWER_S", 0.05)
     session = await store.start()
     await store.record(session, [record([1], [2])], "user")
     await store.end(session)
-    await asyncio.sleep(0.2)
+    calls, deadline = f"{store._prefix}:session_calls:{session}", time.monotonic() + 10
+    while await redis_client.exists(calls):  # the kept answer expires after ENDED_ANSWER_S
+        assert time.monotonic() < deadline, "the ended session's answer was never dropped"
+        await asyncio.sleep(0.05)
     with pytest.raises(EndedSession) as ended:
         await store.end(session)
     assert ended.value.param == "session_id"

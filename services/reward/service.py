@@ -128,7 +128,7 @@ class RewardService:
         """Scored here or through the queue; an item that failed gets ``default_score``. A
         cancelled call (its caller gone) stops its work: local items not started never start,
         sandboxed ones running are killed, queued jobs are withdrawn."""
-        started, paths = time.perf_counter(), set()
+        started, paths = time.perf_counter(), set[str]()
         try:
             results = await self._in_time(self._score(requests, paths))
         except asyncio.CancelledError:

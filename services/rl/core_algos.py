@@ -35,7 +35,7 @@ KLKind = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
 ]
-_KL_ALIASES = {"kl": "k1", "mse": "k2"}
+_KL_ALIASES: dict[str, KLKind] = {"kl": "k1", "mse": "k2"}
 """verl's names for the same estimators (``algorithm.kl_penalty: kl`` is k1)."""
 
 

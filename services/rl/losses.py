@@ -140,13 +140,14 @@ def actor_loss(params: LossParams, x: LossInputs) -> tuple[torch.Tensor, dict[st
     )
     if out.pg_clipfrac_lower is not None:
         metrics["actor/pg_clipfrac_lower"] = out.pg_clipfrac_lower.item()
-    agg = {"mode": params.effective_agg_mode, "loss_scale_factor": params.loss_scale_factor}
+    mode, scale = params.effective_agg_mode, params.loss_scale_factor
     if params.kl_coef and x.ref_logprob is not None:
         kl = core_algos.kl_penalty(x.logprob, x.ref_logprob, params.kl_type)
-        kl_loss = core_algos.agg_loss(kl, mask, **agg)
+        kl_loss = core_algos.agg_loss(kl, mask, mode, scale)
         loss = loss + params.kl_coef * kl_loss
         metrics["actor/kl_loss"] = kl_loss.item()
-    entropy = core_algos.agg_loss(token_entropy(x.logits, params.entropy_coeff != 0), mask, **agg)
+    entropies = token_entropy(x.logits, params.entropy_coeff != 0)
+    entropy = core_algos.agg_loss(entropies, mask, mode, scale)
     if params.entropy_coeff:
         loss = loss - params.entropy_coeff * entropy
     metrics["actor/entropy"] = entropy.item()

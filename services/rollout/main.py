@@ -65,4 +65,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

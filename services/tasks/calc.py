@@ -73,7 +73,8 @@ def split_problems(seed: int, n_train: int, n_test: int) -> tuple[list[Problem],
     """
     if n_train < 0 or n_test < 0:
         raise ValueError(f"need n_train >= 0 and n_test >= 0, got {n_train}, {n_test}")
-    rng, seen, problems = random.Random(seed), set(), []
+    rng, seen = random.Random(seed), set()
+    problems: list[Problem] = []
     while len(problems) < n_train + n_test:
         problem = random_problem(rng)
         if problem not in seen:

@@ -196,7 +196,7 @@ class Trainer:
 
     async def update_critic(self, batch: RolloutBatch, returns, mask) -> dict[str, float]:
         rows = [returns[i, : int(mask[i].sum())].tolist() for i in range(len(batch))]
-        return await self.fleet.refcritic.update_critic(
+        return await self.fleet.needed_refcritic().update_critic(
             batch.prompts, batch.responses, rows, batch.values
         )
 

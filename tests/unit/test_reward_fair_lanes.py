@@ -14,7 +14,6 @@ import threading
 import time
 
 import pytest
-from redis_servers import any_redis_url, redis_kind_server  # noqa: F401 - fixtures
 
 from rlfleet.common.config import RewardConfig
 from rlfleet.reward.batch_scorer import USER_THREADS, BatchScorer

@@ -18,7 +18,8 @@ weighs 1 / its episode's branches: ``RolloutBatch.episode_ids`` and
 weighs three times in its task's mean and std nor changes its siblings' advantages; this is
 AReaL's choice for the calls of one proxied session (each call is trained with the session's
 reward) and miles's for the branches of one trajectory tree. The loss then sums the
-branches' sampled tokens, each token once.
+branches' sampled tokens, each token once (under ``loss_agg_mode: seq-mean-token-mean`` each
+branch is a sequence of its own, as each call is a row in AReaL).
 
 Episodes run in the env role (``rlfleet env``), never on the trainer's loop or cores: the
 trainer sends one ``RunEpisodes`` per step through ``EpisodeSource`` and gets the episodes

@@ -53,6 +53,8 @@ def run_mypy() -> list[str]:
     """mypy's error lines, paths as in the repository (``services/...``, ``tests/...``)."""
     WORK.mkdir(parents=True, exist_ok=True)
     link = WORK / "rlfleet"
+    if link.is_symlink() and link.resolve() != (ROOT / "services").resolve():
+        link.unlink()  # a venv copied from another checkout
     if not link.is_symlink():
         link.symlink_to(ROOT / "services", target_is_directory=True)
     paths = [WORK, *{ROOT / Path(fake).parent for fake in FAKES}, ROOT / "tests"]

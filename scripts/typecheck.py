@@ -39,6 +39,7 @@ FAKES = (
     "tests/unit/test_critic_checkpoint.py",
     "tests/unit/test_trainer_step.py",
     "tests/unit/test_async_training.py",
+    "tests/unit/test_trainer_episodes.py",
     "tests/unit/test_agent_loop.py",
     "tests/unit/test_difficulty_filter.py",
     "tests/integration/test_ddp_actor.py",

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -15,8 +16,15 @@ from trainer_fakes import GOOD_TOKEN, make_trainer, prompts
 from rlfleet.agent.episode import Episode
 from rlfleet.common.config import load_config
 from rlfleet.common.trajectory import Trajectory
-from rlfleet.rl.advantages import AdvantageInputs, AdvantageParams, compute_advantage
-from rlfleet.trainer.episodes import episode_jobs, episode_metrics
+from rlfleet.env.types import EpisodeJob, EpisodeResult
+from rlfleet.rl.advantages import (
+    AdvantageInputs,
+    AdvantageParams,
+    EstimatorName,
+    compute_advantage,
+)
+from rlfleet.rollout.types import SamplingParams
+from rlfleet.trainer.episodes import EpisodeSource, episode_jobs, episode_metrics
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask, token_level_rewards
 from rlfleet.trainer.staleness import staleness_metrics
 
@@ -35,12 +43,9 @@ def test_outcome_reward_sits_on_the_last_sampled_token():
     assert rewards.tolist() == [[0, 1.0, 0, 0], [0, 0, 2.0, 0]]
 
 
-@dataclass
-class Result:
-    episode: Episode
-    error: str = ""
-    restarts: int = 0
-    replica_ids: list[str] = field(default_factory=lambda: ["r0"])
+def result(episode: Episode, restarts: int = 0) -> EpisodeResult:
+    """What the env service answers for a played episode."""
+    return EpisodeResult(episode.episode_id, episode, "", restarts, ["r0"])
 
 
 def scripted_episode(job: dict, version: int, rng: random.Random) -> Episode:
@@ -57,7 +62,7 @@ def scripted_episode(job: dict, version: int, rng: random.Random) -> Episode:
     return episode
 
 
-class ScriptedEpisodes:
+class ScriptedEpisodes(EpisodeSource):
     """An env service stand-in: answers every job with a scripted episode."""
 
     def __init__(self, version_offset: int = 0) -> None:
@@ -65,17 +70,22 @@ class ScriptedEpisodes:
         self.version_offset = version_offset
         self.rng = random.Random(0)
 
-    async def run_episodes(self, jobs, sampling=None, max_turns=0, max_episode_tokens=0):
-        self.calls.append((list(jobs), sampling))
-        return [
-            Result(scripted_episode(j, j["min_weight_version"] + self.version_offset, self.rng))
-            for j in jobs
-        ]
+    async def run_episodes(
+        self,
+        jobs: Sequence[EpisodeJob | dict[str, Any]],
+        sampling: SamplingParams | None = None,
+        max_turns: int = 0,
+        max_episode_tokens: int = 0,
+    ) -> list[EpisodeResult]:
+        rows = [job for job in jobs if isinstance(job, dict)]  # the trainer sends rows
+        self.calls.append((rows, sampling))
+        offset, rng = self.version_offset, self.rng
+        return [result(scripted_episode(j, j["min_weight_version"] + offset, rng)) for j in rows]
 
-    async def wait_ready(self, timeout_s):
+    async def wait_ready(self, timeout_s: float) -> None:
         pass
 
-    async def close(self):
+    async def close(self) -> None:
         pass
 
 
@@ -127,7 +137,7 @@ def test_episode_metrics_count_ends_and_parts():
     )
     cut = Episode(episode_id="b", prompt_ids=[1], num_turns=1, tool_errors=1)
     cut.end_reason = "token_budget"
-    metrics = episode_metrics([Result(done), Result(cut, restarts=1)])
+    metrics = episode_metrics([result(done), result(cut, restarts=1)])
     assert metrics["agent/turns/mean"] == 2.0
     assert metrics["agent/tool_errors"] == 1.0
     assert metrics["agent/truncated"] == 0.5
@@ -158,14 +168,14 @@ def branched_episode(episode_id: str, reward: float, branches: int) -> Episode:
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
-def test_every_branch_gets_its_episodes_advantage(estimator: str) -> None:
+def test_every_branch_gets_its_episodes_advantage(estimator: EstimatorName) -> None:
     rewards, branches = [1.0, 0.0, 1.0, 0.0], [3, 1, 1, 2]
     split, whole = RolloutBatch(), RolloutBatch()
-    results = [Result(branched_episode(f"e{i}", r, k))
+    results = [result(branched_episode(f"e{i}", r, k))
                for i, (r, k) in enumerate(zip(rewards, branches, strict=True))]  # fmt: skip
     split.add_episode_group(prompts(1)[0], 0, results)
     whole.add_episode_group(
-        prompts(1)[0], 0, [Result(branched_episode(f"w{i}", r, 1)) for i, r in enumerate(rewards)]
+        prompts(1)[0], 0, [result(branched_episode(f"w{i}", r, 1)) for i, r in enumerate(rewards)]
     )
     assert len(split) == sum(branches) and split.episode_ids[:3] == ["e0"] * 3
     params = AdvantageParams(estimator=estimator)
@@ -189,7 +199,7 @@ def advantages_of(batch: RolloutBatch, params: AdvantageParams) -> torch.Tensor:
 
 def test_a_branched_episode_counts_once_in_the_metrics_and_all_its_calls_as_turns() -> None:
     metrics = episode_metrics(
-        [Result(branched_episode("a", 1.0, 3)), Result(branched_episode("b", 0.0, 1))]
+        [result(branched_episode("a", 1.0, 3)), result(branched_episode("b", 0.0, 1))]
     )
     assert metrics["agent/turns/mean"] == 2.0 and metrics["agent/branches/mean"] == 2.0
     assert metrics["agent/sampled_tokens/mean"] == 4.0  # two per branch, every branch counted

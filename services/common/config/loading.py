@@ -4,6 +4,7 @@ and the field listing behind ``--help-config``."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
 
@@ -57,16 +58,16 @@ def split_override(item: str) -> tuple[str, Any]:
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> RlfleetConfig:
     """Load YAML, apply ``RLFLEET_*`` variables, then dotted overrides, and validate."""
     tree: dict = {}
     if path is not None:
         tree = yaml.safe_load(Path(path).read_text()) or {}
-    env = os.environ if env is None else env
+    variables = os.environ if env is None else env
     for var, dotted in ENV_OVERRIDES.items():
-        if env.get(var):
-            set_dotted(tree, dotted, env[var])
+        if variables.get(var):
+            set_dotted(tree, dotted, variables[var])
     for item in overrides or []:
         set_dotted(tree, *split_override(item))
     return RlfleetConfig.model_validate(tree)

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 TRAIN_DATA = common.REPO / "data" / "arith" / "train.jsonl"
-CHILD_ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-"""What ``rlfleet up`` gives every role (``rlfleet.launch.process.QUIET_THREADS``): torch threads
-that sleep rather than spin while waiting. Same for TRL, so a busy machine does not penalise one
-side."""
+CHILD_ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "MALLOC_MMAP_THRESHOLD_": "1048576"}
+"""What ``rlfleet up`` gives every role (``rlfleet.launch.process.ROLE_ENV_DEFAULTS``): torch
+threads that sleep rather than spin while waiting, big blocks returned to the system when freed.
+Same for TRL, so neither side is penalised (or its peak RSS inflated) by the defaults."""
 PHASES = {"gen": "_generate", "reward": "_calculate_rewards", "prepare": "_prepare_inputs"}
 
 

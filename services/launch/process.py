@@ -106,6 +106,17 @@ workers of an idle role steal the cores a busy one needs. Measured on the 2-core
 the rest of the machine busy: an actor update of 256 sequences took 2.5 s with spinning
 threads and 0.5 s with passive ones (0.3 s with one thread)."""
 
+LEAN_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1048576"}
+"""Every role's glibc malloc serves blocks of 1 MiB and more from their own mappings, returned
+to the system when freed. By default glibc raises that threshold as big blocks are freed, so
+the trainer's per-step activations and gradients land in its heaps and stay resident between
+steps. Measured on SmolLM2-135M fp32 (an actor update of 64 rows of up to 128 tokens,
+micro-batches of 8, 2-core machine): the trainer's peak RSS over a step 6.0 -> 5.3 GB and its
+resident memory after a step 5.0 -> 3.1 GB, at the same step time within noise."""
+
+ROLE_ENV_DEFAULTS = {**QUIET_THREADS, **LEAN_MALLOC}
+"""What every role's environment gets unless the user's environment sets the same variable."""
+
 
 def role_argv(
     verb: str, config_path: str | None, overrides: list[str], flags: tuple[str, ...] = ()
@@ -142,9 +153,9 @@ def split_secrets(overrides: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def role_env(redis_url: str, secrets: dict[str, str] | None = None) -> dict[str, str]:
-    """Every role's environment: ours, quiet OpenMP threads unless the user chose, the
+    """Every role's environment: ours, ``ROLE_ENV_DEFAULTS`` unless the user chose, the
     secrets kept off its command line (``split_secrets``), Redis."""
-    env = {**os.environ, **QUIET_THREADS, "PYTHONUNBUFFERED": "1", **(secrets or {})}
-    env.update({k: v for k, v in os.environ.items() if k in QUIET_THREADS})  # the user's win
+    env = {**os.environ, **ROLE_ENV_DEFAULTS, "PYTHONUNBUFFERED": "1", **(secrets or {})}
+    env.update({k: v for k, v in os.environ.items() if k in ROLE_ENV_DEFAULTS})  # the user's win
     env["RLFLEET_REDIS_URL"] = redis_url  # the launcher's (its embedded one, or the configured)
     return env

@@ -113,6 +113,12 @@ class MetricSums:
         return loss_share
 
 
+def checkpoint_activations(model) -> None:
+    """Turn on transformers' gradient checkpointing (non-reentrant: works with inputs that need
+    no grad, as a frozen base under a LoRA adapter). Only training-mode forwards recompute."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 class Actor:
     def __init__(self, config: RlfleetConfig, model, pad_id: int) -> None:
         self.config = config
@@ -121,6 +127,12 @@ class Actor:
         self.train_module = model
         """The module the update's forward runs through (a DDP wrapper on data-parallel ranks)."""
         self.pad_id = pad_id
+        self.share_prompts_in_update = self.cfg.share_prompt_forward
+        """Whether the update's forward shares each prompt's KV cache among its rows; off with
+        gradient checkpointing (checkpointed layers return no cache)."""
+        if config.model.enable_gradient_checkpointing:
+            checkpoint_activations(model)
+            self.share_prompts_in_update = False
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         """What the optimizer updates (all parameters, or only a LoRA adapter's)."""
         self.optimizer = adamw(self.trainable, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
@@ -328,7 +340,7 @@ class Actor:
             [batch.prompts[i] for i in idx], [batch.responses[i] for i in idx], self.pad_id, device
         )
         with self.autocast():
-            logits = response_logits(self.train_module, packed, self.cfg.share_prompt_forward)
+            logits = response_logits(self.train_module, packed, self.share_prompts_in_update)
         logits = logits.float()  # the log-softmax and the loss in fp32, whatever the forward's
         width = packed.response_width
         if self.objective == "sft":  # the model's own distribution: no sampling temperature

@@ -39,6 +39,15 @@ def test_role_env_carries_secrets_and_the_launchers_redis():
     assert env["RLFLEET_API_KEY"] == KEY and env["RLFLEET_REDIS_URL"] == "redis://127.0.0.1:9/0"
 
 
+def test_role_env_gives_lean_malloc_and_passive_threads_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    env = role_env("redis://127.0.0.1:9/0")
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "1048576" and env["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert role_env("redis://127.0.0.1:9/0")["MALLOC_MMAP_THRESHOLD_"] == "65536"
+
+
 def up_args(tmp_path: Path, **extra) -> tuple[Namespace, list[str]]:
     overrides = [f"run_dir={tmp_path}", f"api_key={KEY}", f"redis_url={REDIS}",
                  "dashboard.enabled=false"]  # fmt: skip

@@ -314,3 +314,28 @@ def test_bf16_autocast_leaves_nearly_the_fp32_gradient_and_log_probs():
     for exact, rounded in zip(logprobs["none"], logprobs["bfloat16"], strict=True):
         assert rounded == pytest.approx(exact, abs=0.05)
         assert rounded != exact  # the forward really ran in bf16
+
+
+def test_gradient_checkpointing_recomputes_layers_and_leaves_the_same_update():
+    """``model.enable_gradient_checkpointing``: each decoder layer runs again in the backward
+    (its activations were not kept), the update takes the single forward (no shared-prompt
+    cache), and gradients and metrics are those of the plain update."""
+    batch, advantages, mask = make_batch()
+    plain, plain_grads, _ = updated("token-mean", 3, batch, advantages, mask)
+    actor = actor_for("token-mean", 3, **{"model.enable_gradient_checkpointing": "true"})
+    assert actor.model.is_gradient_checkpointing and not actor.share_prompts_in_update
+    layer, layer_calls = actor.model.model.layers[0], []
+    plain_forward = layer.forward
+
+    def counted_forward(*args, **kwargs):  # a hook would not see the backward's recompute
+        layer_calls.append(torch.is_grad_enabled())
+        return plain_forward(*args, **kwargs)
+
+    layer.forward = counted_forward
+    calls = recorded_forwards(actor)
+    metrics = actor.update(batch, advantages, mask, orders=[list(range(len(batch)))])
+    assert len(layer_calls) == 2 * len(calls)  # forward, then again in the backward
+    for name, param in actor.model.named_parameters():
+        torch.testing.assert_close(param.grad, plain_grads[name], rtol=0, atol=1e-6)
+    for key, value in plain.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key

@@ -22,6 +22,12 @@ class ModelConfig(Section):
     engine): ``None`` takes transformers' default (``sdpa``). ``eager`` (plain matmul-softmax)
     is the faster one for sequences of a few dozen tokens on CPU, measured in
     bench/bench_actor_update.py; vLLM replicas use their own kernels whatever this says."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each layer's activations in the actor's backward instead of keeping them
+    (verl's ``actor_rollout_ref.model.enable_gradient_checkpointing``): the update's peak memory
+    drops by most of a micro-batch's activations for about one more forward of compute. With it
+    the update runs each row's prompt itself (no shared-prompt KV cache: checkpointed layers
+    return no cache); log-prob forwards without grad are unchanged."""
     lora_rank: int = Field(0, ge=0)
     """LoRA adapter rank (peft); 0 = train every weight. With a rank the actor trains only the
     adapter, replicas get only the adapter's tensors per update (the base stays as loaded from

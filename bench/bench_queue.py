@@ -64,7 +64,7 @@ async def _interleaved(ops: dict[str, Op], rounds: int) -> dict[str, list[float]
 
 async def _make_ops(client: Any) -> dict[str, Op]:
     from rlfleet.common.keys import Keys
-    from rlfleet.common.workqueue import WorkQueue
+    from rlfleet.common.queue.workqueue import WorkQueue
 
     keys = Keys("bench")
     queue = WorkQueue(client, keys, keys.reward_stream, "workers", result_ttl_s=600)

@@ -27,8 +27,8 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.endpoints import describe, write_endpoints
 from rlfleet.common.entry import safe_url
 from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
-from rlfleet.common.jobs import JobWorkerPool, consumer_name
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.workers import JobWorkerPool, consumer_name
 from rlfleet.common.redis_client import connect
 from rlfleet.common.redis_server import standalone_redis
 from rlfleet.env.runner import EpisodeRunner, env_maker, load_renderer

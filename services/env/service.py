@@ -26,12 +26,12 @@ from redis.asyncio import Redis
 
 from rlfleet.agent.env import BUILTIN_ENVS
 from rlfleet.common.config.agent import AgentConfig
-from rlfleet.common.jobs import ScatterGather
 from rlfleet.common.keys import ENV_GROUP, Keys
 from rlfleet.common.queue.consumer import Consumer
 from rlfleet.common.queue.producer import Producer
+from rlfleet.common.queue.results import Result
+from rlfleet.common.queue.scatter import ScatterGather
 from rlfleet.common.queue.stream import QueueStream
-from rlfleet.common.results import Result
 from rlfleet.env.types import (
     EnvironmentInfo,
     EpisodeJob,

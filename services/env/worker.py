@@ -2,7 +2,7 @@
 
 Workers are interchangeable consumers of one consumer group, so adding processes
 (``rlfleet env --worker-only``) adds episodes in flight; the read / reclaim / keep-alive /
-answer loop is the shared ``rlfleet.common.jobs.JobWorker``, so a worker that dies mid-episode
+answer loop is the shared ``rlfleet.common.queue.workers.JobWorker``, so a worker that dies mid-episode
 loses nothing (its entry stays pending and another worker's reclaim restarts the episode,
 ``restarts`` = deliveries before this one) and a long episode is never mistaken for a dead
 worker's (its entry is kept alive while it plays).
@@ -26,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from rlfleet.common.jobs import JobWorker
 from rlfleet.common.queue.consumer import Consumer
 from rlfleet.common.queue.entries import Job
+from rlfleet.common.queue.workers import JobWorker
 from rlfleet.env.runner import EpisodeRunner
 from rlfleet.env.types import EpisodeOutcome, QueuedEpisode, decode_job
 

@@ -9,7 +9,7 @@ Two paths, chosen by ``redis_url``:
   ``worker_only`` runs just ref workers and loads just the reference policy, so reference
   throughput scales by starting more processes. With ``refcritic.local_first`` the gRPC process
   computes a read itself when its own worker of that kind is idle (no Redis hop), sharing that
-  worker's slots (``rlfleet.common.jobs.WorkerSlots``).
+  worker's slots (``rlfleet.common.queue.local_first.WorkerSlots``).
 
 ``rlfleet.refcritic.main`` parses the command line and calls ``run``; torch and transformers
 are imported only when the models load, in ``load_models``.
@@ -26,8 +26,9 @@ from redis.asyncio import Redis
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.grpc_server import install_stop_signals
-from rlfleet.common.jobs import JobWorkerPool, WorkerSlots, consumer_name
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.local_first import WorkerSlots
+from rlfleet.common.queue.workers import JobWorkerPool, consumer_name
 from rlfleet.common.redis_client import connect
 from rlfleet.refcritic.models import Models
 from rlfleet.refcritic.queue_service import Kind, QueuedCompute, refcritic_queue

@@ -4,7 +4,7 @@ Why a queue: reference log-probs need no state beyond the frozen weights, so any
 processes (``rlfleet refcritic --worker-only``) can share the work, and a job held by a worker
 that dies stays pending until a live worker reclaims it (``rlfleet.common.queue``).
 
-Local first (``refcritic.local_first``, ``rlfleet.common.jobs.LocalFirst``): in the process
+Local first (``refcritic.local_first``, ``rlfleet.common.queue.local_first.LocalFirst``): in the process
 that serves gRPC, a read arriving while that process's own worker of its kind is idle is
 computed right there, on the plain lists from the proto: no JSON, no Redis. Otherwise the
 batch becomes one job (JSON ``{"kind", "prompts", "responses"}``), or a few consecutive ones
@@ -37,12 +37,13 @@ from typing import Literal, TypeVar
 from redis.asyncio import Redis
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.common.jobs import IdleWorkers, LocalFirst, ScatterGather, WorkerSlots, parts_for
 from rlfleet.common.keys import REFCRITIC_GROUP, Keys
 from rlfleet.common.queue.consumer import Consumer
+from rlfleet.common.queue.local_first import IdleWorkers, LocalFirst, WorkerSlots, parts_for
 from rlfleet.common.queue.producer import Producer
+from rlfleet.common.queue.results import Result
+from rlfleet.common.queue.scatter import ScatterGather
 from rlfleet.common.queue.stream import QueueStream
-from rlfleet.common.results import Result
 from rlfleet.refcritic.models import Rows
 
 GROUP = REFCRITIC_GROUP  # re-exported for tools and tests that inspect the streams

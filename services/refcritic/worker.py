@@ -2,7 +2,7 @@
 
 Workers of one stream are interchangeable consumers of one group, so more processes
 (``rlfleet refcritic --worker-only``) add reference throughput. The read / reclaim /
-keep-alive / answer loop is the shared ``rlfleet.common.jobs.JobWorker``: a worker that dies
+keep-alive / answer loop is the shared ``rlfleet.common.queue.workers.JobWorker``: a worker that dies
 mid-job loses nothing (a live one reclaims the entry after ``refcritic.reclaim_idle_s``), and a
 slow forward is never mistaken for a dead worker. A failure is answered with its error code.
 
@@ -19,9 +19,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from rlfleet.common.jobs import JobWorker, WorkerSlots
 from rlfleet.common.queue.consumer import Consumer
 from rlfleet.common.queue.entries import Job
+from rlfleet.common.queue.local_first import WorkerSlots
+from rlfleet.common.queue.workers import JobWorker
 from rlfleet.refcritic.queue_service import LocalCompute, Rows, decode_job, encode_rows
 
 Compute = Callable[[list[list[int]], list[list[int]]], Rows]

@@ -27,8 +27,9 @@ from rlfleet.common.config import RewardConfig, RlfleetConfig
 from rlfleet.common.endpoints import describe, write_endpoints
 from rlfleet.common.entry import safe_url
 from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
-from rlfleet.common.jobs import JobWorkerPool, WorkerSlots, consumer_name
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.local_first import WorkerSlots
+from rlfleet.common.queue.workers import JobWorkerPool, consumer_name
 from rlfleet.common.redis_client import connect
 from rlfleet.common.redis_server import standalone_redis
 from rlfleet.reward.batch_scorer import USER_THREADS, ScoringLanes

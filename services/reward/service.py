@@ -40,12 +40,13 @@ from redis.asyncio import Redis
 
 from rlfleet.common.config import RewardConfig
 from rlfleet.common.errors import DeadlineExceeded, NotFound
-from rlfleet.common.jobs import IdleWorkers, LocalFirst, ScatterGather, WorkerSlots
 from rlfleet.common.keys import REWARD_GROUP, Keys
 from rlfleet.common.queue.consumer import Consumer
+from rlfleet.common.queue.local_first import IdleWorkers, LocalFirst, WorkerSlots
 from rlfleet.common.queue.producer import Producer
+from rlfleet.common.queue.results import Result
+from rlfleet.common.queue.scatter import ScatterGather
 from rlfleet.common.queue.stream import QueueStream
-from rlfleet.common.results import Result
 from rlfleet.reward.batch_scorer import BatchScorer, ScoringLanes, waits_for_nobody
 from rlfleet.reward.metrics import RewardMetrics
 from rlfleet.reward.scorers import ScorerRegistry

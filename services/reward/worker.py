@@ -2,7 +2,7 @@
 
 Workers are interchangeable consumers of one consumer group, so adding processes
 (``rlfleet reward --worker-only``) adds throughput; the read / reclaim / keep-alive / answer loop
-is the shared ``rlfleet.common.jobs.JobWorker``, so a worker that dies mid-job loses nothing and
+is the shared ``rlfleet.common.queue.workers.JobWorker``, so a worker that dies mid-job loses nothing and
 a slow user function is never mistaken for a dead worker. Scoring itself is ``BatchScorer``
 (the same code the front door runs for a request it keeps in-process).
 
@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.common.jobs import JobWorker, WorkerSlots
 from rlfleet.common.queue.consumer import Consumer
 from rlfleet.common.queue.entries import Job
+from rlfleet.common.queue.local_first import WorkerSlots
+from rlfleet.common.queue.workers import JobWorker
 from rlfleet.reward.batch_scorer import BatchScorer, ScoringLanes
 from rlfleet.reward.scorers import ScorerRegistry
 from rlfleet.reward.types import ScoreRequest, ScoreResult, decode_requests, encode_results

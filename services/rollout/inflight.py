@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from rlfleet.common.workqueue import Job
+from rlfleet.common.queue.workqueue import Job
 from rlfleet.rollout.continuation import UpdateGate
 
 if TYPE_CHECKING:

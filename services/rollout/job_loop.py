@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.common.queue.workqueue import Job, WorkQueue
 from rlfleet.rollout.inflight import InFlight
 from rlfleet.rollout.job_runner import JobRunner, with_retries
 from rlfleet.rollout.phase import Phase

@@ -22,8 +22,8 @@ from typing import TypeVar
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import ErrorCode, FailedPrecondition
-from rlfleet.common.results import encode_result
-from rlfleet.common.workqueue import Failure, Finish, Job, WorkQueue
+from rlfleet.common.queue.results import encode_result
+from rlfleet.common.queue.workqueue import Failure, Finish, Job, WorkQueue
 from rlfleet.rollout import continuation, tokenize
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.inflight import InFlight

@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from rlfleet.common.workqueue import WorkQueue
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.heartbeat import HeartbeatThread
 from rlfleet.rollout.inflight import InFlight

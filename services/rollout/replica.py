@@ -47,7 +47,7 @@ from redis.asyncio import Redis
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import Unavailable
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
-from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.common.queue.workqueue import Job, WorkQueue
 from rlfleet.model import weights
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.heartbeat import HeartbeatThread

@@ -23,8 +23,8 @@ from router_fleet import Fleet, add_replica, launch_fleet, teardown
 
 from rlfleet.common.errors import ErrorCode
 from rlfleet.common.grpc_client import make_channel
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.common.redis_server import EmbeddedRedis
-from rlfleet.common.workqueue import WorkQueue
 from rlfleet.proto import rollout_pb2_grpc
 from rlfleet.rollout.convert import request_to_proto
 from rlfleet.rollout.types import GenerateRequest, SamplingParams

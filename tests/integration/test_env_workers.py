@@ -27,7 +27,7 @@ from env_doubles import (  # noqa: F401 - renderer and nowhere are fixtures
     renderer,
 )
 
-from rlfleet.common.jobs import JobWorkerPool
+from rlfleet.common.queue.workers import JobWorkerPool
 from rlfleet.env.runner import EpisodeRunner
 from rlfleet.env.service import EnvService, env_queue
 from rlfleet.env.types import EpisodeJob

@@ -28,8 +28,8 @@ from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 
 from rlfleet.common.grpc_client import make_channel
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
-from rlfleet.common.workqueue import WorkQueue
 from rlfleet.proto import rollout_pb2_grpc
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.convert import request_to_proto

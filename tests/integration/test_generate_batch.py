@@ -33,9 +33,9 @@ from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import ErrorCode, InvalidArgument, Unavailable
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.workqueue import Failure, WorkQueue
 from rlfleet.common.redis_client import connect
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
-from rlfleet.common.workqueue import Failure, WorkQueue
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router.batch import WAKE_POLL_S

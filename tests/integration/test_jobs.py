@@ -16,20 +16,18 @@ import redis.asyncio as aioredis
 
 from rlfleet.common import errors
 from rlfleet.common.errors import DeadlineExceeded, ErrorCode, NotFound
-from rlfleet.common.jobs import (
+from rlfleet.common.keys import Keys
+from rlfleet.common.queue.local_first import (
     IdleWorkers,
-    JobWorker,
-    JobWorkerPool,
     LocalFirst,
-    ScatterGather,
     WorkerSlots,
-    consumer_name,
     parts_for,
     split_evenly,
 )
-from rlfleet.common.keys import Keys
-from rlfleet.common.results import Failure
-from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.common.queue.results import Failure
+from rlfleet.common.queue.scatter import ScatterGather
+from rlfleet.common.queue.workers import JobWorker, JobWorkerPool, consumer_name
+from rlfleet.common.queue.workqueue import Job, WorkQueue
 
 
 class EchoWorker(JobWorker):

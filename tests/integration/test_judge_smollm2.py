@@ -27,8 +27,8 @@ from procs import ServiceProcess
 from replica_proc import ReplicaProc, start_replica, stop_replica
 
 from rlfleet.common.config import JudgeConfig, RewardConfig
-from rlfleet.common.jobs import WorkerSlots
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.local_first import WorkerSlots
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
 from rlfleet.model.local_models import SMOLLM2, is_built, model_dir
 from rlfleet.reward.scorers import build_registry

@@ -20,8 +20,8 @@ import redis.asyncio as aioredis
 
 from rlfleet.common.config import load_config
 from rlfleet.common.keys import Keys
-from rlfleet.common.results import encode_result
-from rlfleet.common.workqueue import WorkQueue
+from rlfleet.common.queue.results import encode_result
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router import batch_path
 from rlfleet.rollout.router.core import RouterCore

@@ -12,9 +12,10 @@ import time
 import redis.asyncio as aioredis
 from redis_servers import any_redis_url, redis_kind_server  # noqa: F401 - fixtures
 
-from rlfleet.common.jobs import IdleWorkers, JobWorker, JobWorkerPool
 from rlfleet.common.keys import Keys
-from rlfleet.common.workqueue import Job, WorkQueue
+from rlfleet.common.queue.local_first import IdleWorkers
+from rlfleet.common.queue.workers import JobWorker, JobWorkerPool
+from rlfleet.common.queue.workqueue import Job, WorkQueue
 
 
 class Blocked(JobWorker):

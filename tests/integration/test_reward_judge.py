@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from rlfleet.common.config import JudgeConfig, RewardConfig
 from rlfleet.common.http_server import make_http_server
-from rlfleet.common.jobs import WorkerSlots
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.local_first import WorkerSlots
 from rlfleet.common.redis_server import free_port
 from rlfleet.reward.batch_scorer import BatchScorer
 from rlfleet.reward.judge import Judge, fill_template

@@ -18,8 +18,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from rlfleet.common.config import RewardConfig, RewardModelConfig
-from rlfleet.common.jobs import WorkerSlots
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.local_first import WorkerSlots
 from rlfleet.reward.reward_model import RewardModel
 from rlfleet.reward.scorers import build_registry
 from rlfleet.reward.service import RewardService

@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.common.redis_server import EmbeddedRedis, free_port
-from rlfleet.common.workqueue import WorkQueue
 from rlfleet.model import weights
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.types import GenerateRequest, SamplingParams

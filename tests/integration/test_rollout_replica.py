@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from rlfleet.common.errors import ErrorCode, InvalidArgument
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.common.redis_server import EmbeddedRedis
-from rlfleet.common.workqueue import WorkQueue
 from rlfleet.model import weights
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout import convert

@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 from rlfleet.common.errors import Unavailable
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.common.redis_server import EmbeddedRedis
-from rlfleet.common.workqueue import WorkQueue
 from rlfleet.model import weights
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import ErrorCode, InvalidArgument, NotFound, Unavailable
 from rlfleet.common.keys import Keys
-from rlfleet.common.workqueue import Failure, WorkQueue
+from rlfleet.common.queue.workqueue import Failure, WorkQueue
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router.core import RouterCore
 from rlfleet.rollout.router.enqueue import ACTIVE_SESSION_WINDOW_MS

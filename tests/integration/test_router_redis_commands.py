@@ -28,8 +28,8 @@ import redis.asyncio as aioredis
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import ResourceExhausted
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.workqueue import Finish, WorkQueue, encode_result
 from rlfleet.common.redis_server import EmbeddedRedis
-from rlfleet.common.workqueue import Finish, WorkQueue, encode_result
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router.core import SNAPSHOT_MAX_AGE_S, RouterCore
 from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams

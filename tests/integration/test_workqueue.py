@@ -18,9 +18,9 @@ import redis.asyncio as aioredis
 
 from rlfleet.common.errors import ErrorCode, InvalidArgument
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.results import decode_result, encode_result
+from rlfleet.common.queue.workqueue import Failure, Result, WorkQueue
 from rlfleet.common.redis_server import EmbeddedRedis
-from rlfleet.common.results import decode_result, encode_result
-from rlfleet.common.workqueue import Failure, Result, WorkQueue
 
 MakeQueue = Callable[..., Awaitable[WorkQueue]]
 T = TypeVar("T")

@@ -12,8 +12,8 @@ from test_workqueue import MakeQueue, client, make_queue  # noqa: F401 - fixture
 
 from rlfleet.common.errors import ErrorCode
 from rlfleet.common.keys import Keys
-from rlfleet.common.results import encode_result
-from rlfleet.common.workqueue import Bound, Finish, Result
+from rlfleet.common.queue.results import encode_result
+from rlfleet.common.queue.workqueue import Bound, Finish, Result
 
 
 async def test_a_move_is_one_step_and_never_repeats(make_queue: MakeQueue, keys: Keys) -> None:  # noqa: F811

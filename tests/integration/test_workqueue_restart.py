@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 
 from rlfleet.common.keys import Keys
 from rlfleet.common.queue.producer import Vanished
-from rlfleet.common.workqueue import Finish, WorkQueue, encode_result
+from rlfleet.common.queue.workqueue import Finish, WorkQueue, encode_result
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 
 from rlfleet.agent.episode import Episode
 from rlfleet.common.errors import ErrorCode, Internal, InvalidArgument
-from rlfleet.common.results import Result
+from rlfleet.common.queue.results import Result
 from rlfleet.env.convert import (
     info_from_proto,
     info_to_proto,

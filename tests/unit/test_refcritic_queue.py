@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlfleet.common.errors import ErrorCode, FailedPrecondition, Internal, InvalidArgument
-from rlfleet.common.workqueue import Result
+from rlfleet.common.queue.workqueue import Result
 from rlfleet.refcritic.queue_service import (
     chunk_batch,
     decode_job,

@@ -21,7 +21,7 @@ result keys, notify keys and request bindings goes through it. Its rooms:
 - ``consumer.Consumer``: read, answer (fenced), keep alive, reclaim, cancellation marks;
 - ``backlog.Backlog``: the outstanding entries as a whole: move, drain, recount, trim.
 
-``rlfleet.common.workqueue.WorkQueue`` is all three sides on one object, for code that plays
+``rlfleet.common.queue.workqueue.WorkQueue`` is all three sides on one object, for code that plays
 every part of one stream (tests, tools, the router over its replicas' streams).
 
 Request ids are idempotency keys: unique within a cluster for ``result_ttl_s``. The Redis

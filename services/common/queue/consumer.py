@@ -17,8 +17,8 @@ import enum
 from typing import Any
 
 from rlfleet.common.queue.entries import Entry, Job, job_of, stream_entries, text
+from rlfleet.common.queue.results import Failure, encode_result
 from rlfleet.common.queue.stream import QueueStream
-from rlfleet.common.results import Failure, encode_result
 
 WATCH_EVERY_S = 0.25  # how often ``until_answered`` looks for another answer
 

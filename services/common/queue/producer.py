@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 
 from rlfleet.common.errors import ErrorCode
 from rlfleet.common.queue.entries import ID, text
+from rlfleet.common.queue.results import Failure, Result, decode_result, encode_result
 from rlfleet.common.queue.stream import QueueStream
-from rlfleet.common.results import Failure, Result, decode_result, encode_result
 
 log = logging.getLogger(__name__)
 

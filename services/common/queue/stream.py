@@ -19,9 +19,9 @@ from redis.exceptions import ResponseError
 from rlfleet.common.errors import ErrorCode
 from rlfleet.common.keys import Keys
 from rlfleet.common.queue.entries import Entry, Job, job_of, text
+from rlfleet.common.queue.results import Failure, Result, decode_result, encode_result
 from rlfleet.common.queue.scripts import Scripts
 from rlfleet.common.queue.waiting import WaitingBoard
-from rlfleet.common.results import Failure, Result, decode_result, encode_result
 
 log = logging.getLogger(__name__)
 

@@ -1,31 +1,15 @@
-"""The job toolkit every pool of queue workers is built from, so each idea has one home.
+"""The consumer side every pool of queue workers is built from.
 
 - ``JobWorker``: one consumer of a queue (``Consumer``): take jobs (a dead consumer's stalled ones
   first, via ``XAUTOCLAIM``), ``handle`` them, answer each with its payload or a coded failure.
   While it works, its jobs are ``kept_alive`` (``XCLAIM ... JUSTID``, not a delivery), so a
   slow job is never mistaken for a dead worker's and the reclaim delay can stay a few seconds.
 - ``JobWorkerPool``: the worker tasks of one process; one crashing stops the role (``on_crash``).
-- ``ScatterGather``: the producer side (``Producer``): submit a batch's jobs under fresh
-  request ids, wait for every answer until one deadline (``Producer.wait_all``), return them in
-  order, and drop the stored answers; with ``withdraw``, a caller that gives up takes its
-  unanswered jobs back (``Producer.withdraw``), so workers stop working for nobody.
-- ``WorkerSlots`` + ``LocalFirst``: a front door that runs workers of the pool itself serves a
-  request in-process when one of those workers is idle: no Redis at all. Otherwise (its workers
-  busy, or none here because the pool runs ``--worker-only`` elsewhere) the request goes
-  through the stream, as one job, or as a few when ``IdleWorkers`` sees several consumers
-  waiting (``parts_for``): chunks exist only to spread work, never by a fixed count.
 
-Durability of the local path: Redis buys durability for work that outlives the process that
-accepted it; a locally handled request never does. It is answered by the same process that
-accepted it, within the same RPC. If that process dies, the caller's RPC fails (UNAVAILABLE)
-and the caller retries with the same ids; nothing was stored under them, so nothing is
-answered twice and nothing is silently lost. A request sent through the stream keeps the
-queue's guarantees (a dead worker's job is reclaimed; the first answer wins).
-Local requests and stream jobs share the process's slots: a worker waits for a free slot
-before reading more jobs, so while local requests hold every slot new jobs go to other
-processes (a read already in flight may still add one job: slots are a bound, not a lock).
-
-Delivery itself (dead-lettering, first answer wins, moving work) is ``rlfleet.common.queue``.
+A worker shares its process's ``WorkerSlots`` (``local_first``) with the requests the front door
+serves in-process: it waits for a free slot before reading more jobs, so while local requests
+hold every slot new jobs go to other processes (a read already in flight may still add one
+job: slots are a bound, not a lock).
 """
 
 from __future__ import annotations
@@ -35,26 +19,20 @@ import contextlib
 import logging
 import os
 import socket
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from functools import partial
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from redis.exceptions import RedisError
 
-from rlfleet.common.errors import DeadlineExceeded, ErrorCode
+from rlfleet.common.errors import ErrorCode
 from rlfleet.common.queue.consumer import Consumer
 from rlfleet.common.queue.entries import Job
-from rlfleet.common.queue.producer import Producer
-from rlfleet.common.queue.stream import QueueStream
-from rlfleet.common.results import Failure, Result
+from rlfleet.common.queue.local_first import WorkerSlots
+from rlfleet.common.queue.results import Failure
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_ERROR_S = 1.0
 MARK_EVERY_S = 1.0  # a waiting worker re-marks itself this often (``IdleWorkers`` fresh_ms: 3 s)
-R = TypeVar("R")
-T = TypeVar("T")
 
 
 def consumer_name(*labels: object) -> str:
@@ -245,186 +223,3 @@ class JobWorkerPool:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*self.tasks, return_exceptions=True)
-
-
-class ScatterGather:
-    """Producer side of a queue: a batch of payloads in, their answers out, in order.
-
-    Request ids are generated here, never taken from callers: callers reuse ids from batch to
-    batch, and the queue treats an id it has answered before as done. At most ``concurrency``
-    submits are in flight per producer, across batches. Waiting holds no such slot (a batch
-    whose jobs are slow must not keep the next batch from being queued: head-of-line
-    blocking): each batch waits on one connection (``Producer.wait_all``).
-
-    ``withdraw``: a batch whose caller gives up (cancelled, timed out) has its unanswered jobs
-    withdrawn (``Producer.withdraw``), so workers do not keep scoring for nobody and delay
-    everyone behind; ``withdrawn`` counts them. Without it their answers are just dropped.
-    """
-
-    def __init__(
-        self, queue: Producer, timeout_s: float, workers: str, concurrency: int = 32,
-        withdraw: bool = False,
-    ) -> None:  # fmt: skip
-        self.queue, self.timeout_s, self.workers = queue, timeout_s, workers
-        self.withdraw, self.withdrawn = withdraw, 0
-        self._slots = asyncio.Semaphore(concurrency)
-
-    async def start(self) -> None:
-        await self.queue.ensure_group()
-
-    async def run(self, payloads: list[bytes]) -> list[Result]:
-        """Every payload's answer, in order; DeadlineExceeded unless all come within
-        ``timeout_s`` (the answers that did come are then dropped, or withdrawn)."""
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        batch = uuid.uuid4().hex
-        ids = [f"{self.queue.group}-{batch}-{i}" for i in range(len(payloads))]
-        by_id = dict(zip(ids, payloads, strict=True))
-        try:
-            epoch = await self.queue.epoch()  # read first: a Redis that loses it is then seen
-            await self._submit_all(ids, payloads)
-            resubmit = partial(self._resubmit, by_id)  # the server lost them: queue again
-            answers = await self.queue.wait_all(ids, deadline, epoch=epoch, resubmit=resubmit)
-            results = self._all_answered([answers.get(i) for i in ids])
-        except BaseException:
-            await self._give_up(ids)
-            raise
-        await self.queue.forget(ids)
-        return results
-
-    async def _submit_all(self, ids: list[str], payloads: list[bytes]) -> None:
-        """Queue every job; these submits take the producer's slots."""
-        pairs = zip(ids, payloads, strict=True)
-        await self._bounded([partial(self.queue.submit, i, p) for i, p in pairs])
-
-    async def _resubmit(self, payloads: dict[str, bytes], lost: list[str]) -> None:
-        await self._submit_all(lost, [payloads[i] for i in lost])
-
-    async def _give_up(self, ids: list[str]) -> None:
-        """Drop the answers that came; with ``withdraw`` take back the jobs still unanswered
-        (shielded: a cancelled caller's work is withdrawn all the same)."""
-        if self.withdraw:
-            await asyncio.shield(self._withdraw(ids))
-        else:
-            await self.queue.forget(ids)
-
-    async def _withdraw(self, ids: list[str]) -> None:
-        try:
-            self.withdrawn += await self.queue.withdraw(ids)
-        except Exception as exc:  # noqa: BLE001 - the caller's error matters more than ours
-            log.warning("could not withdraw %d job(s): %s", len(ids), exc)
-
-    def _all_answered(self, answers: list[Result | None]) -> list[Result]:
-        missing = sum(answer is None for answer in answers)
-        if missing:
-            raise DeadlineExceeded(
-                f"{missing} of {len(answers)} jobs on {self.queue.stream} not answered within "
-                f"{self.timeout_s:g}s (are {self.workers} running?)"
-            )
-        return [answer for answer in answers if answer is not None]
-
-    async def _bounded(self, calls: list[Callable[[], Awaitable[R]]]) -> list[R]:
-        """Every call's result, with at most ``concurrency`` of this producer's in flight."""
-
-        async def one(call: Callable[[], Awaitable[R]]) -> R:
-            async with self._slots:
-                return await call()
-
-        return list(await asyncio.gather(*(one(call) for call in calls)))
-
-
-class WorkerSlots:
-    """This process's workers of one pool as slots, shared by the jobs they take off the stream
-    and the requests its front door serves in-process (``LocalFirst``)."""
-
-    def __init__(self, count: int) -> None:
-        self.count, self.busy = count, 0
-        self._freed = asyncio.Event()
-
-    @property
-    def idle(self) -> int:
-        return max(0, self.count - self.busy)
-
-    def try_take(self) -> bool:
-        """Take an idle slot if there is one (atomic: no await between check and take)."""
-        if self.idle == 0:
-            return False
-        self.busy += 1
-        return True
-
-    def release(self) -> None:
-        self.busy -= 1
-        self._freed.set()
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold a slot even past ``count``: jobs already read must be handled."""
-        self.busy += 1
-        try:
-            yield
-        finally:
-            self.release()
-
-    async def wait_idle(self) -> None:
-        while self.idle == 0:
-            self._freed.clear()
-            await self._freed.wait()
-
-
-class LocalFirst:
-    """Serve a request in this process when one of its workers is idle, else via the queue.
-
-    ``slots`` None (no workers of the pool here, or local-first switched off) always queues.
-    The local path gets the same deadline as the queued one (``DeadlineExceeded``)."""
-
-    def __init__(self, slots: WorkerSlots | None, timeout_s: float) -> None:
-        self.slots, self.timeout_s = slots, timeout_s
-        self.served_local = self.served_queued = 0
-
-    async def run(self, local: Callable[[], Awaitable[R]], queued: Callable[[], Awaitable[R]]) -> R:
-        if self.slots is None or not self.slots.try_take():
-            self.served_queued += 1
-            return await queued()
-        self.served_local += 1
-        try:
-            return await self._in_time(local)
-        finally:
-            self.slots.release()
-
-    async def _in_time(self, local: Callable[[], Awaitable[R]]) -> R:
-        limit = asyncio.timeout(self.timeout_s)
-        try:
-            async with limit:
-                return await local()
-        except TimeoutError as exc:
-            if not limit.expired():
-                raise
-            message = f"not answered in-process within {self.timeout_s:g}s"
-            raise DeadlineExceeded(message) from exc
-
-
-class IdleWorkers:
-    """How many consumers of a queue, in any process, wait for work right now: how many parts
-    a batch is worth cutting into (``QueueStream.waiting_consumers``), cached ``cache_s``."""
-
-    def __init__(self, queue: QueueStream, fresh_ms: int = 3000, cache_s: float = 1.0) -> None:
-        self.queue, self.fresh_ms, self.cache_s = queue, fresh_ms, cache_s
-        self._count, self._expires = 0, 0.0
-
-    async def count(self) -> int:
-        now = asyncio.get_running_loop().time()
-        if now >= self._expires:
-            self._count = await self.queue.waiting_consumers(self.fresh_ms)
-            self._expires = now + self.cache_s
-        return self._count
-
-
-def parts_for(items: int, idle_workers: int, min_items: int) -> int:
-    """Parts to cut ``items`` into: one per idle worker, none under ``min_items``, at least 1."""
-    return max(1, min(idle_workers, items // max(1, min_items)))
-
-
-def split_evenly(items: Sequence[T], parts: int) -> list[Sequence[T]]:
-    """Consecutive slices of near-equal size (sizes differ by at most one)."""
-    size, extra = divmod(len(items), max(1, parts))
-    bounds = [i * size + min(i, extra) for i in range(max(1, parts) + 1)]
-    return [items[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]

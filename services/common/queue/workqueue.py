@@ -13,7 +13,7 @@ from rlfleet.common.queue.backlog import Backlog
 from rlfleet.common.queue.consumer import Consumer, Finish
 from rlfleet.common.queue.entries import Job
 from rlfleet.common.queue.producer import Bound, Producer, carried_answer
-from rlfleet.common.results import Failure, Result, encode_result
+from rlfleet.common.queue.results import Failure, Result, encode_result
 
 __all__ = [
     "Bound",

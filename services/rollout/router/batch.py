@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rlfleet.common.queue.producer import Producer
-from rlfleet.common.results import Result
+from rlfleet.common.queue.results import Result
 from rlfleet.rollout.registry import RegistrySnapshot
 from rlfleet.rollout.router.routing import RoundRobin, pick_replica
 from rlfleet.rollout.types import GenerateRequest

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from rlfleet.common.config import RouterConfig
 from rlfleet.common.errors import InvalidArgument, Unavailable
 from rlfleet.common.queue.producer import Vanished
-from rlfleet.common.workqueue import Result, WorkQueue
+from rlfleet.common.queue.workqueue import Result, WorkQueue
 from rlfleet.rollout.registry import ReplicaRegistry
 from rlfleet.rollout.router.admission import admit
 from rlfleet.rollout.router.batch import Assignment, assign, wait_entries

@@ -36,7 +36,7 @@ from redis.asyncio import Redis
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import NotFound
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
-from rlfleet.common.workqueue import WorkQueue
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.rollout.limits import PromptLimits
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router.batch_path import BatchPath

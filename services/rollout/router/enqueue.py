@@ -44,8 +44,8 @@ from redis.asyncio import Redis
 
 from rlfleet.common.keys import Keys
 from rlfleet.common.queue.entries import xadd_lua
+from rlfleet.common.queue.results import Result, decode_result
 from rlfleet.common.queue.scripts import BINDING_LUA, WAITERS_LUA
-from rlfleet.common.results import Result, decode_result
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaRegistry
 from rlfleet.rollout.types import GenerateRequest
 

@@ -9,7 +9,7 @@ else is retryable ``UNAVAILABLE``).
 from __future__ import annotations
 
 from rlfleet.common.errors import ErrorCode, InvalidArgument, RlfleetError, Unavailable
-from rlfleet.common.results import Result
+from rlfleet.common.queue.results import Result
 from rlfleet.rollout.types import GenerateResult
 
 Outcome = GenerateResult | RlfleetError

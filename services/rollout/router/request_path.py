@@ -20,7 +20,7 @@ from collections.abc import Callable
 from rlfleet.common.config import RouterConfig
 from rlfleet.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from rlfleet.common.queue.producer import Vanished
-from rlfleet.common.workqueue import Result, WorkQueue
+from rlfleet.common.queue.workqueue import Result, WorkQueue
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaRegistry
 from rlfleet.rollout.router.admission import admit
 from rlfleet.rollout.router.enqueue import Enqueued, Enqueuer, Placed, Placement, SnapshotCache

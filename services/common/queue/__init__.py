@@ -19,10 +19,19 @@ result keys, notify keys and request bindings goes through it. Its rooms:
   atomic answer step and dead-lettering, which every side needs);
 - ``producer.Producer``: submit, bind, wait for answers (one or many), withdraw, forget;
 - ``consumer.Consumer``: read, answer (fenced), keep alive, reclaim, cancellation marks;
-- ``backlog.Backlog``: the outstanding entries as a whole: move, drain, recount, trim.
+- ``backlog.Backlog``: the outstanding entries as a whole: move, drain, recount, trim;
+- ``results``: an answer as stored (a payload, or an error code and message);
+- ``workqueue.WorkQueue``: all three sides on one object, for code that plays every part of
+  one stream (tests, tools, the router over its replicas' streams).
 
-``rlfleet.common.queue.workqueue.WorkQueue`` is all three sides on one object, for code that plays
-every part of one stream (tests, tools, the router over its replicas' streams).
+The job toolkit every pool of workers is built from sits on those sides:
+
+- ``workers``: ``JobWorker`` (one consumer: take, handle, answer, keep alive, reclaim) and
+  ``JobWorkerPool`` (the worker tasks of one process);
+- ``scatter.ScatterGather``: a batch of payloads in, their answers out, in order;
+- ``local_first``: a front door serves a request in-process when one of its workers is idle
+  (``WorkerSlots``, ``LocalFirst``), else through the stream, cut for the idle workers
+  (``IdleWorkers``, ``parts_for``).
 
 Request ids are idempotency keys: unique within a cluster for ``result_ttl_s``. The Redis
 client must not decode responses (payloads are bytes); its socket timeout, if any, must exceed

@@ -9,7 +9,7 @@ import torch
 
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.rollout.engines.base import check_state_dict, cut_at_stop, tokens_until_stop
-from rlfleet.rollout.engines.hf import _Request, plan_batches
+from rlfleet.rollout.engines.hf_batch import QueuedRequest, plan_batches
 from rlfleet.rollout.engines.vllm import kv_cache_gib
 from rlfleet.rollout.types import SamplingParams
 
@@ -17,7 +17,7 @@ from rlfleet.rollout.types import SamplingParams
 def test_plan_batches_groups_by_settings_and_isolates_seeds() -> None:
     loop = asyncio.new_event_loop()
     try:
-        make = lambda s: _Request("r", [1], s, loop.create_future())  # noqa: E731
+        make = lambda s: QueuedRequest("r", [1], s, loop.create_future())  # noqa: E731
         a, b = make(SamplingParams(n=2)), make(SamplingParams(n=3))
         c = make(SamplingParams(temperature=0))
         d, e = make(SamplingParams(seed=1)), make(SamplingParams(seed=1))

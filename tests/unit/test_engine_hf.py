@@ -241,10 +241,10 @@ async def test_requests_of_one_tick_share_one_generate_call(
 async def test_the_shared_prompt_prefill_samples_what_the_full_prefill_does(engine: HFEngine):
     """n samples of two prompts of different lengths: the prompt cache computed once per
     distinct prompt gives the same tokens and logits as generate's own prefill of every row."""
-    from rlfleet.rollout.engines.hf import _left_pad, shared_prompt_cache
+    from rlfleet.rollout.engines.hf_batch import left_pad, shared_prompt_cache
 
     rows = [prompt(engine, 7, 5)] * 4 + [prompt(engine, 12, 34)] * 4
-    ids, mask = _left_pad(rows, 0)
+    ids, mask = left_pad(rows, 0)
     assert ids.shape[1] > min(map(len, rows))  # one prompt is left-padded
 
     def sample(cache):

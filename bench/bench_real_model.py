@@ -339,7 +339,7 @@ def _push_state(dtype: str, rank: int) -> dict:
 
 async def _measure_pushes(replicas, state: dict, fanouts, options: Options) -> dict[str, list]:
     from rlfleet.rollout.client import PreparedUpdate, RolloutClient
-    from rlfleet.trainer.weight_sync import GrpcWeightTransport
+    from rlfleet.trainer.weight_transport import GrpcWeightTransport
 
     transports = {
         "stream": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES),

@@ -98,7 +98,7 @@ def _start_replica(redis_url: str, model: Path, replica_id: str, options: Option
 
 async def _measure(replicas: list[Replica], model: Path, options: Options) -> dict[str, list]:
     from rlfleet.rollout.client import PreparedUpdate, RolloutClient
-    from rlfleet.trainer.weight_sync import GrpcWeightTransport
+    from rlfleet.trainer.weight_transport import GrpcWeightTransport
 
     state_dict = _state_dict(model, options.dtype)
     transports = {
@@ -277,7 +277,7 @@ async def _delta_rows(model: Path, dtype: str, before: dict, after: dict) -> dic
 
     import numpy
 
-    from rlfleet.trainer.weight_sync import GrpcWeightTransport
+    from rlfleet.trainer.weight_transport import GrpcWeightTransport
 
     transport = GrpcWeightTransport(lambda a: None, lambda h, p, c: None, CHUNK_BYTES)
     transport.delta = "always"

@@ -1,69 +1,45 @@
 """Pushing the actor's weights to every rollout replica.
 
 The trainer is the only writer of weights. After each update it hands the state dict and the
-new version to a ``WeightTransport``, which delivers it to every target replica and reports,
-per replica, the version that replica now serves (the reply to the push, so no second look-up).
-A replica that fails to take it stays at its old version, and the router's version gating keeps
-it out of the next step. Replicas that join mid-run register at version 0; ``push(...,
-only_stale=True)`` sends the current weights to them before they are routed to.
+new version to a ``WeightTransport`` (``weight_transport``), which delivers it to every target
+replica and reports, per replica, the version that replica now serves. A replica that fails to
+take it stays at its old version, and the router's version gating keeps it out of the next
+step. Replicas that join mid-run register at version 0; ``push(..., only_stale=True)`` sends
+the current weights to them before they are routed to.
 
 Which replicas exist comes from the router (``Router.ListReplicas``), never from Redis: the
-registry is the rollout role's own business. ``GrpcWeightTransport`` streams the encoded weights
-over ``Rollout.UpdateWeights``, or for replicas on the trainer's machine sends only the header
-and lets them read one shared-memory payload; other transports (NCCL) fit the same Protocol.
+registry is the rollout role's own business.
 
 Replicas refuse a version that is not newer than theirs unless the push is forced. The first
 push of a ``WeightSync`` is forced: a trainer that starts (or resumes from a checkpoint older
 than what the replicas serve) is the only writer, and its weights win. A replica whose load
 failed midway reports ``update_failed`` and stays a target until a push to it succeeds.
-
-With ``trainer.weight_delta`` (``grpc_weight_sync(delta=...)``), a replica serving the version of the previous
-push gets only the tensors that changed since (``weights_delta``), streamed, when that is
-smaller than the full push; a replica that refuses the delta (FAILED_PRECONDITION: another
-base; INVALID_ARGUMENT: it arrived damaged) gets the full push at once, in the same push.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from typing import Protocol
 
-from rlfleet.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from rlfleet.model import weights, weights_delta, weights_shm
-from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
-
-if TYPE_CHECKING:
-    import torch
-
-    from rlfleet.rollout.client import PreparedUpdate
+from rlfleet.common.errors import Unavailable
+from rlfleet.rollout.types import ReplicaState, ReplicaStatus
+from rlfleet.trainer.weight_transport import (
+    DeltaMode,
+    GrpcWeightTransport,
+    PushResult,
+    StateDict,
+    WeightTransport,
+)
 
 log = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.5
 
-StateDict = Mapping[str, "torch.Tensor"]  # parameter name -> tensor
 TARGET_STATES = (ReplicaState.SERVING, ReplicaState.UPDATE_FAILED)
 """Replicas a push goes to: serving ones, and failed ones (a push is their retry)."""
-
-
-@dataclass
-class PushResult:
-    """What one replica made of one push."""
-
-    replica_id: str
-    ok: bool
-    version: int = 0
-    """The version the replica reports serving after the push (its reply)."""
-    seconds: float = 0.0
-    bytes: int = 0
-    error: str = ""
-    delta: bool = False
-    """The replica took a delta (only the changed tensors)."""
 
 
 class ReplicaDirectory(Protocol):
@@ -72,251 +48,6 @@ class ReplicaDirectory(Protocol):
     async def list_replicas(self) -> list[ReplicaStatus]: ...
 
     async def close(self) -> None: ...
-
-
-class WeightTransport(Protocol):
-    """Delivers one version of the weights to replicas; one result per target, in order."""
-
-    async def push(
-        self, state_dict: StateDict, version: int, flush_cache: bool,
-        targets: Sequence[ReplicaStatus], force: bool = False,
-    ) -> list[PushResult]: ...  # fmt: skip
-
-    async def close(self) -> None: ...
-
-
-DeltaMode = str  # "never" | "auto" | "always" (``trainer.weight_delta``)
-AUTO_DELTA_FRACTION = 0.5
-"""``auto`` sends a delta only when it is at most this fraction of the full push: below that
-the saving outweighs hashing every tensor and the replica assembling the weights."""
-
-
-class WeightReceiver(Protocol):
-    """One replica's end of the gRPC transport (``RolloutClient``)."""
-
-    async def push_prepared(self, update: PreparedUpdate) -> UpdateOutcome: ...
-
-    async def close(self) -> None: ...
-
-
-Prepare = Callable[[weights.WeightHeader, weights.BytesLike, int], "PreparedUpdate"]
-
-
-class GrpcWeightTransport:
-    """Encode and serialize once, stream to every target in parallel over
-    ``Rollout.UpdateWeights``: one copy of the weights, one checksum, however many replicas.
-
-    With ``shared_memory`` the payload is encoded into one ``/dev/shm`` file instead and each
-    replica gets only a header naming it (``weights_shm``); a replica that answers NOT_FOUND
-    (not on this machine) gets the bytes streamed, then and in every later push.
-
-    The file of a push that every target took is kept and written again by the next push of
-    the same size. Why: a fresh file's pages are allocated and faulted in as they are first
-    written, and on SmolLM2 (257 MiB in bf16) that took 0.73 s against 0.1 s for a copy into
-    warm pages. It is safe because a replica reads the file only until it answers (its engine
-    copies the tensors into its parameters before the reply), and pushes that overlap never
-    share a file; a push with any failed target removes its file instead (that replica may
-    still be reading it)."""
-
-    def __init__(
-        self, connect: Callable[[str], WeightReceiver], prepare: Prepare, chunk_bytes: int,
-        shared_memory: bool = False,
-    ) -> None:  # fmt: skip
-        self._connect, self._prepare = connect, prepare
-        self._clients: dict[str, WeightReceiver] = {}
-        self._chunk_bytes = chunk_bytes
-        self._shared_memory = shared_memory and weights_shm.available()
-        if self._shared_memory:  # files of trainers that died mid-push, once per trainer
-            weights_shm.remove_orphans()
-        self._streamed: set[str] = set()
-        """Addresses that cannot read our shared memory: they get the bytes."""
-        self._spare: weights_shm.SharedPayload | None = None
-        """The file of the last push every target took, to be written again."""
-        self._spare_lock = threading.Lock()  # encodes run in worker threads
-        self.delta: DeltaMode = "never"
-        self._sent: tuple[int, dict[str, str]] | None = None
-        """(version, per-tensor digests) of the last push, the base of the next delta."""
-
-    async def push(
-        self, state_dict: StateDict, version: int, flush_cache: bool,
-        targets: Sequence[ReplicaStatus], force: bool = False,
-    ) -> list[PushResult]:  # fmt: skip
-        shared = self._shared_memory and any(t.address not in self._streamed for t in targets)
-        encoded = await asyncio.to_thread(self._encode, state_dict, version, flush_cache, force,
-                                          shared)  # fmt: skip
-        delta = await asyncio.to_thread(self._plan_delta, state_dict, encoded, version, force)
-        results: list[PushResult] = []
-        try:
-            results = list(await asyncio.gather(
-                *(self._push_one(t, encoded, _delta_for(t, delta)) for t in targets)))  # fmt: skip
-            return results
-        finally:
-            self._release(encoded, reusable=bool(results) and all(r.ok for r in results))
-
-    def _plan_delta(
-        self, state_dict: StateDict, encoded: _Encoded, version: int, force: bool
-    ) -> _Delta | None:
-        """The delta on the previous push's version, when ``delta`` allows one and it is
-        smaller than the full push; records this push as the next base either way."""
-        if self.delta == "never" or not weights_delta.applicable(state_dict):
-            self._sent = None
-            return None
-        full = encoded.header
-        digests = weights_delta.tensor_digests(full, encoded.payload)
-        sent, self._sent = self._sent, (version, digests)
-        if sent is None or force or sent[0] >= version:
-            return None
-        changed = weights_delta.changed_names(sent[1], digests)
-        if changed is None or not self._worth_it(weights_delta.delta_nbytes(full, changed), full):
-            return None
-        tensors = weights_delta.delta_state(full, encoded.payload, changed, sent[0])
-        header, payload = weights.encode(tensors, version, full.flush_cache)
-        return _Delta(sent[0], _Encoded(header, payload, self._prepare, self._chunk_bytes))
-
-    def _worth_it(self, delta_bytes: int, full: weights.WeightHeader) -> bool:
-        limit = full.total_bytes * (AUTO_DELTA_FRACTION if self.delta == "auto" else 1.0)
-        return delta_bytes < limit
-
-    def _encode(
-        self, state_dict: StateDict, version: int, flush_cache: bool, force: bool, shared: bool
-    ) -> _Encoded:
-        holder: list[weights_shm.SharedPayload] = []
-
-        def allocate(nbytes: int) -> torch.Tensor:
-            try:
-                holder.append(self._take_spare(nbytes) or weights_shm.SharedPayload(nbytes))
-            except OSError as exc:  # no room in /dev/shm: stream this push
-                log.warning("no shared memory for %d bytes of weights (%s): streaming them",
-                            nbytes, exc)  # fmt: skip
-                return weights.empty_bytes(nbytes)
-            return holder[0].tensor()
-
-        try:
-            header, payload = weights.encode(state_dict, version, flush_cache, force,
-                                             allocate if shared else None)  # fmt: skip
-        except BaseException:
-            for unused in holder:  # never handed to a replica
-                unused.close()
-            raise
-        file = holder[0] if holder else None
-        return _Encoded(header, payload, self._prepare, self._chunk_bytes, file)
-
-    def _take_spare(self, nbytes: int) -> weights_shm.SharedPayload | None:
-        """The kept file when it has the size wanted (it is then this push's alone)."""
-        with self._spare_lock:
-            spare, self._spare = self._spare, None
-        if spare is not None and spare.nbytes != nbytes:
-            spare.close()
-            return None
-        return spare
-
-    def _release(self, encoded: _Encoded, reusable: bool) -> None:
-        """Keep this push's file for the next one if every target took it, else remove it."""
-        file = encoded.shared
-        if file is None:
-            return
-        if reusable:
-            with self._spare_lock:
-                file, self._spare = self._spare, file  # an overlapping push's file goes
-        if file is not None:
-            file.close()
-
-    async def _push_one(
-        self, target: ReplicaStatus, encoded: _Encoded, delta: _Encoded | None = None
-    ) -> PushResult:
-        started = time.perf_counter()
-        try:
-            outcome, sent = await self._deliver_delta_or_full(target, encoded, delta)
-        except Exception as exc:  # noqa: BLE001 - one bad replica must not stop training
-            error = f"{type(exc).__name__}: {exc}"
-            seconds = time.perf_counter() - started
-            return PushResult(target.replica_id, False, target.weight_version, seconds, 0, error)
-        seconds = time.perf_counter() - started
-        return PushResult(target.replica_id, True, outcome.version, seconds,
-                          sent.header.total_bytes, delta=sent is delta)  # fmt: skip
-
-    async def _deliver_delta_or_full(
-        self, target: ReplicaStatus, encoded: _Encoded, delta: _Encoded | None
-    ) -> tuple[UpdateOutcome, _Encoded]:
-        """The delta (streamed) when there is one; the full push if there is none or the
-        replica refuses it as not applying to what it holds."""
-        if delta is not None:
-            try:
-                return await self._client(target.address).push_prepared(
-                    await delta.streamed()), delta  # fmt: skip
-            except (FailedPrecondition, InvalidArgument) as exc:
-                log.info("replica %s refused a weight delta (%s): pushing the full weights",
-                         target.replica_id, exc)  # fmt: skip
-        return await self._deliver(target, encoded), encoded
-
-    async def _deliver(self, target: ReplicaStatus, encoded: _Encoded) -> UpdateOutcome:
-        """By reference where the replica may see the file, else (or on NOT_FOUND) streamed."""
-        client = self._client(target.address)
-        if encoded.shared is not None and target.address not in self._streamed:
-            try:
-                return await client.push_prepared(encoded.by_reference())
-            except NotFound as exc:
-                log.info("replica %s cannot read shared memory (%s): streaming to it",
-                         target.replica_id, exc)  # fmt: skip
-                self._streamed.add(target.address)
-        return await client.push_prepared(await encoded.streamed())
-
-    def _client(self, address: str) -> WeightReceiver:
-        if address not in self._clients:
-            self._clients[address] = self._connect(address)
-        return self._clients[address]
-
-    async def close(self) -> None:
-        for client in self._clients.values():
-            await client.close()
-        self._clients.clear()
-        with self._spare_lock:
-            spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.close()
-
-
-@dataclass
-class _Delta:
-    base: int
-    """The version the delta applies to: only replicas serving it get the delta."""
-    encoded: _Encoded
-
-
-def _delta_for(target: ReplicaStatus, delta: _Delta | None) -> _Encoded | None:
-    """The delta for a serving replica on its base version, else None (the full push)."""
-    if delta is None or target.state is not ReplicaState.SERVING:
-        return None
-    return delta.encoded if target.weight_version == delta.base else None
-
-
-class _Encoded:
-    """One push's encoded weights: the header-only message for shared memory, and the
-    streamed messages, serialized once (off the event loop) when a replica first needs them."""
-
-    def __init__(
-        self, header: weights.WeightHeader, payload: memoryview, prepare: Prepare,
-        chunk_bytes: int, shared: weights_shm.SharedPayload | None = None,
-    ) -> None:  # fmt: skip
-        self.header, self.shared, self.payload = header, shared, payload
-        self._payload, self._prepare, self._chunk_bytes = payload, prepare, chunk_bytes
-        self._streamed: asyncio.Future | None = None
-        self._by_reference: PreparedUpdate | None = None
-
-    def by_reference(self) -> PreparedUpdate:
-        """The header alone, naming the shared payload file."""
-        if self._by_reference is None:
-            assert self.shared is not None
-            named = replace(self.header, shared_memory=self.shared.name)
-            self._by_reference = self._prepare(named, memoryview(b""), self._chunk_bytes)
-        return self._by_reference
-
-    async def streamed(self) -> PreparedUpdate:
-        """Header and data chunks (serialized at most once per push, whoever asks first)."""
-        if self._streamed is None:
-            self._streamed = asyncio.ensure_future(asyncio.to_thread(
-                self._prepare, self.header, self._payload, self._chunk_bytes))  # fmt: skip
-        return await self._streamed
 
 
 class WeightSync:

@@ -35,7 +35,8 @@ from rlfleet.rollout.client import PreparedUpdate, RolloutClient
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.replica import Replica
 from rlfleet.rollout.types import GenerateRequest, ReplicaState, ReplicaStatus, SamplingParams
-from rlfleet.trainer.weight_sync import GrpcWeightTransport, ReplicaDirectory, WeightSync
+from rlfleet.trainer.weight_sync import ReplicaDirectory, WeightSync
+from rlfleet.trainer.weight_transport import GrpcWeightTransport
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4)
 pytestmark = [

@@ -21,7 +21,7 @@ from rlfleet.model.model_io import load_causal_lm
 from rlfleet.rollout.engines.hf import HFEngine
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus
 from rlfleet.rollout.weight_updates import WeightUpdater, verified
-from rlfleet.trainer.weight_sync import GrpcWeightTransport, _delta_for
+from rlfleet.trainer.weight_transport import GrpcWeightTransport, _delta_for
 
 TINY = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen2-arith"
 pytestmark = pytest.mark.skipif(

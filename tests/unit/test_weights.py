@@ -8,7 +8,8 @@ from rlfleet.model import weights
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout.client import PreparedUpdate
 from rlfleet.rollout.server import parse_update_message
-from rlfleet.trainer.weight_sync import PushResult, push_metrics
+from rlfleet.trainer.weight_sync import push_metrics
+from rlfleet.trainer.weight_transport import PushResult
 
 
 def sample_state() -> dict:

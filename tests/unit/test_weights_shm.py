@@ -18,7 +18,7 @@ from rlfleet.proto import rollout_pb2
 from rlfleet.rollout import convert
 from rlfleet.rollout.client import PreparedUpdate
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
-from rlfleet.trainer.weight_sync import GrpcWeightTransport
+from rlfleet.trainer.weight_transport import GrpcWeightTransport
 
 pytestmark = pytest.mark.skipif(not weights_shm.available(), reason="no /dev/shm here")
 

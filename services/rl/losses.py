@@ -21,13 +21,15 @@ arXiv:2507.18071); see ``rlfleet.rl.core_algos``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
 from rlfleet.rl import core_algos
 from rlfleet.rl.core_algos import KLKind, LossAggMode
+from rlfleet.rl.rollout_correction import CorrectionParams, correct, reinforce_loss
+from rlfleet.rl.rollout_correction_metrics import mismatch_metrics, prefixed
 
 PolicyLossMode = Literal["vanilla", "gspo"]
 
@@ -37,6 +39,9 @@ TOKEN_MEAN_METRICS = frozenset(
         "actor/pg_clipfrac_lower",
         "actor/ppo_kl",
         "async/importance_weight/mean",
+        "rollout_corr/kl",
+        "rollout_corr/k3_kl",
+        "rollout_corr/chi2_token",
     }
 )
 """``actor_loss`` metrics that are means over the tokens whatever ``loss_agg_mode`` says (the
@@ -64,6 +69,9 @@ class LossParams:
     loss_scale_factor: float | None = None
     """Constant horizon of ``seq-mean-token-sum-norm`` (the max response length); None = the
     mask width, which varies with the mini-batch's longest response."""
+    correction: CorrectionParams | None = None
+    """``algorithm.rollout_correction`` when it is on. Decoupled mode only needs it to be
+    set (its weights and mask come with the inputs); bypass mode runs it in the loss."""
 
     @property
     def effective_agg_mode(self) -> LossAggMode:
@@ -83,6 +91,12 @@ class LossInputs:
     ref_logprob: torch.Tensor | None = None
     behaviour_logprob: torch.Tensor | None = None
     """Log-probs the sampling engine reported; None = the response is on-policy."""
+    rollout_logprob: torch.Tensor | None = None
+    """The engine's log-probs, when the loss measures the mismatch itself (``rollout_corr/*``
+    from this forward) or runs the bypass mode's correction."""
+    rollout_is_weights: torch.Tensor | None = None
+    """Decoupled rollout correction's weights (``rlfleet.rl.rollout_correction.correct``),
+    multiplied into the per-token policy loss."""
 
 
 def importance_weights(
@@ -129,7 +143,15 @@ def actor_loss(params: LossParams, x: LossInputs) -> tuple[torch.Tensor, dict[st
         weights = importance_weights(x.old_logprob, x.behaviour_logprob, params.is_cap)
         metrics["async/importance_weight/mean"] = core_algos.masked_mean(weights, mask).item()
         metrics["async/importance_weight/max"] = float((weights * mask).max())
-    out = policy_loss(params, x, weights)
+    if x.rollout_is_weights is not None:
+        weights = x.rollout_is_weights
+    bypass = params.correction is not None and params.correction.bypass_mode
+    if bypass and x.rollout_logprob is not None:
+        out, corr_metrics = bypass_policy_loss(params, x)
+        metrics.update(corr_metrics)
+    else:
+        out = policy_loss(params, x, weights)
+        metrics.update(measured_mismatch(x))
     loss = out.pg_loss
     metrics.update(
         {
@@ -152,6 +174,41 @@ def actor_loss(params: LossParams, x: LossInputs) -> tuple[torch.Tensor, dict[st
         loss = loss - params.entropy_coeff * entropy
     metrics["actor/entropy"] = entropy.item()
     return loss, metrics
+
+
+def measured_mismatch(x: LossInputs) -> dict[str, float]:
+    """``rollout_corr/*`` mismatch metrics of this forward's (detached) log-probs against the
+    engine's, when the inputs carry them and the mask holds a token."""
+    if x.rollout_logprob is None or not x.response_mask.any():
+        return {}
+    logprob = x.logprob.detach()
+    return prefixed(mismatch_metrics(logprob, x.rollout_logprob, x.response_mask))
+
+
+def bypass_policy_loss(
+    params: LossParams, x: LossInputs
+) -> tuple[core_algos.PolicyLossOutput, dict[str, float]]:
+    """verl's bypass mode: the engine's log-probs are the old policy. The weights and the
+    rejection mask come from the current policy against the engine's (``correct``, no
+    grad); ``ppo_clip`` then runs the usual surrogate with the ratio pi / pi_rollout and no
+    extra weights, ``reinforce`` the weighted REINFORCE loss. Rejected tokens leave the
+    policy loss only (KL and entropy keep the full mask, as in verl)."""
+    corr = params.correction
+    assert corr is not None and x.rollout_logprob is not None
+    if not x.response_mask.any():
+        return policy_loss(params, replace(x, old_logprob=x.rollout_logprob), None), {}
+    with torch.no_grad():
+        fix = correct(x.logprob.detach(), x.rollout_logprob, x.response_mask, corr)
+    if corr.loss_type == "ppo_clip":
+        inputs = replace(x, old_logprob=x.rollout_logprob, response_mask=fix.mask)
+        return policy_loss(params, inputs, None), fix.metrics
+    if corr.loss_type != "reinforce":
+        raise ValueError(f"unknown loss_type {corr.loss_type!r}; valid: ppo_clip, reinforce")
+    loss, ppo_kl = reinforce_loss(
+        x.logprob, x.rollout_logprob, x.advantages, fix.mask, params.effective_agg_mode,
+        fix.weights, params.loss_scale_factor,
+    )  # fmt: skip
+    return core_algos.PolicyLossOutput(loss, torch.zeros(()), ppo_kl), fix.metrics
 
 
 def token_entropy(logits: torch.Tensor, with_grad: bool) -> torch.Tensor:

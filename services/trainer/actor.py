@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,9 +18,9 @@ import torch
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.model.optim import adamw
 from rlfleet.rl import core_algos
-from rlfleet.rl.losses import TOKEN_MEAN_METRICS, LossInputs, LossParams, actor_loss
+from rlfleet.rl.losses import LossInputs, LossParams, actor_loss
+from rlfleet.rl.rollout_correction import CorrectionParams
 from rlfleet.rl.sequences import (
-    map_micro_batches,
     pack_sequences,
     pad_rows,
     response_logits,
@@ -30,6 +28,11 @@ from rlfleet.rl.sequences import (
     unpack_rows,
 )
 from rlfleet.rl.sft import sft_loss
+from rlfleet.trainer.micro_batches import MetricSums as MetricSums
+from rlfleet.trainer.micro_batches import loss_denominator as loss_denominator
+from rlfleet.trainer.micro_batches import map_row_groups as map_row_groups
+from rlfleet.trainer.micro_batches import micro_batch_count as micro_batch_count
+from rlfleet.trainer.micro_batches import split_bounds as split_bounds
 
 log = logging.getLogger(__name__)
 
@@ -40,77 +43,6 @@ TRAINER_STATE = "trainer_state.pt"
 def epoch_orders(epochs: int, rows: int) -> list[list[int]]:
     """The row order of each PPO epoch: ``epochs`` random permutations of ``range(rows)``."""
     return [torch.randperm(rows).tolist() for _ in range(epochs)]
-
-
-def loss_denominator(mode: str, mask: torch.Tensor) -> torch.Tensor:
-    """What ``agg_loss(mode)`` divides a batch's summed loss by, for the rows of ``mask``
-    ``[B, T]``: its tokens (``token-mean``), its sequences with a token (``seq-mean-*``), or 1
-    (``seq-mean-token-sum-norm``, whose divisor is a constant). A subset of rows trained on its
-    own and scaled by ``denominator(subset) / denominator(all)`` adds the same gradient as
-    it does inside the whole batch (the zero-advantage skip, data-parallel shards)."""
-    if mode == "seq-mean-token-sum-norm":
-        return torch.tensor(1.0)
-    if mode == "token-mean":
-        return mask.sum()
-    return (mask.sum(-1) > 0).sum()
-
-
-def split_bounds(rows: int, part: int, parts: int) -> tuple[int, int]:
-    """``[lo, hi)`` of part ``part`` of ``rows`` cut into ``parts`` contiguous pieces whose sizes
-    differ by <= 1 (a data-parallel rank's shard, a micro-batch of a shard)."""
-    return rows * part // parts, rows * (part + 1) // parts
-
-
-def micro_batch_count(rows: int, size: int) -> int:
-    """How many micro-batches of at most ``size`` rows ``rows`` rows take (0 = one)."""
-    return max(1, math.ceil(rows / size)) if size else 1
-
-
-def map_row_groups(
-    prompts: list[list[int]],
-    responses: list[list[int]],
-    size: int,
-    fn: Callable[[list[list[int]], list[list[int]]], list],
-) -> list:
-    """``fn`` over groups of at most ``size`` rows (0 = all at once), its per-row results in
-    input order. Rows of one prompt go together (the shared-prompt forward runs a prompt once
-    per group), then by response length (less padding)."""
-    if not size or size >= len(prompts):
-        return fn(prompts, responses)
-    keys = [(prompt, len(response)) for prompt, response in zip(prompts, responses, strict=True)]
-    return map_micro_batches(prompts, responses, size, fn, keys)
-
-
-class MetricSums:
-    """A mini-batch's metrics from those of its parts (micro-batches, data-parallel shards).
-
-    Each part's value is weighted by its share of what the metric averages over, so the sum
-    over the parts is the whole mini-batch's: the losses (``agg_loss`` in the loss's mode:
-    pg_loss, kl_loss, entropy) by the part's share of ``loss_denominator``, the token means
-    (``TOKEN_MEAN_METRICS``: clip fractions, ppo_kl, importance weights) by its share of the
-    tokens; ``/max`` metrics take the maximum. An empty part (a weight-0 row run only for the
-    collectives) adds nothing."""
-
-    def __init__(self, mode: str, mask: torch.Tensor) -> None:
-        self.mode = mode
-        self.denominator = float(loss_denominator(mode, mask).clamp_min(1))
-        self.tokens = float(mask.sum().clamp_min(1))
-        self.metrics: dict[str, float] = {}
-
-    def add(self, metrics: dict[str, float], mask: torch.Tensor) -> float:
-        """Adds the metrics of the part whose rows' response mask is ``mask`` (no rows: an
-        empty part); returns the part's share of the loss denominator."""
-        empty = len(mask) == 0
-        loss_share = 0.0 if empty else float(loss_denominator(self.mode, mask)) / self.denominator
-        token_share = float(mask.sum()) / self.tokens
-        for name, value in metrics.items():
-            if name.endswith("/max"):
-                peak = -math.inf if empty else value
-                self.metrics[name] = max(self.metrics.get(name, -math.inf), peak)
-                continue
-            weight = token_share if name in TOKEN_MEAN_METRICS else loss_share
-            self.metrics[name] = self.metrics.get(name, 0.0) + value * weight
-        return loss_share
 
 
 def checkpoint_activations(model) -> None:
@@ -152,6 +84,7 @@ class Actor:
             clip_ratio_c=cfg.clip_ratio_c,
             policy_loss_mode=cfg.policy_loss_mode,
             loss_scale_factor=config.rollout.max_tokens,
+            correction=correction_params(config),
         )
 
     def _lr_factor(self, step: int) -> float:
@@ -275,6 +208,8 @@ class Actor:
             "old_logprob": batch.old_logprobs,
             "ref_logprob": batch.ref_logprobs,
             "behaviour_logprob": batch.behaviour_logprobs,
+            "rollout_logprob": batch.rollout_logprobs,
+            "rollout_is_weights": batch.rollout_is_weights,
         }
         return {name: pad_rows(rows, width) for name, rows in sources.items() if rows}
 
@@ -403,6 +338,14 @@ class Actor:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.updates = state["updates"]
+
+
+def correction_params(config: RlfleetConfig) -> CorrectionParams | None:
+    """``algorithm.rollout_correction`` for the loss, None when it is off."""
+    corr = config.algorithm.rollout_correction
+    if not corr.active:
+        return None
+    return CorrectionParams(**corr.model_dump(exclude={"preset"}))
 
 
 def write_training_state(path: Path, state: dict) -> None:

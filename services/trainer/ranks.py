@@ -39,7 +39,7 @@ import math
 import os
 import socket
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
@@ -68,16 +68,12 @@ class UpdateRows:
     old_logprobs: list[list[float]]
     ref_logprobs: list[list[float]]
     behaviour_logprobs: list[list[float]]
+    rollout_logprobs: list[list[float]]
+    rollout_is_weights: list[list[float]]
 
     @classmethod
     def of(cls, batch) -> UpdateRows:
-        return cls(
-            batch.prompts,
-            batch.responses,
-            batch.old_logprobs,
-            batch.ref_logprobs,
-            batch.behaviour_logprobs,
-        )
+        return cls(*(getattr(batch, column.name) for column in fields(cls)))
 
     def __len__(self) -> int:
         return len(self.responses)

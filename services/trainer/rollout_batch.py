@@ -56,6 +56,11 @@ class RolloutBatch:
     """The weight version that sampled every response token (-1 where the mask is 0, agent
     mode): a completion that a weight update crossed (``rollout.update_policy: keep``) holds
     several. The trainer's staleness bound works per token (``rlfleet.trainer.staleness``)."""
+    rollout_logprobs: list[list[float]] = field(default_factory=list)
+    """The engine's log-probs handed to the loss (``algorithm.rollout_correction``'s bypass
+    mode, or the mismatch metrics measured in the update's forward); empty = not needed."""
+    rollout_is_weights: list[list[float]] = field(default_factory=list)
+    """Decoupled rollout correction: each sampled token's importance weight in the loss."""
     stale_masked_tokens: int = 0
     """Sampled tokens left out of the loss for their age (``async/masked_tokens``)."""
     empty_episodes: int = 0
@@ -142,6 +147,13 @@ class RolloutBatch:
         return len(self.engine_logprobs) == len(self) and all(
             len(lp) == len(r) for lp, r in zip(self.engine_logprobs, self.responses, strict=True)
         )
+
+    def use_engine_logprobs_as_old(self) -> bool:
+        """The engine's log-probs as the PPO old policy, if every token has one."""
+        complete = self.engine_logprobs_complete()
+        if complete:
+            self.old_logprobs = self.engine_logprobs
+        return complete
 
     def use_engine_logprobs_as_behaviour(self) -> bool:
         """Train with the engine's log-probs as the behaviour policy, if every token has one."""

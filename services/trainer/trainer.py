@@ -29,6 +29,7 @@ from rlfleet.common.errors import FailedPrecondition
 from rlfleet.rl.advantages import AdvantageInputs, AdvantageParams, compute_advantage
 from rlfleet.rl.sequences import pad_rows
 from rlfleet.trainer.collect import Collector
+from rlfleet.trainer.correction import correct_batch, needs_actor_old_logprobs
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.metrics import Timer, batch_metrics, rollout_probs_diff, tensor_stats
@@ -152,10 +153,16 @@ class Trainer:
         ``training/rollout_probs_diff_*`` when the actor's forward ran and the engine's
         log-probs of the rows sampled with the current weights are at hand.
         """
-        if self.single_update_per_batch():
+        corr = self.config.algorithm.rollout_correction
+        if corr.bypass_mode:  # verl's bypass: the engine's log-probs are the old policy
+            if not batch.use_engine_logprobs_as_old():
+                raise FailedPrecondition("rollout_correction.bypass_mode needs every token's "
+                                         "engine log-prob")  # fmt: skip
             return {}
-        if self.config.trainer.old_logprob_source == "engine" and batch.engine_logprobs_complete():
-            batch.old_logprobs = batch.engine_logprobs
+        if self.single_update_per_batch() and not needs_actor_old_logprobs(self.config):
+            return {}
+        from_engine = self.config.trainer.old_logprob_source == "engine" and not corr.decoupled
+        if from_engine and batch.use_engine_logprobs_as_old():
             return {}
         batch.old_logprobs = await asyncio.to_thread(
             self.actor.logprobs, batch.prompts, batch.responses
@@ -212,8 +219,11 @@ class Trainer:
             probs_diff = await self.old_logprobs(batch)
         with timer.phase("adv"):
             advantages, returns, mask = self.advantages(batch)
+        actor_old = bool(batch.old_logprobs) and batch.old_logprobs is not batch.engine_logprobs
+        mask, corr_metrics = correct_batch(batch, mask, self.config, actor_old)
         metrics: dict[str, float] = {
             **probs_diff,
+            **corr_metrics,
             **self.shaping_metrics,
             **batch.sampling_metrics,
             **batch.agent_metrics,
@@ -250,6 +260,8 @@ class Trainer:
         """Whether stale rows get truncated importance weights pi_prox / pi_behav. Not when the
         old log-probs are the engine's: then the PPO ratio is already against the behaviour
         policy and the weight would be exactly 1."""
+        if self.config.algorithm.rollout_correction.active:  # the suite corrects instead
+            return False
         if not any(v != self.version for v in batch.weight_versions):
             return False
         from_engine = self.config.trainer.old_logprob_source == "engine"

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlfleet.common.config.base import Section
+from rlfleet.common.config.rollout_correction import RolloutCorrectionConfig
 
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
 """KL estimators (``rlfleet.rl.core_algos.kl_penalty``); ``kl``/``mse`` are verl's k1/k2."""
@@ -65,6 +66,9 @@ class AlgorithmConfig(Section):
     """DAPO's soft overlong punishment (verl: ``reward_model.overlong_buffer``)."""
     filter_groups: FilterGroupsConfig = FilterGroupsConfig()
     """DAPO's dynamic sampling (verl: ``algorithm.filter_groups``)."""
+    rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
+    """verl's rollout correction (importance weights, IcePop, rejection, bypass mode) for the
+    engine-vs-trainer mismatch; off by default, when ``trainer.is_cap`` is the correction."""
 
 
 class TrainerConfig(Section):

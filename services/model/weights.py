@@ -12,9 +12,6 @@ sizes follow from dtypes and shapes), writes chunks into one ``PayloadBuffer`` o
 that buffer (the engine copies them into its parameters anyway). A truncated, oversized or
 corrupted update is refused before it can touch a model.
 
-The checksum is xxh3-128 (xxhash, several times faster than memcpy) where xxhash is installed,
-else zlib's crc32; receivers check xxh3_128, crc32 and sha256 (older senders' ``sha256``).
-
 Both ends read the bytes in cache-sized pieces (``SCAN_CHUNK_BYTES``) and do everything a piece
 needs while it is in the core's cache: the sender copies a piece into the payload and hashes
 it; a replica (``decode_measured``) hashes it and reads its largest magnitude, which gives the
@@ -22,18 +19,20 @@ finiteness and ``rollout.max_weight_abs`` checks without two more passes over th
 Measured on SmolLM2's 257 MiB of bf16 weights in a shared-memory file (CPU seconds, 2-core VM):
 a replica's checks 0.15 s (checksum, then ``aminmax`` for finiteness and again for magnitude)
 -> 0.06 s, a third of it page faults of the fresh mapping; the sender's encode 0.066 -> 0.052 s.
+
+The checksum itself is ``weights_checksum``; the magnitude read is ``weights_magnitude``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rlfleet.common.errors import InvalidArgument
+from rlfleet.model.weights_checksum import BytesLike, Hasher, default_algorithm, verify_checksum
+from rlfleet.model.weights_magnitude import Peak, dtype_name
 
 if TYPE_CHECKING:
     import torch
@@ -43,8 +42,6 @@ SCAN_CHUNK_BYTES = 256 * 1024
 """The piece a pass over the payload works on at a time: small enough to stay in a core's L2
 cache between the copy (or the hash) and the next read of it, large enough that the Python
 loop costs nothing (measured best at 256-512 KiB). A multiple of every dtype's size."""
-
-BytesLike = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True)
@@ -62,90 +59,13 @@ class WeightHeader:
     tensors: list[TensorEntry]
     total_bytes: int
     checksum: str
-    """``"<algorithm>:<hex digest>"`` of the payload (see ``CHECKSUMS``)."""
+    """``"<algorithm>:<hex digest>"`` of the payload (see ``weights_checksum.CHECKSUMS``)."""
     flush_cache: bool = True
     force: bool = False
     """Accept even if the receiver holds this version or a newer one (a resumed run)."""
     shared_memory: str = ""
     """The payload is in this ``/dev/shm`` file (``weights_shm``), not in data chunks."""
     extra: dict = field(default_factory=dict)
-
-
-def _xxh3_128(data: BytesLike) -> str:
-    import xxhash
-
-    return xxhash.xxh3_128_hexdigest(data)
-
-
-def _crc32(data: BytesLike) -> str:
-    return f"{zlib.crc32(data):08x}"
-
-
-def _sha256(data: BytesLike) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-CHECKSUMS = {"xxh3_128": _xxh3_128, "crc32": _crc32, "sha256": _sha256}
-
-
-def default_algorithm() -> str:
-    """xxh3_128 when xxhash is importable (fast), else crc32 (stdlib)."""
-    try:
-        import xxhash  # noqa: F401
-    except ImportError:
-        return "crc32"
-    return "xxh3_128"
-
-
-class Hasher:
-    """A streaming checksum: fed the bytes piece by piece, in order, it gives the same digest
-    as ``CHECKSUMS[algorithm]`` over all of them. InvalidArgument for an algorithm this module
-    does not know or that is not installed here (xxhash)."""
-
-    def __init__(self, algorithm: str) -> None:
-        self.algorithm, self._crc, self._hash = algorithm, 0, None
-        if algorithm not in CHECKSUMS:
-            raise InvalidArgument(f"weight update: unsupported checksum {algorithm[:40]!r}")
-        if algorithm == "xxh3_128":
-            try:
-                import xxhash
-            except ImportError as exc:
-                raise InvalidArgument(f"weight update: checksum {algorithm} unavailable "
-                                      f"here") from exc  # fmt: skip
-            self._hash = xxhash.xxh3_128()
-        elif algorithm == "sha256":
-            self._hash = hashlib.sha256()
-
-    def update(self, data: BytesLike) -> None:
-        if self._hash is None:
-            self._crc = zlib.crc32(data, self._crc)
-        else:
-            self._hash.update(data)
-
-    def hexdigest(self) -> str:
-        return f"{self._crc:08x}" if self._hash is None else self._hash.hexdigest()
-
-
-def checksum(data: BytesLike, algorithm: str | None = None) -> str:
-    algorithm = algorithm or default_algorithm()
-    return f"{algorithm}:{CHECKSUMS[algorithm](data)}"
-
-
-def verify_checksum(expected: str, data: BytesLike) -> None:
-    """InvalidArgument unless ``data`` hashes to ``expected`` (one pass over the bytes)."""
-    algorithm, _, digest = expected.partition(":")
-    if algorithm not in CHECKSUMS or not digest:
-        raise InvalidArgument(f"weight update: unsupported checksum {expected[:40]!r}")
-    try:
-        actual = CHECKSUMS[algorithm](data)
-    except ImportError as exc:
-        raise InvalidArgument(f"weight update: checksum {algorithm} unavailable here") from exc
-    if actual != digest:
-        raise InvalidArgument(f"weight payload checksum mismatch ({algorithm})")
-
-
-def _dtype_name(tensor: torch.Tensor) -> str:
-    return str(tensor.dtype).removeprefix("torch.")
 
 
 def encode(
@@ -159,7 +79,7 @@ def encode(
     entries, offset = [], 0
     for name, tensor in state_dict.items():
         nbytes = tensor.numel() * tensor.element_size()
-        entries.append(TensorEntry(name, _dtype_name(tensor), tuple(tensor.shape), offset, nbytes))
+        entries.append(TensorEntry(name, dtype_name(tensor), tuple(tensor.shape), offset, nbytes))
         offset += nbytes
     payload = (allocate or empty_bytes)(offset)
     hasher = Hasher(default_algorithm())
@@ -305,7 +225,7 @@ def _verify_and_measure(header: WeightHeader, view: memoryview) -> dict[str, flo
     data = numpy.frombuffer(view, dtype=numpy.uint8) if len(view) else numpy.empty(0, "u1")
     largest: dict[str, float] = {}
     for entry in header.tensors:
-        peak = _Peak.of(entry.dtype)
+        peak = Peak.of(entry.dtype)
         end = entry.offset + entry.nbytes
         for start in range(entry.offset, end, SCAN_CHUNK_BYTES):
             piece = data[start : min(start + SCAN_CHUNK_BYTES, end)]
@@ -344,77 +264,6 @@ def _rebuild(buffer: torch.Tensor, entry: TensorEntry) -> torch.Tensor:
         return raw.view(dtype).reshape(entry.shape)
     except RuntimeError as exc:
         raise InvalidArgument(f"tensor {entry.name!r}: {exc}") from exc
-
-
-def check_finite(
-    state_dict: Mapping[str, torch.Tensor], largest: Mapping[str, float] | None = None
-) -> None:
-    """InvalidArgument naming the first floating tensor holding a NaN or an infinity.
-    ``largest``: magnitudes already read (``decode_measured``); others are read here."""
-    for name, tensor in state_dict.items():
-        if not tensor.dtype.is_floating_point:
-            continue
-        known = largest.get(name) if largest is not None else None
-        if not math.isfinite(largest_magnitude(tensor) if known is None else known):
-            raise InvalidArgument(f"tensor {name!r} holds NaN or inf values")
-
-
-def largest_magnitude(tensor: torch.Tensor) -> float:
-    """max |x| of a floating tensor: inf if it holds an infinity, nan if a NaN (so it is
-    finite exactly when this is); 0 for an empty or non-floating one.
-
-    Why bit patterns: for IEEE floats (and bfloat16) a larger magnitude is a larger unsigned
-    integer once the sign bit is off, and infinity and NaN are the largest of all. So the
-    signed-integer max of a tensor's bits is its largest positive value's, the unsigned max its
-    largest negative value's: two integer maxima that numpy vectorizes, 0.032 s on SmolLM2's
-    bf16 weights against 0.056 s for ``torch.aminmax`` (``isfinite(t).all()``: 2.0 s). Other
-    floating dtypes (float8, as float32) and GPU tensors take ``aminmax``."""
-    import torch
-
-    peak = _Peak.of(_dtype_name(tensor)) if tensor.device.type == "cpu" else None
-    if not tensor.dtype.is_floating_point or tensor.numel() == 0:
-        return 0.0
-    if peak is not None:
-        peak.add(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
-        return peak.value()
-    flat = tensor.detach().reshape(-1)
-    if flat.dtype.itemsize == 1:  # float8: aminmax has no kernel for it
-        flat = flat.float()
-    low, high = (float(v) for v in torch.aminmax(flat))
-    return math.nan if math.isnan(low) or math.isnan(high) else max(abs(low), abs(high))
-
-
-_PEAK_BITS = {"float16": 16, "bfloat16": 16, "float32": 32, "float64": 64}
-"""Dtypes whose magnitude ``_Peak`` reads from the bits: their width."""
-
-
-class _Peak:
-    """The largest magnitude of a floating tensor's bytes, fed piece by piece (pieces hold
-    whole elements): the signed and the unsigned integer max of its bit patterns."""
-
-    def __init__(self, dtype: str, width: int) -> None:
-        self.dtype, self.width = dtype, width
-        self._positive, self._negative = -1, 0  # nothing seen: both below any value's bits
-
-    @classmethod
-    def of(cls, dtype: str) -> _Peak | None:
-        width = _PEAK_BITS.get(dtype)
-        return cls(dtype, width) if width else None
-
-    def add(self, piece) -> None:
-        """``piece``: a numpy uint8 array of whole elements."""
-        if len(piece):
-            signed = piece.view(f"i{self.width // 8}")
-            self._positive = max(self._positive, int(signed.max()))
-            self._negative = max(self._negative, int(signed.view(f"u{self.width // 8}").max()))
-
-    def value(self) -> float:
-        import torch
-
-        sign = 1 << (self.width - 1)
-        bits = max(self._positive, self._negative - sign, 0)  # the sign bit off
-        ints = {16: torch.int16, 32: torch.int32, 64: torch.int64}[self.width]
-        return torch.tensor(bits, dtype=ints).view(getattr(torch, self.dtype)).item()
 
 
 def max_bytes_for(numel: int, margin: float = 0.01) -> int:

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
-from rlfleet.model import lora, weights
+from rlfleet.model import lora, weights, weights_checksum
 
 if TYPE_CHECKING:
     import torch
@@ -147,7 +147,7 @@ def verify_full_checksum(expected: str, tensors: Iterable[torch.Tensor]) -> None
     """FailedPrecondition unless the tensors' bytes, one after another, hash to ``expected``
     (the checksum a full push of them carries; one pass, no concatenated copy)."""
     algorithm, _, digest = expected.partition(":")
-    hasher = weights.Hasher(algorithm)
+    hasher = weights_checksum.Hasher(algorithm)
     for tensor in tensors:
         hasher.update(_bytes_of(tensor))
     if hasher.hexdigest() != digest:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.model import weights
+from rlfleet.model import weights_magnitude
 
 
 def check_magnitude(
@@ -40,4 +40,4 @@ def _largest_magnitude(tensor: Any) -> float:
 
     if not isinstance(tensor, torch.Tensor):
         return 0.0
-    return weights.largest_magnitude(tensor)
+    return weights_magnitude.largest_magnitude(tensor)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
-from rlfleet.model import lora, weights, weights_delta
+from rlfleet.model import lora, weights, weights_delta, weights_magnitude
 from rlfleet.rollout import weight_guard
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.types import UpdateOutcome
@@ -165,6 +165,6 @@ def verified(
     checksum's pass over the bytes also reads every tensor's largest magnitude
     (``weights.decode_measured``), where a pass for each check cost 5x as much."""
     state_dict, largest = weights.decode_measured(header, payload)
-    weights.check_finite(state_dict, largest)
+    weights_magnitude.check_finite(state_dict, largest)
     weight_guard.check_magnitude(state_dict, max_weight_abs, largest)
     return state_dict

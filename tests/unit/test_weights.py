@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.model import weights
+from rlfleet.model import weights, weights_checksum, weights_magnitude
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout.client import PreparedUpdate
 from rlfleet.rollout.server import parse_update_message
@@ -73,8 +73,10 @@ def test_checksum_is_computed_once_by_the_sender_with_a_fast_algorithm():
     header, payload = weights.encode(sample_state(), version=1)
     algorithm = header.checksum.partition(":")[0]
     assert algorithm in ("xxh3_128", "crc32")
-    weights.verify_checksum(header.checksum, payload)
-    weights.verify_checksum(weights.checksum(payload, "sha256"), payload)  # older senders
+    weights_checksum.verify_checksum(header.checksum, payload)
+    weights_checksum.verify_checksum(
+        weights_checksum.checksum(payload, "sha256"), payload
+    )  # older senders
 
 
 def test_checksum_mismatch_is_rejected():
@@ -136,10 +138,10 @@ def test_bad_version_and_unknown_dtype_are_rejected():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_values_are_named(dtype: torch.dtype, bad: float):
     state = {"ok": torch.randn(100), "w": torch.randn(1000).to(dtype)}
-    weights.check_finite(state)
+    weights_magnitude.check_finite(state)
     state["w"][777] = bad
     with pytest.raises(InvalidArgument, match="'w' holds NaN or inf"):
-        weights.check_finite(state)
+        weights_magnitude.check_finite(state)
 
 
 def test_misaligned_tensors_still_decode():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.model import weights, weights_shm
+from rlfleet.model import weights, weights_checksum, weights_magnitude, weights_shm
 from rlfleet.rollout.weight_updates import verified
 
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -38,9 +38,9 @@ def expected_largest(tensor: torch.Tensor) -> float:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_streaming_hasher_gives_the_one_shot_digest_whatever_the_split(algorithm: str):
     data = bytes(range(256)) * 999
-    one_shot = weights.checksum(data, algorithm)
+    one_shot = weights_checksum.checksum(data, algorithm)
     for step in (1, 7, 4096, len(data)):
-        hasher = weights.Hasher(algorithm)
+        hasher = weights_checksum.Hasher(algorithm)
         for start in range(0, len(data), step):
             hasher.update(memoryview(data)[start : start + step])
         assert f"{algorithm}:{hasher.hexdigest()}" == one_shot
@@ -48,7 +48,7 @@ def test_streaming_hasher_gives_the_one_shot_digest_whatever_the_split(algorithm
 
 def test_unknown_algorithm_is_refused_by_the_hasher():
     with pytest.raises(InvalidArgument, match="unsupported checksum"):
-        weights.Hasher("md5")
+        weights_checksum.Hasher("md5")
 
 
 @pytest.mark.parametrize("algorithm", ["xxh3_128", "crc32"])
@@ -56,7 +56,7 @@ def test_encode_checksums_the_payload_it_wrote(monkeypatch, algorithm: str):
     monkeypatch.setattr(weights, "default_algorithm", lambda: algorithm)
     state = big_state()
     header, payload = weights.encode(state, version=1)
-    assert header.checksum == weights.checksum(payload, algorithm)
+    assert header.checksum == weights_checksum.checksum(payload, algorithm)
     decoded, _ = weights.decode_measured(header, payload)
     assert all(torch.equal(decoded[name], tensor) for name, tensor in state.items())
 
@@ -64,7 +64,7 @@ def test_encode_checksums_the_payload_it_wrote(monkeypatch, algorithm: str):
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_a_corrupted_byte_anywhere_is_refused(algorithm: str):
     header, payload = weights.encode(big_state(), version=1)
-    header.checksum = weights.checksum(payload, algorithm)  # as a sender of that algorithm
+    header.checksum = weights_checksum.checksum(payload, algorithm)  # as a sender of that algorithm
     weights.decode_measured(header, payload)  # intact: accepted
     piece = weights.SCAN_CHUNK_BYTES
     for index in (0, piece - 1, piece, piece + 1, header.tensors[2].offset, len(payload) - 1):
@@ -101,7 +101,7 @@ def test_measured_magnitudes_are_each_floating_tensors_largest_absolute_value():
     assert set(largest) == {name for name, t in state.items() if t.dtype.is_floating_point}
     for name, value in largest.items():
         assert value == expected_largest(state[name]), name
-        assert value == weights.largest_magnitude(state[name])
+        assert value == weights_magnitude.largest_magnitude(state[name])
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -116,17 +116,21 @@ def test_largest_magnitude_reads_signs_zeros_and_specials_from_the_bits(dtype: t
     ]
     for values in cases:
         tensor = values.to(dtype)
-        assert weights.largest_magnitude(tensor) == expected_largest(tensor), values
-    assert weights.largest_magnitude(torch.tensor([1.0, -math.inf]).to(dtype)) == math.inf
-    assert math.isnan(weights.largest_magnitude(torch.tensor([math.inf, math.nan]).to(dtype)))
-    assert math.isnan(weights.largest_magnitude(torch.tensor([-math.nan, 1.0]).to(dtype)))
+        assert weights_magnitude.largest_magnitude(tensor) == expected_largest(tensor), values
+    assert weights_magnitude.largest_magnitude(torch.tensor([1.0, -math.inf]).to(dtype)) == math.inf
+    assert math.isnan(
+        weights_magnitude.largest_magnitude(torch.tensor([math.inf, math.nan]).to(dtype))
+    )
+    assert math.isnan(weights_magnitude.largest_magnitude(torch.tensor([-math.nan, 1.0]).to(dtype)))
 
 
 def test_other_dtypes_take_aminmax_and_non_floating_ones_count_zero():
-    assert weights.largest_magnitude(torch.tensor([-7, 3])) == 0.0
+    assert weights_magnitude.largest_magnitude(torch.tensor([-7, 3])) == 0.0
     eight = torch.tensor([0.5, -4.0]).to(torch.float8_e4m3fn)
-    assert weights.largest_magnitude(eight) == 4.0
-    assert weights.largest_magnitude(torch.tensor([-2.0, 9.0, 1.0, 9.0])[::2]) == 2.0  # strided
+    assert weights_magnitude.largest_magnitude(eight) == 4.0
+    assert (
+        weights_magnitude.largest_magnitude(torch.tensor([-2.0, 9.0, 1.0, 9.0])[::2]) == 2.0
+    )  # strided
 
 
 @pytest.mark.parametrize("dtype", FLOATS)

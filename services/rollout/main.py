@@ -14,7 +14,7 @@ import sys
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.entry import base_parser, resolve
 from rlfleet.common.keys import Keys
-from rlfleet.rollout.replica_id import default_replica_id
+from rlfleet.rollout.replica_id import with_replica_id
 
 
 def parse(argv: list[str] | None) -> RlfleetConfig:
@@ -41,17 +41,6 @@ def _flag_overrides(argv: list[str] | None) -> list[str]:
     known, _ = flags.parse_known_args(argv)
     overrides = [f"rollout.replica_id={json.dumps(known.replica_id)}"] if known.replica_id else []
     return overrides + ([f"rollout.port={known.port}"] if known.port is not None else [])
-
-
-def with_replica_id(config: RlfleetConfig) -> RlfleetConfig:
-    """``config`` with its replica id resolved (generated when neither ``--replica-id`` nor
-    ``rollout.replica_id`` gave one) before it is recorded: each replica started without an
-    id writes a config file of its own (``config.rollout-<host>-<suffix>.yaml``), not one
-    ``config.rollout.yaml`` they all overwrite."""
-    if config.rollout.replica_id:
-        return config
-    rollout = config.rollout.model_copy(update={"replica_id": default_replica_id()})
-    return config.model_copy(update={"rollout": rollout})
 
 
 def main(argv: list[str] | None = None) -> None:

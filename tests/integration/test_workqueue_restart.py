@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from rlfleet.common.keys import Keys
-from rlfleet.common.queue.producer import Vanished
+from rlfleet.common.queue.answers import Vanished
 from rlfleet.common.queue.workqueue import Finish, WorkQueue, encode_result
 
 

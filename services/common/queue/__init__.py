@@ -15,9 +15,12 @@ result keys, notify keys and request bindings goes through it. Its rooms:
 - ``entries``: what an entry holds (its field names, also spliced into the Lua that writes
   entries, the router's enqueue step included) and the ``Job`` a delivery becomes;
 - ``scripts``: the Lua steps, each saying what it makes atomic;
-- ``stream.QueueStream``: one stream and its group (settings, health, stored answers, the
-  atomic answer step and dead-lettering, which every side needs);
-- ``producer.Producer``: submit, bind, wait for answers (one or many), withdraw, forget;
+- ``answers.Answers``: what is keyed by a request id alone, on whatever stream the request
+  went: stored answers, waiting for them (one or many), bindings, waiters, the data epoch
+  (the router, which queues on many replicas' streams, waits through one of these);
+- ``stream.QueueStream``: one stream and its group (settings, health, the atomic answer step
+  and dead-lettering, which every side needs), on ``Answers``;
+- ``producer.Producer``: submit, bind, withdraw;
 - ``consumer.Consumer``: read, answer (fenced), keep alive, reclaim, cancellation marks;
 - ``backlog.Backlog``: the outstanding entries as a whole: move, drain, recount, trim;
 - ``results``: an answer as stored (a payload, or an error code and message);

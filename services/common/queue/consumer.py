@@ -133,7 +133,7 @@ class Consumer(QueueStream):
         return await self._to_jobs(entries, await self._counts(entries))
 
     async def cancelled(self, jobs: list[Job]) -> list[Job]:
-        """The jobs whose submission was cancelled (``Producer.unbind``; one round trip)."""
+        """The jobs whose submission was cancelled (``Answers.unbind``; one round trip)."""
         tagged = [job for job in jobs if job.submission]
         if not tagged:
             return []

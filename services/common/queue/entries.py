@@ -43,7 +43,7 @@ class Job:
     submission: str = ""
     """Tag of the submission that queued it (``Producer.submit_bound``); travels with moves."""
     epoch: str = ""
-    """The server's data epoch when it was read (``QueueStream.epoch``; "" unknown): an
+    """The server's data epoch when it was read (``Answers.epoch``; "" unknown): an
     answer the fence refuses is still stored if the server lost its data since then."""
 
 

@@ -1,7 +1,7 @@
 """The producer side of a pool of queue workers: a batch of payloads in, their answers out.
 
 ``ScatterGather`` submits a batch's jobs under fresh request ids, waits for every answer until
-one deadline (``Producer.wait_all``), returns them in order, and drops the stored answers;
+one deadline (``Answers.wait_all``), returns them in order, and drops the stored answers;
 with ``withdraw``, a caller that gives up takes its unanswered jobs back
 (``Producer.withdraw``), so workers stop working for nobody.
 """
@@ -31,7 +31,7 @@ class ScatterGather:
     batch, and the queue treats an id it has answered before as done. At most ``concurrency``
     submits are in flight per producer, across batches. Waiting holds no such slot (a batch
     whose jobs are slow must not keep the next batch from being queued: head-of-line
-    blocking): each batch waits on one connection (``Producer.wait_all``).
+    blocking): each batch waits on one connection (``Answers.wait_all``).
 
     ``withdraw``: a batch whose caller gives up (cancelled, timed out) has its unanswered jobs
     withdrawn (``Producer.withdraw``), so workers do not keep scoring for nobody and delay

@@ -9,7 +9,6 @@ here because a consumer reading a poison entry and a mover bouncing one both nee
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,19 +17,18 @@ from redis.exceptions import ResponseError
 
 from rlfleet.common.errors import ErrorCode
 from rlfleet.common.keys import Keys
+from rlfleet.common.queue.answers import Answers
 from rlfleet.common.queue.entries import Entry, Job, job_of, text
-from rlfleet.common.queue.results import Failure, Result, decode_result, encode_result
-from rlfleet.common.queue.scripts import Scripts
+from rlfleet.common.queue.results import Failure, encode_result
 from rlfleet.common.queue.waiting import WaitingBoard
 
 log = logging.getLogger(__name__)
 
-NOTIFY_TTL_S = 60  # only waiters blocked right now need the token; later ones read the result
 SCAN_BATCH = 500  # entries read per XRANGE when walking a stream
 
 
-class QueueStream:
-    """One stream read by one consumer group, and the answers to its requests."""
+class QueueStream(Answers):
+    """One stream read by one consumer group (its requests' answers: ``Answers``)."""
 
     def __init__(
         self,
@@ -42,16 +40,12 @@ class QueueStream:
         result_ttl_s: int = 3600,
         poll_s: float = 0.5,
     ) -> None:
-        if redis.connection_pool.connection_kwargs.get("decode_responses"):
-            raise ValueError("WorkQueue needs a Redis client with decode_responses=False")
-        if max_deliveries < 1 or result_ttl_s < 1 or poll_s <= 0:
-            raise ValueError("max_deliveries, result_ttl_s and poll_s must be positive")
-        self._redis, self.keys, self.stream, self.group = redis, keys, stream, group
-        self.max_deliveries, self.result_ttl_s, self.poll_s = max_deliveries, result_ttl_s, poll_s
+        if max_deliveries < 1:
+            raise ValueError("max_deliveries must be positive")
+        super().__init__(redis, keys, result_ttl_s, poll_s)
+        self.stream, self.group, self.max_deliveries = stream, group, max_deliveries
         self.dead_stream = keys.dead_letter(stream)
-        self._scripts = Scripts(redis)
         self._board = WaitingBoard(redis, keys.waiting(stream))
-        self._notify_ttl_s = min(NOTIFY_TTL_S, result_ttl_s)
         self.fence: tuple[str, str] | None = None
         """(key, token): answers are stored only while ``key`` holds ``token`` (a consumer's
         lease) and the job's entry is still in this stream; else they are discarded."""
@@ -63,13 +57,6 @@ class QueueStream:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
-
-    async def epoch(self) -> str:
-        """The server's data epoch (``Keys.epoch``, written if absent; one round trip). Read
-        before submitting (a producer) or reading (a consumer): a different value later means
-        the server lost its data meanwhile, and the entries, leases and answers with it."""
-        token = await self._scripts.epoch(keys=[self.keys.epoch], args=[uuid.uuid4().hex])
-        return text(token)
 
     async def ping(self) -> bool:
         """Whether Redis answers (a health check for the role holding the queue)."""
@@ -97,19 +84,6 @@ class QueueStream:
     async def mark_busy(self, consumer: str) -> None:
         """``consumer`` took work (or stopped): no longer counted as waiting."""
         await self._board.busy(consumer)
-
-    async def get_result(self, request_id: str) -> Result | None:
-        """The stored answer, if any."""
-        raw = await self._redis.get(self.keys.result(request_id))
-        return None if raw is None else decode_result(request_id, raw)
-
-    async def get_results(self, request_ids: list[str]) -> dict[str, Result]:
-        """The answers stored so far for ``request_ids`` (one MGET); absent: none yet."""
-        if not request_ids:
-            return {}
-        raws = await self._redis.mget([self.keys.result(rid) for rid in request_ids])
-        pairs = zip(request_ids, raws, strict=True)
-        return {rid: decode_result(rid, raw) for rid, raw in pairs if raw is not None}
 
     async def dead_letter(
         self, job: Job, reason: str, code: ErrorCode = ErrorCode.INTERNAL, queued: bool = False

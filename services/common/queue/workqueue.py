@@ -9,10 +9,11 @@ code imports the queue from one place.
 
 from __future__ import annotations
 
+from rlfleet.common.queue.answers import carried_answer
 from rlfleet.common.queue.backlog import Backlog
 from rlfleet.common.queue.consumer import Consumer, Finish
 from rlfleet.common.queue.entries import Job
-from rlfleet.common.queue.producer import Bound, Producer, carried_answer
+from rlfleet.common.queue.producer import Bound, Producer
 from rlfleet.common.queue.results import Failure, Result, encode_result
 
 __all__ = [

@@ -19,7 +19,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from rlfleet.common.queue.producer import Producer
+from rlfleet.common.queue.answers import Answers
 from rlfleet.common.queue.results import Result
 from rlfleet.rollout.registry import RegistrySnapshot
 from rlfleet.rollout.router.routing import RoundRobin, pick_replica
@@ -68,13 +68,13 @@ def assign(
 
 
 async def wait_entries(
-    queue: Producer, entry_ids: Sequence[str], deadline: float,
+    answers: Answers, entry_ids: Sequence[str], deadline: float,
     on_timeout: Callable[[list[str]], Exception], epoch: str | None = None,
 ) -> dict[str, Result]:  # fmt: skip
-    """Every entry's answer (``Producer.wait_all``: one MGET, then one BLPOP on the notify keys
+    """Every entry's answer (``Answers.wait_all``: one MGET, then one BLPOP on the notify keys
     of those still pending, per wake-up); ``on_timeout(pending ids)`` is raised at the deadline,
     ``Vanished`` when the server lost its data since ``epoch`` (read before submitting)."""
-    done = await queue.wait_all(list(entry_ids), deadline, WAKE_POLL_S, epoch)
+    done = await answers.wait_all(list(entry_ids), deadline, WAKE_POLL_S, epoch)
     if pending := [eid for eid in entry_ids if eid not in done]:
         raise on_timeout(pending)
     return done

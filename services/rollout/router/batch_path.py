@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 
 from rlfleet.common.config import RouterConfig
 from rlfleet.common.errors import InvalidArgument, Unavailable
-from rlfleet.common.queue.producer import Vanished
-from rlfleet.common.queue.workqueue import Result, WorkQueue
+from rlfleet.common.queue.answers import Answers, Vanished
+from rlfleet.common.queue.results import Result
+from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.rollout.registry import ReplicaRegistry
 from rlfleet.rollout.router.admission import admit
 from rlfleet.rollout.router.batch import Assignment, assign, wait_entries
@@ -41,10 +42,10 @@ class BatchPath:
     def __init__(
         self, cfg: RouterConfig, registry: ReplicaRegistry, rng: random.Random,
         round_robin: RoundRobin | None, queue: Callable[[str], WorkQueue],
-        answers: Callable[[], WorkQueue],
+        answers: Answers,
     ) -> None:  # fmt: skip
         self._cfg, self.registry, self._rng, self._round_robin = cfg, registry, rng, round_robin
-        self._queue, self._answers = queue, answers  # a replica's queue; one for answers only
+        self._queue, self._answers = queue, answers  # a replica's queue; every request's answer
         self._route_wait_s = cfg.route_wait_s
 
     async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
@@ -60,7 +61,7 @@ class BatchPath:
         """Stored answers first (one MGET), the rest run as a batch; run again for those
         without an answer if the server lost the batch (an empty restart)."""
         ids = [r.request_id for r in requests]
-        stored = await self._answers().get_results(ids)
+        stored = await self._answers.get_results(ids)
         outcomes = {rid: outcome(rid, result) for rid, result in stored.items()}
         if todo := [r for r in requests if r.request_id not in stored]:
             try:
@@ -74,14 +75,14 @@ class BatchPath:
         self, requests: list[GenerateRequest], deadline: float
     ) -> dict[str, Outcome]:
         """Route, claim, queue one entry per replica, wait for them all, release."""
-        epoch = await self._answers().epoch()  # before queueing: a later loss is then seen
+        epoch = await self._answers.epoch()  # before queueing: a later loss is then seen
         plan = await self._route_batch(requests, deadline)
         entries = {f"batch-{uuid.uuid4().hex}-{rid}": rid for rid in plan.groups}
         served = plan.counts  # released as routed unless answers say who served
         try:
             await asyncio.gather(*(self._queue(rid).submit(eid, pack_requests(plan.groups[rid]))
                                    for eid, rid in entries.items()))  # fmt: skip
-            done = await wait_entries(self._answers(), list(entries), deadline,
+            done = await wait_entries(self._answers, list(entries), deadline,
                                       lambda pending: _batch_timeout(pending, entries),
                                       epoch)  # fmt: skip
             outcomes, served = await self._collect(entries, plan, done, epoch)
@@ -120,9 +121,9 @@ class BatchPath:
         seen (an empty restart in between) raise ``Vanished``, so they are queued again."""
         answered = [r.request_id for eid, rid in entries.items() if done[eid].ok
                     for r in plan.groups[rid]]  # fmt: skip
-        stored = await self._answers().get_results(answered)
+        stored = await self._answers.get_results(answered)
         lost = [rid for rid in answered if rid not in stored]
-        if lost and await self._answers().epoch() != epoch:
+        if lost and await self._answers.epoch() != epoch:
             raise Vanished(lost)
         outcomes: dict[str, Outcome] = {}
         served: Counter[str] = Counter()

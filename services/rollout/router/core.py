@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import NotFound
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
+from rlfleet.common.queue.answers import Answers
 from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.rollout.limits import PromptLimits
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaInfo, ReplicaRegistry
@@ -54,7 +55,6 @@ SNAPSHOT_MAX_AGE_S = 0.25
 """How old a registry read a routing decision may use (``enqueue.SnapshotCache``): the Lua
 step re-checks the pick's state, version, drain mark and queue live, so an old copy costs a
 retry, not a wrong placement."""
-_NO_STREAM = "_"  # replica ids never start a stream that this queue object would touch
 
 
 @dataclass
@@ -88,14 +88,15 @@ class RouterCore:
         self.registry = ReplicaRegistry(redis, keys, config.rollout.heartbeat_ttl_s)
         self._snapshots = SnapshotCache(self.registry, SNAPSHOT_MAX_AGE_S)
         self._queues: dict[str, WorkQueue] = {}
+        self.answers = Answers(redis, keys)  # answers, bindings, waiters: no stream of their own
         self._rng = rng or random.Random()
         self._round_robin = RoundRobin() if config.router.policy == "round_robin" else None
         self.metrics = RouterMetrics()
         enqueuer = Enqueuer(redis, keys)
         self._single = RequestPath(self._cfg, self.registry, self._snapshots, enqueuer,
-                                   self._rng, self._round_robin, self.queue_for_any)  # fmt: skip
+                                   self._rng, self._round_robin, self.answers)  # fmt: skip
         self._batch = BatchPath(self._cfg, self.registry, self._rng, self._round_robin,
-                                self.queue, self.queue_for_any)  # fmt: skip
+                                self.queue, self.answers)  # fmt: skip
         self.janitor = Janitor(self, self.registry, config.router.janitor_interval_s,
                                self.metrics.migrated, config.router.debug_move_delay_s)  # fmt: skip
 
@@ -169,10 +170,6 @@ class RouterCore:
             stream = self._keys.rollout_stream(replica_id)
             self._queues[replica_id] = WorkQueue(self._redis, self._keys, stream, ROLLOUT_GROUP)
         return self._queues[replica_id]
-
-    def queue_for_any(self) -> WorkQueue:
-        """A queue object for request-level calls (bindings) that use no stream."""
-        return self.queue(_NO_STREAM)
 
     def forget_queue(self, replica_id: str) -> None:
         self._queues.pop(replica_id, None)

@@ -15,12 +15,11 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Callable
 
 from rlfleet.common.config import RouterConfig
 from rlfleet.common.errors import InvalidArgument, ResourceExhausted, Unavailable
-from rlfleet.common.queue.producer import Vanished
-from rlfleet.common.queue.workqueue import Result, WorkQueue
+from rlfleet.common.queue.answers import Answers, Vanished
+from rlfleet.common.queue.results import Result
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaRegistry
 from rlfleet.rollout.router.admission import admit
 from rlfleet.rollout.router.enqueue import Enqueued, Enqueuer, Placed, Placement, SnapshotCache
@@ -42,11 +41,11 @@ class RequestPath:
     def __init__(
         self, cfg: RouterConfig, registry: ReplicaRegistry, snapshots: SnapshotCache,
         enqueuer: Enqueuer, rng: random.Random, round_robin: RoundRobin | None,
-        waiters: Callable[[], WorkQueue],
+        answers: Answers,
     ) -> None:  # fmt: skip
         self._cfg, self.registry, self._snapshots = cfg, registry, snapshots
         self._enqueuer, self._rng, self._round_robin = enqueuer, rng, round_robin
-        self._waiters = waiters  # a queue object for request-level calls (no stream)
+        self._answers = answers  # each request's answer, binding and waiters
         self._route_wait_s = cfg.route_wait_s
         self._releases: set[asyncio.Task] = set()  # in-flight releases still under way
 
@@ -107,7 +106,7 @@ class RequestPath:
 
     async def _leave(self, rid: str) -> None:
         try:
-            if await self._waiters().leave(rid):
+            if await self._answers.leave(rid):
                 log.debug("request %s: every caller gave up, cancelling it", rid)
         except Exception as exc:  # noqa: BLE001 - the caller's own outcome matters more
             log.warning("request %s: could not update its waiters: %s", rid, exc)
@@ -179,7 +178,7 @@ class RequestPath:
         while True:
             remaining = max(0.0, deadline - loop.time())
             try:
-                result = await self._waiters().wait_answer(request_id, remaining, WAKE_POLL_S,
+                result = await self._answers.wait_answer(request_id, remaining, WAKE_POLL_S,
                                                            bound=True)  # fmt: skip
                 break
             except Vanished:

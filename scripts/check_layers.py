@@ -65,10 +65,7 @@ ROLE_EXCEPTIONS: dict[tuple[str, str], str] = {
 """Role-internal imports allowed anyway, (importer, imported) as module prefixes: reason. One
 that no import uses any more is reported, so the list only holds what is still true."""
 
-LAZY_CYCLES: dict[tuple[str, ...], str] = {
-    ("rlfleet.agent.sandboxed", "rlfleet.agent.tools"): "being untangled by the sandbox move "
-    "(issue 16); remove this entry with it",
-}
+LAZY_CYCLES: dict[tuple[str, ...], str] = {}
 """Module cycles through lazy imports allowed anyway (the modules, sorted): reason. One that
 is no cycle any more is reported, so the list only holds what is still true."""
 

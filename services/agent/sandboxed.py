@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from rlfleet.agent.tools import Tool, ToolFailure
+from rlfleet.agent.tool_types import Tool, ToolFailure
 
 PROGRAM = """
 import importlib, json, sys

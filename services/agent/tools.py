@@ -27,6 +27,7 @@ from typing import Any
 
 from rlfleet.agent.invoke import invoke
 from rlfleet.agent.tool_calls import ToolCallError, errors_of
+from rlfleet.agent.tool_types import Tool, ToolFailure
 
 ERROR_PREFIX = "error: "
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
@@ -38,20 +39,6 @@ _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
     "object": lambda v: isinstance(v, dict),
     "null": lambda v: v is None,
 }
-
-
-@dataclass(frozen=True)
-class Tool:
-    """One tool: its function, its OpenAI schema, and its import path when it has one."""
-
-    name: str
-    fn: Callable[..., Any]
-    schema: dict[str, Any]
-    path: str | None = None
-
-    @property
-    def parameters(self) -> dict[str, Any]:
-        return self.schema["function"].get("parameters") or {}
 
 
 def load_object(path: str) -> Any:
@@ -142,10 +129,6 @@ class ToolAnswers:
 
     messages: list[dict[str, Any]]
     errors: int
-
-
-class ToolFailure(RuntimeError):
-    """A call failed outside this process (the sandboxed tool raised, or its child was stopped)."""
 
 
 class ToolBox:

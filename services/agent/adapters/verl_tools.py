@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from rlfleet.agent.adapters.text import call
-from rlfleet.agent.tools import Tool, ToolBox, load_object
+from rlfleet.agent.tool_types import Tool
+from rlfleet.agent.tools import ToolBox, load_object
 
 SUFFIXES = (".yaml", ".yml")
 

@@ -31,7 +31,8 @@ from rlfleet.trainer.metrics import Timer
 from rlfleet.trainer.rollout_batch import RolloutBatch
 
 if TYPE_CHECKING:
-    from rlfleet.trainer.trainer import Trainer
+    from rlfleet.trainer.collect import Collector
+    from rlfleet.trainer.pushes import WeightPushes
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,20 @@ class AsyncRollouts:
     """Produces ``(batch, timer)`` pairs for consecutive steps, ``k`` versions ahead at most."""
 
     def __init__(
-        self, trainer: Trainer, data: Iterator[list[PromptRecord]], first_step: int
+        self,
+        collector: Collector,
+        pushes: WeightPushes,
+        data: Iterator[list[PromptRecord]],
+        *,
+        first_step: int,
+        first_version: int,
+        staleness: int,
     ) -> None:
-        self.trainer = trainer
-        self.staleness = trainer.config.trainer.max_staleness
+        self.collector, self.pushes = collector, pushes
+        self.staleness = staleness
+        """``trainer.max_staleness``: how many versions a batch may lag its step."""
         self._data = data
-        self._first_step, self._first_version = first_step, trainer.version
+        self._first_step, self._first_version = first_step, first_version
         self._ready: asyncio.Queue = asyncio.Queue(maxsize=self.staleness + 1)
         self._task: asyncio.Task | None = None
         self._gate = asyncio.Event()
@@ -102,12 +111,12 @@ class AsyncRollouts:
     async def _produce(self, step: int, prompts: list[PromptRecord]) -> None:
         needed = self.min_version(step)
         waited = time.perf_counter()
-        await self.trainer.pushes.wait_for_landed(needed)
+        await self.pushes.wait_for_landed(needed)
         self.idle_rollout_s += time.perf_counter() - waited
         await self._gate.wait()
         timer = Timer()
         async with self._busy:
-            batch = await self.trainer.collector.produce(
+            batch = await self.collector.produce(
                 prompts, step, needed, timer, refill=lambda: next(self._data)
             )
         waited = time.perf_counter()

@@ -159,7 +159,14 @@ async def train_loop(
         next(data)
     rollouts = None
     if cfg.trainer.mode == "async":
-        rollouts = AsyncRollouts(trainer, data, trainer.step)
+        rollouts = AsyncRollouts(
+            trainer.collector,
+            trainer.pushes,
+            data,
+            first_step=trainer.step,
+            first_version=trainer.version,
+            staleness=cfg.trainer.max_staleness,
+        )
         rollouts.start()
     bar = progress(
         cfg.trainer.total_steps, "SFT steps" if cfg.trainer.mode == "sft" else "GRPO steps"

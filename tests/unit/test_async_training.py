@@ -119,7 +119,14 @@ def test_a_batch_with_nothing_fresh_enough_stops_the_run():
 def test_min_version_follows_the_step():
     trainer = make_trainer(**{"trainer.mode": "async", "trainer.max_staleness": 2})
     trainer.version = 5
-    rollouts = AsyncRollouts(trainer, iter([]), first_step=10)
+    rollouts = AsyncRollouts(
+        trainer.collector,
+        trainer.pushes,
+        iter([]),
+        first_step=10,
+        first_version=trainer.version,
+        staleness=2,
+    )
     assert [rollouts.min_version(s) for s in (10, 11, 12, 13)] == [5, 5, 5, 6]
 
 

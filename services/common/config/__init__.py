@@ -7,8 +7,9 @@ carries a docstring (shown by ``rlfleet <verb> --help-config``); cross-field rul
 at load time so a bad config fails before any model loads.
 
 Modules: ``base`` (Section, shipped paths), ``serving`` (model, data, endpoints, rollout,
-router, reward, refcritic), ``training`` (algorithm, trainer), ``root`` (RlfleetConfig and
-its cross-field rules), ``loading`` (YAML, environment, overrides, ``--help-config``).
+router, refcritic), ``reward`` (reward, its scorers and sandbox), ``training`` (algorithm,
+trainer), ``root`` (RlfleetConfig and its cross-field rules), ``loading`` (YAML, environment,
+overrides, ``--help-config``).
 """
 
 from rlfleet.common.config.base import (
@@ -25,19 +26,21 @@ from rlfleet.common.config.loading import (
     set_dotted,
     split_override,
 )
+from rlfleet.common.config.reward import (
+    JudgeConfig,
+    RewardConfig,
+    RewardModelConfig,
+    SandboxLimits,
+    UserScorerConfig,
+)
 from rlfleet.common.config.root import RlfleetConfig
 from rlfleet.common.config.serving import (
     DataConfig,
     EndpointsConfig,
-    JudgeConfig,
     ModelConfig,
     RefCriticConfig,
-    RewardConfig,
-    RewardModelConfig,
     RolloutConfig,
     RouterConfig,
-    SandboxLimits,
-    UserScorerConfig,
 )
 from rlfleet.common.config.training import (
     AlgorithmConfig,

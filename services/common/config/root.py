@@ -10,13 +10,13 @@ from rlfleet.common.config.agent import AgentConfig
 from rlfleet.common.config.base import LogLevel, Section, shipped_path
 from rlfleet.common.config.dashboard import DashboardConfig
 from rlfleet.common.config.ray import RayConfig
+from rlfleet.common.config.reward import RewardConfig
 from rlfleet.common.config.security import TlsConfig
 from rlfleet.common.config.serving import (
     DataConfig,
     EndpointsConfig,
     ModelConfig,
     RefCriticConfig,
-    RewardConfig,
     RolloutConfig,
     RouterConfig,
 )

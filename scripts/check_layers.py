@@ -17,7 +17,9 @@ The rules, checked on the packages under ``services/`` (installed as ``rlfleet``
    ``if TYPE_CHECKING``), the ones that break start-up, and none among the imports that run
    at all (lazy ones inside functions too; only ``if TYPE_CHECKING`` ones never run), save
    the ``LAZY_CYCLES`` listed with a reason: a lazy import that closes a circle hides two
-   modules that need each other, where what both need belongs in a third below them.
+   modules that need each other, where what both need belongs in a third below them. Nor
+   among all imports, ``if TYPE_CHECKING`` ones included: a type-only circle breaks nothing
+   at run time, but it is the same two modules needing each other, read by the type checker.
 4. ``FORBIDDEN`` third-party imports, anywhere in a package (``common``: no torch, transformers,
    safetensors or vLLM, so every process can import it cheaply).
 
@@ -290,6 +292,20 @@ def lazy_cycle_problems(
                        for pair in sorted(present - set(found))]  # fmt: skip
 
 
+def type_cycle_problems(
+    root: Path, typed: dict[str, set[str]], runs: dict[str, set[str]]
+) -> list[str]:
+    """Rule 3 for all imports: cycles that only ``if TYPE_CHECKING`` imports close (those
+    that run are reported already, or listed in ``LAZY_CYCLES``)."""
+    running = cycles(runs)
+    return [
+        f"{root.name}/: import cycle through type-only imports among {', '.join(c)}; move "
+        "the types both need below both"
+        for c in cycles(typed)
+        if c not in running
+    ]
+
+
 def check(root: Path) -> list[str]:
     """Every violation under ``root`` (the folder installed as ``rlfleet``), one line each."""
     files = list(source_files(root))
@@ -297,6 +313,7 @@ def check(root: Path) -> list[str]:
     problems: list[str] = []
     graph: dict[str, set[str]] = {m: set() for m in modules}
     runs: dict[str, set[str]] = {m: set() for m in modules}
+    typed: dict[str, set[str]] = {m: set() for m in modules}
     packages: dict[str, set[str]] = {}
     all_imports: list[Import] = []
     for path in files:
@@ -307,6 +324,8 @@ def check(root: Path) -> list[str]:
         for imp in imports_of(root, path, modules):
             all_imports.append(imp)
             problems += filter(None, [layer_violation(imp, root), forbidden_violation(imp, root)])
+            if imp.target in modules and imp.target != imp.importer:
+                typed[imp.importer].add(imp.target)
             if not imp.for_types and imp.target in modules and imp.target != imp.importer:
                 runs[imp.importer].add(imp.target)
                 if imp.at_import:
@@ -319,6 +338,7 @@ def check(root: Path) -> list[str]:
     for component in start_up:
         problems.append(f"{root.name}/: import cycle at import time among {', '.join(component)}")
     problems += lazy_cycle_problems(root, runs, start_up)
+    problems += type_cycle_problems(root, typed, runs)
     for component in cycles(packages):
         problems.append(f"{root.name}/: packages import each other: {', '.join(component)}")
     return sorted(set(problems))

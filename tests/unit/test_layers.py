@@ -84,6 +84,15 @@ VIOLATIONS = [
     ),
     (
         {
+            "model/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from rlfleet.model.b import B\n",
+            "model/b.py": "from rlfleet.model.a import f\nclass B: ...\n",
+        },
+        "rlfleet.model.a, rlfleet.model.b",
+        "import cycle through type-only imports",
+    ),
+    (
+        {
             "tasks/x.py": "from rlfleet.rl import y\n",
             "rl/y.py": "def f():\n    import rlfleet.tasks\n",
         },
@@ -140,7 +149,7 @@ def test_a_listed_lazy_cycle_passes_and_one_that_is_gone_is_reported(tmp_path, m
     assert any("LAZY_CYCLES entry ('rlfleet.model.a', 'rlfleet.model.b')" in p for p in problems)
 
 
-def test_lazy_and_type_checking_imports_do_not_make_a_start_up_cycle(tmp_path):
+def test_lazy_and_type_checking_imports_make_no_start_up_cycle_but_a_type_only_one(tmp_path):
     services = make_tree(
         tmp_path,
         {
@@ -150,4 +159,9 @@ def test_lazy_and_type_checking_imports_do_not_make_a_start_up_cycle(tmp_path):
             "model/b.py": "def f():\n    from rlfleet.model import a\n",
         },
     )
-    assert check_layers.check(services) == []
+    problems = check_layers.check(services)
+    assert len(problems) == 1, problems
+    assert (
+        "import cycle through type-only imports among rlfleet.model.a, rlfleet.model.b"
+        in problems[0]
+    )

@@ -38,8 +38,8 @@ TOKENS = ["\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "\\frac", "\\dfrac", "\\s
           ",", "-", "42", "1,000", "tfrac"]  # fmt: skip
 
 
-def verl_modules(version: str):
-    """verl's gsm8k and math_reward modules, from its wheel (downloaded once)."""
+def verl_wheel(version: str) -> Path:
+    """verl's wheel in the rlfleet cache, downloaded ``--no-deps`` the first time."""
     folder = rlfleet_cache_dir() / "wheels" / f"verl-{version}"
     wheel = next(folder.glob("verl-*.whl"), None)
     if wheel is None:
@@ -47,7 +47,12 @@ def verl_modules(version: str):
         pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q"]
         subprocess.run([*pip, "--no-deps", f"verl=={version}", "-d", str(folder)], check=True)
         wheel = next(folder.glob("verl-*.whl"))
-    with zipfile.ZipFile(wheel) as archive:
+    return wheel
+
+
+def verl_modules(version: str):
+    """verl's gsm8k and math_reward modules, from its wheel (downloaded once)."""
+    with zipfile.ZipFile(verl_wheel(version)) as archive:
         return [_module(archive, name) for name in ("gsm8k", "math_reward")]
 
 

@@ -119,9 +119,11 @@ def is_weight_metrics(
 
 def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> float:
     """``1 / E[(w / E[w])^2]`` over the masked tokens: 1 for equal weights, small when a few
-    tokens carry the batch."""
+    tokens carry the batch; 0 when every weight is 0 (IcePop zeroed them all: verl divides
+    by zero there)."""
     normalized = weights / (masked_mean(weights, mask) + 1e-8)
-    return 1.0 / float(masked_mean(normalized.square(), mask))
+    second_moment = float(masked_mean(normalized.square(), mask))
+    return 1.0 / second_moment if second_moment else 0.0
 
 
 def _is_sequence_metrics(weights, raw, mask, upper: float, low: float) -> dict[str, float]:

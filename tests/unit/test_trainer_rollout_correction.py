@@ -104,3 +104,23 @@ def test_bypass_mode_uses_the_engine_log_probs_as_the_old_policy_without_a_forwa
     trainer.actor.logprobs = lambda p, r: calls.append(1)
     asyncio.run(trainer.old_logprobs(rows))
     assert not calls and rows.old_logprobs is rows.engine_logprobs
+
+
+@pytest.mark.parametrize("preset", [None, "decoupled_token_is", "bypass_pg_geo_rs"])
+def test_async_steps_with_stale_rows_report_the_mismatch(preset):
+    from test_async_training import LaggingRollout, run
+
+    overrides = {"trainer.mode": "async", "trainer.max_staleness": 1, "trainer.total_steps": 3,
+                 "data.train_batch_size": 4}  # fmt: skip
+    if preset:
+        overrides["algorithm.rollout_correction.preset"] = preset
+    trainer = reporting_trainer(**overrides)
+    trainer.fleet.rollout = LaggingRollout(trainer.fleet.rollout, trainer.fleet.weight_sync)
+    rows = run(trainer, 3)
+    assert max(row["async/staleness/max"] for row in rows) == 1  # stale rows were trained
+    for row in rows:
+        assert "rollout_corr/k3_kl" in row and "rollout_corr/chi2_seq" in row
+        # the suite replaces trainer.is_cap's weights when it is on
+        assert ("async/importance_weight/mean" in row) == (
+            preset is None and row["async/staleness/max"] > 0
+        )

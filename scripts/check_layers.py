@@ -22,6 +22,8 @@ The rules, checked on the packages under ``services/`` (installed as ``rlfleet``
    at run time, but it is the same two modules needing each other, read by the type checker.
 4. ``FORBIDDEN`` third-party imports, anywhere in a package (``common``: no torch, transformers,
    safetensors or vLLM, so every process can import it cheaply).
+5. ``ONE_WAY``: inside a package, parts that one part may use but never the other way round
+   (the router hosts the OpenAI front and the agent gateway; they never import the router).
 
 Usage: ``python scripts/check_layers.py [--root services]``; exit code 1 on any violation.
 Adding a role (or any package) is one name in ``LAYERS``; a package missing from it is an error.
@@ -70,6 +72,14 @@ that no import uses any more is reported, so the list only holds what is still t
 LAZY_CYCLES: dict[tuple[str, ...], str] = {}
 """Module cycles through lazy imports allowed anyway (the modules, sorted): reason. One that
 is no cycle any more is reported, so the list only holds what is still true."""
+
+ONE_WAY: dict[tuple[str, str], str] = {
+    ("rlfleet.rollout.gateway", "rlfleet.rollout.router"): "the router process hosts the "
+    "OpenAI front and the agent gateway (rollout.router.http builds their app), and they reach "
+    "the router only through gateway.app.Fleet: placement and the HTTP front are one job each",
+}
+"""Imports forbidden anyway, even type-only ones, (importer, imported) as module prefixes:
+reason."""
 
 FORBIDDEN: dict[str, tuple[str, ...]] = {
     "common": ("torch", "transformers", "safetensors", "vllm"),
@@ -228,6 +238,14 @@ def forbidden_violation(imp: Import, root: Path) -> str | None:
     return None
 
 
+def one_way_violation(imp: Import, root: Path) -> str | None:
+    """Rule 5."""
+    for (src, dst), reason in ONE_WAY.items():
+        if _matches((src, dst), imp):
+            return f"{_where(imp, root)}: {src} may not import {dst} ({reason})"
+    return None
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module, or a module importing itself
     (Tarjan's algorithm, iterative: the graph has hundreds of modules)."""
@@ -323,7 +341,8 @@ def check(root: Path) -> list[str]:
                             "layer (add it to LAYERS in scripts/check_layers.py)")  # fmt: skip
         for imp in imports_of(root, path, modules):
             all_imports.append(imp)
-            problems += filter(None, [layer_violation(imp, root), forbidden_violation(imp, root)])
+            problems += filter(None, [layer_violation(imp, root), forbidden_violation(imp, root),
+                                      one_way_violation(imp, root)])  # fmt: skip
             if imp.target in modules and imp.target != imp.importer:
                 typed[imp.importer].add(imp.target)
             if not imp.for_types and imp.target in modules and imp.target != imp.importer:

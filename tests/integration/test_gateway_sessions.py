@@ -11,9 +11,9 @@ import time
 import pytest
 
 from rlfleet.common.keys import Keys
-from rlfleet.rollout.router import gateway_api as gw
-from rlfleet.rollout.router.openai_api import ChatBody
-from rlfleet.rollout.router.sessions import (
+from rlfleet.rollout.gateway import extensions as gw
+from rlfleet.rollout.gateway.openai_api import ChatBody
+from rlfleet.rollout.gateway.sessions import (
     BadSessionField,
     EndedSession,
     SessionStore,
@@ -21,7 +21,7 @@ from rlfleet.rollout.router.sessions import (
     check_reward,
     is_session_id,
 )
-from rlfleet.rollout.router.trajectory import CallRecord, branches_of
+from rlfleet.rollout.gateway.trajectory import CallRecord, branches_of
 from rlfleet.rollout.types import Completion, GenerateResult
 from rlfleet.rollout.types import InvalidField as BadField
 
@@ -93,7 +93,7 @@ async def test_a_rewritten_history_is_counted_segmented(store: SessionStore) -> 
 async def test_a_second_end_after_the_answer_is_gone_is_refused(
     store, redis_client, monkeypatch
 ) -> None:
-    monkeypatch.setattr("rlfleet.rollout.router.sessions.ENDED_ANSWER_S", 0.05)
+    monkeypatch.setattr("rlfleet.rollout.gateway.sessions.ENDED_ANSWER_S", 0.05)
     session = await store.start()
     await store.record(session, [record([1], [2])], "user")
     await store.end(session)

@@ -22,7 +22,7 @@ from rlfleet.agent.adapters.workflow import (
     reward_of,
 )
 from rlfleet.common.trajectory import NO_VERSION
-from rlfleet.rollout.router.trajectory import CallRecord, session_episode
+from rlfleet.rollout.gateway.trajectory import CallRecord, session_episode
 
 
 async def run(data, *, base_url, api_key, session_id):

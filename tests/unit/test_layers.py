@@ -100,6 +100,15 @@ VIOLATIONS = [
         "packages import each other",
     ),
     (
+        {
+            "rollout/gateway/app.py": "from rlfleet.rollout.router import core\n",
+            "rollout/router/core.py": "def generate(): ...\n",
+        },
+        "services/rollout/gateway/app.py:1: rlfleet.rollout.gateway.app imports "
+        "rlfleet.rollout.router.core",
+        "rlfleet.rollout.gateway may not import rlfleet.rollout.router",
+    ),
+    (
         {"gateway/main.py": "from rlfleet.common import errors\n"},
         "services/gateway/main.py",
         "'gateway' is in no layer",

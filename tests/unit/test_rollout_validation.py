@@ -18,7 +18,7 @@ from rlfleet.common.grpc_server import GrpcServer
 from rlfleet.common.proto_decode import bad_utf8_field
 from rlfleet.proto import common_pb2, rollout_pb2
 from rlfleet.rollout.convert import request_from_proto, request_to_proto
-from rlfleet.rollout.router import openai_api as oai
+from rlfleet.rollout.gateway import openai_api as oai
 from rlfleet.rollout.types import GenerateRequest, InvalidField, SamplingParams
 
 NAN, INF = math.nan, math.inf

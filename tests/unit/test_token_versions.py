@@ -15,7 +15,7 @@ import torch
 
 from rlfleet.rl.losses import importance_weights
 from rlfleet.rollout import convert
-from rlfleet.rollout.router.openai_api import completion_choices
+from rlfleet.rollout.gateway.openai_api import completion_choices
 from rlfleet.rollout.types import PACKED_MAGIC, Completion, GenerateResult
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.rollout_batch import RolloutBatch, response_mask

@@ -1,9 +1,10 @@
-"""The router process assembled: its core (with the janitor), the gRPC server, the HTTP front.
+"""The router process assembled: its core (with the janitor), the gRPC server, the HTTP server.
 
 The router holds no state of its own (it all lives in Redis), so it can be restarted or run
-several times side by side. With ``router.http_port`` set it also serves the OpenAI-compatible
-HTTP API and ``/metrics`` (``http.py``); with only ``router.metrics_port``, just ``/metrics``.
-FastAPI and the policy's tokenizer are imported only when the HTTP front is on.
+several times side by side. With ``router.http_port`` set it also hosts the OpenAI-compatible
+HTTP API and the agent gateway (``rlfleet.rollout.gateway``) beside its ``/metrics``
+(``http.py``); with only ``router.metrics_port``, just ``/metrics``. FastAPI and the policy's
+tokenizer are imported only when the HTTP server is on.
 
 ``rlfleet.rollout.router.main`` parses the command line and calls ``run``.
 """
@@ -14,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlfleet.common.config import RlfleetConfig
@@ -26,8 +26,6 @@ from rlfleet.rollout.router.server import registrations
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
-
-    from rlfleet.rollout.router.openai_api import Policy
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +66,16 @@ async def http_front(
 ) -> AsyncIterator[str | None]:
     """The HTTP server (OpenAI API + /metrics, or /metrics alone) while the block runs; the
     block gets its URL (None: no HTTP server), which the ready line names. With ``redis`` the
-    OpenAI API is also the agent gateway (sessions in that Redis: ``sessions.py``)."""
+    OpenAI API is also the agent gateway (sessions in that Redis)."""
     from rlfleet.common.http_server import make_http_server
     from rlfleet.rollout.router import http
-    from rlfleet.rollout.router.sessions import SessionStore
 
     cfg = config.router
     if cfg.http_port is None and cfg.metrics_port is None:
         yield None
         return
     if cfg.http_port is not None:
-        sessions = None if redis is None else SessionStore.for_config(redis, config)
-        app = http.create_app(core, load_policy(config), config.api_key, sessions)
-        port = cfg.http_port
+        app, port = http.front_app(core, config, redis), cfg.http_port
     else:
         app, port = http.metrics_app(core, config.api_key), cfg.metrics_port
     server = make_http_server(app, cfg.host, port or _free_port())
@@ -97,24 +92,6 @@ async def http_front(
     finally:
         server.should_exit = True
         await task
-
-
-def load_policy(config: RlfleetConfig) -> Policy:
-    """The served model's name and tokenizer (None, with a warning, if it cannot be read:
-    completions still work on text, chat answers that there is no chat template)."""
-    from rlfleet.model.model_io import load_tokenizer
-    from rlfleet.rollout.limits import PromptLimits
-    from rlfleet.rollout.router.openai_api import Policy
-
-    path = config.model.path
-    try:
-        tokenizer = load_tokenizer(path)
-    except Exception as exc:  # noqa: BLE001 - the API still serves completions without it
-        log.warning("no tokenizer from model.path %s (%s): chat completions are off", path, exc)
-        tokenizer = None
-    name = Path(path).name or path
-    limits = PromptLimits.of(config.rollout)
-    return Policy(name, path, tokenizer, config.rollout.max_model_len, limits)
 
 
 def _free_port() -> int:

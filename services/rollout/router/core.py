@@ -16,10 +16,11 @@ for the one Lua step that places and queues a single Generate (``enqueue.py``).
 - ``batch_path.BatchPath``: a GenerateBatch, one queue entry per replica (``batch.py``);
 - ``janitor.Janitor``: moves the work of dead or departed replicas, using this core's
   per-replica queues and its choice of replica (``choose``);
-- ``list_replicas``, ``drain_replica``, ``scrape_metrics``: the fleet as ``Router`` shows it.
+- ``list_replicas``, ``drain_replica``, ``scrape_metrics``, ``serving_version``: the fleet as
+  ``Router`` (and the OpenAI front's model card) shows it.
 
 Every call is counted and timed in ``metrics`` (Prometheus; ``metrics.py``), whichever front
-door (gRPC ``server.py``, HTTP ``http.py``) it came through.
+door (gRPC ``server.py``, the OpenAI front of ``rlfleet.rollout.gateway``) it came through.
 
 No grpc here: ``server.py`` converts protobuf to the plain objects in ``types.py``.
 """
@@ -142,6 +143,12 @@ class RouterCore:
             ReplicaView(r, snap.inflight.get(r.replica_id, 0), r.replica_id in snap.draining)
             for r in snap.replicas
         ]
+
+    async def serving_version(self) -> int:
+        """The newest weight version a serving replica holds (-1: none serves)."""
+        views = await self.list_replicas()
+        return max((v.info.weight_version for v in views if v.state is ReplicaState.SERVING),
+                   default=-1)  # fmt: skip
 
     async def drain_replica(self, replica_id: str) -> ReplicaView:
         """Stop routing new work to a replica; it keeps answering what is already queued."""

@@ -33,7 +33,7 @@ from rlfleet.common import errors
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.config.agent import MultiCall
 from rlfleet.common.keys import Keys
-from rlfleet.rollout.router.trajectory import CallRecord, is_token_native, session_episode
+from rlfleet.rollout.gateway.trajectory import CallRecord, is_token_native, session_episode
 
 SESSION_PREFIX = "rls-"
 SESSION_ID = re.compile(r"^rls-[0-9a-f]{32}$")
@@ -145,7 +145,7 @@ class BadSessionField(SessionError, errors.InvalidArgument):
 def is_session_id(value: str | None) -> bool:
     """Whether a call's session id names a gateway session (minted ids only; any other id is
     a plain sticky-routing id, as before the gateway)."""
-    return bool(value) and value.startswith(SESSION_PREFIX)
+    return value is not None and value.startswith(SESSION_PREFIX)
 
 
 def check_session_id(value: object, param: str = "session_id") -> str:
@@ -195,7 +195,7 @@ class SessionStore:
     async def check_open(self, session_id: str, param: str) -> None:
         """Raise unless ``session_id`` is an open session (before spending a generation)."""
         state = await self._redis.hget(self._keys(session_id)[0], "state")
-        self._refuse(session_id, param, {None: -1, OPEN.encode(): 1}.get(state, -2))
+        self._refuse(session_id, param, -1 if state is None else 1 if _text(state) == OPEN else -2)
 
     async def record(self, session_id: str, calls: list[CallRecord], param: str) -> int:
         """Append the calls; the session's call count after them."""
@@ -225,7 +225,7 @@ class SessionStore:
         calls = [CallRecord.from_dict(json.loads(raw)) for raw in answer[2:]]
         if int(answer[0]) == 1 and not is_token_native(calls):
             await self._redis.hincrby(self._stats, "segmented", 1)
-        stored = answer[1].decode() if isinstance(answer[1], bytes) else answer[1]
+        stored = _text(answer[1])
         return session_episode(session_id, calls, float(stored) if stored else None, mode)
 
     async def sweep(self) -> int:
@@ -239,7 +239,7 @@ class SessionStore:
         """The counters, and how many sessions are open now."""
         await self.sweep()
         raw = await self._redis.hgetall(self._stats)
-        counts = {k.decode(): int(v) for k, v in raw.items()}
+        counts = {_text(k): int(v) for k, v in raw.items()}
         names = ("started", "ended", "expired", "segmented", "calls")
         return {**{name: counts.get(name, 0) for name in names},
                 "open": int(await self._redis.zcard(self._index))}  # fmt: skip
@@ -257,7 +257,10 @@ class SessionStore:
 
 def check_reward(value: object, param: str = "reward") -> float:
     """A finite number (a bool is not a reward)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise BadSessionField(f"{param} must be a finite number, got {value!r:.80}", param)
     return float(value)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

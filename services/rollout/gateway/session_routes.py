@@ -28,14 +28,14 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict
 
 from rlfleet.common.config.agent import MultiCall
-from rlfleet.rollout.router.sessions import (
+from rlfleet.rollout.gateway.sessions import (
     BadSessionField,
     SessionStore,
     check_reward,
     check_session_id,
     is_session_id,
 )
-from rlfleet.rollout.router.trajectory import CallRecord
+from rlfleet.rollout.gateway.trajectory import CallRecord
 
 log = logging.getLogger(__name__)
 

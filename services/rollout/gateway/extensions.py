@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlfleet.model.tool_calls import ParsedTurn, parse_tool_calls
-from rlfleet.rollout.router.openai_api import Body, ChatBody, Tokenizer, chat_logprobs
-from rlfleet.rollout.router.trajectory import CallRecord
+from rlfleet.rollout.gateway.openai_api import Body, ChatBody, chat_logprobs
+from rlfleet.rollout.gateway.policy import Tokenizer
+from rlfleet.rollout.gateway.trajectory import CallRecord
 from rlfleet.rollout.types import Completion, GenerateResult
 from rlfleet.rollout.types import InvalidField as BadField
 

@@ -1,6 +1,6 @@
 """OpenAI request bodies -> GenerateRequests, and GenerateResults -> OpenAI response bodies.
 
-Pure (no HTTP, no Redis), so the mapping can be read and tested on its own; ``http.py`` serves
+Pure (no HTTP, no Redis), so the mapping can be read and tested on its own; ``app.py`` serves
 it. Why the rules below:
 
 - Absent fields take OpenAI's defaults (``n`` 1, ``temperature`` 1, ``top_p`` 1, completions'
@@ -14,7 +14,7 @@ it. Why the rules below:
   ``user`` field; ``min_weight_version`` (body) gates on the weight version as over gRPC.
 - The router answers whole completions, so a stream (``stream: true``) carries one chunk per
   choice, then the usage chunk if asked, then ``[DONE]``.
-- Agent gateway extensions (``gateway_api``): chat ``tools`` come back as ``tool_calls``;
+- Agent gateway extensions (``extensions``): chat ``tools`` come back as ``tool_calls``;
   ``return_token_ids`` (in the body, or in an ``extra_body`` object) adds vLLM's
   ``prompt_token_ids`` / ``choices[i].token_ids``, the log-probs and the ``weight_version``
   (the oldest of the choice's tokens), plus ``token_weight_versions``: the version that
@@ -26,36 +26,17 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict
 
+from rlfleet.rollout.gateway.policy import Tokenizer
 from rlfleet.rollout.limits import PromptLimits
 from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 from rlfleet.rollout.types import InvalidField as BadField
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 TEMPLATE_KEYS = ("tool_calls", "tool_call_id", "name")  # message fields chat templates read
-
-
-class Tokenizer(Protocol):
-    """What the HTTP front needs of a Hugging Face tokenizer."""
-
-    chat_template: str | None
-
-    def decode(self, token_ids: list[int], **kwargs: Any) -> str: ...
-
-
-@dataclass
-class Policy:
-    """The model the fleet serves, as the HTTP front names and tokenizes it."""
-
-    name: str
-    path: str
-    tokenizer: Tokenizer | None
-    max_model_len: int
-    limits: PromptLimits | None = None  # chat text bounded before the template runs
 
 
 class Body(BaseModel):
@@ -106,7 +87,7 @@ def prompts_of(body: CompletionBody) -> list[str | list[int]]:
         return [prompt]
     if not prompt:
         raise BadField("prompt", "must not be empty")
-    return list(prompt)
+    return cast(list[str | list[int]], list(prompt))  # strings, or lists of ids
 
 
 def completion_sampling(body: CompletionBody, need_logprobs: bool = False) -> SamplingParams:

@@ -1,7 +1,8 @@
 """The routing rule's two copies agree: ``routing.pick_replica`` (with ``admission.admit``), what
 batches and the janitor use, and the router's one-step enqueue Lua, what a single request gets,
-run on the same generated fleets against a real Redis server and must make the same pick. The
-Python rule on its own: tests/unit/test_routing.py.
+run on the same generated fleets against a real Redis server and must make the same pick; and
+a batch (``batch.assign``, one snapshot) lands where the same requests sent one after another
+through the Lua would. The Python rule on its own: tests/unit/test_routing.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rlfleet.common.errors import ResourceExhausted, Unavailable
 from rlfleet.common.keys import Keys
 from rlfleet.rollout.registry import RegistrySnapshot, ReplicaInfo
 from rlfleet.rollout.router.admission import admit
+from rlfleet.rollout.router.batch import assign
 from rlfleet.rollout.router.enqueue import Enqueuer, Placed, Placement
 from rlfleet.rollout.router.routing import eligible, pick_replica
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
@@ -81,6 +83,12 @@ async def lua_pick(redis: aioredis.Redis, keys: Keys, case: dict) -> str:
     if not pool:
         return "unavailable"  # the router refuses before the Lua step
     session = "s" if case["session"] else ""
+    await write_state(redis, keys, case, session)
+    return await lua_enqueue(redis, keys, case, sorted(r.replica_id for r in pool), "q", session)
+
+
+async def write_state(redis: aioredis.Redis, keys: Keys, case: dict, session: str) -> None:
+    """The case's registry, counts, drains and pin, as the router's Redis holds them."""
     async with redis.pipeline(transaction=False) as pipe:
         for info in case["fleet"]:
             pipe.hset(keys.replica(info.replica_id), mapping=info.to_hash())
@@ -91,10 +99,15 @@ async def lua_pick(redis: aioredis.Redis, keys: Keys, case: dict) -> str:
         if session and case["sticky"]:
             pipe.set(keys.sticky(session), case["sticky"])
         await pipe.execute()
-    request = GenerateRequest("q", SamplingParams(), prompt_token_ids=[1], session_id=session,
+
+
+async def lua_enqueue(
+    redis: aioredis.Redis, keys: Keys, case: dict, candidates: list[str], rid: str, session: str
+) -> str:
+    """One request through the enqueue Lua on the live state: where it was queued, or full."""
+    request = GenerateRequest(rid, SamplingParams(), prompt_token_ids=[1], session_id=session,
                               min_weight_version=case["min_version"])  # fmt: skip
     placement = Placement(case["cap"], case["limit"], 60.0, case["coin"])
-    candidates = sorted(r.replica_id for r in pool)
     placed = await Enqueuer(redis, keys).enqueue(request, request.fingerprint(), "sub",
                                                  candidates, placement, 60)  # fmt: skip
     assert placed.outcome in (Placed.QUEUED, Placed.FULL), placed
@@ -112,3 +125,32 @@ async def test_python_and_lua_routing_pick_the_same_replica(
         assert await lua_pick(redis_client, keys, case) == expected, (index, case)
         seen.add("pinned" if expected == case["sticky"] else expected[:4])
     assert {"pinned", "unav", "full"} <= seen  # every branch was exercised
+
+
+async def test_a_batch_lands_where_the_same_requests_one_by_one_would(
+    redis_client: aioredis.Redis, cluster_name: str
+) -> None:
+    """``batch.assign`` places a batch from one snapshot, counting each placement as it goes;
+    the Lua places each request on the live counts its predecessors left. Requests without a
+    session and no admission limit: a new session is placed by the Lua's own count of active
+    sessions, which a batch does not keep, and a batch admits against its snapshot."""
+    rng, spread = random.Random(28), 0
+    for index in range(CASES // 3):
+        case = random_fleet(rng) | {"limit": None}
+        pool = eligible(case["fleet"], case["min_version"], case["draining"])
+        if not pool:
+            continue
+        requests = [GenerateRequest(f"q{i}", SamplingParams(), prompt_token_ids=[1],
+                                    min_weight_version=case["min_version"])
+                    for i in range(rng.randint(2, 8))]  # fmt: skip
+        snap = RegistrySnapshot(case["fleet"], dict(case["inflight"]), set(case["draining"]))
+        plan = assign(requests, snap, case["cap"], Coin(case["coin"]))
+        where = {r.request_id: rid for rid, group in plan.groups.items() for r in group}
+        keys = Keys(f"{cluster_name}b{index}")
+        await write_state(redis_client, keys, case, "")
+        candidates = sorted(r.replica_id for r in pool)
+        one_by_one = [await lua_enqueue(redis_client, keys, case, candidates, r.request_id, "")
+                      for r in requests]  # fmt: skip
+        assert one_by_one == [where[r.request_id] for r in requests], (index, case)
+        spread += len(plan.groups) > 1
+    assert spread  # some batches went to more than one replica

@@ -8,10 +8,15 @@ the fewest requests in flight; ties are broken at random so that sequential sess
 all see zero load, still spread over the fleet.
 
 The router applies this rule in two places: here, in Python (batches, the janitor), and inside
-the one-step enqueue Lua (``enqueue.py``, single requests, against live counts). Both break
-ties with one random number the same way (``tie_break``), and
-``tests/integration/test_routing_lua_parity.py`` runs the two on the same generated fleets and
-requires the same picks.
+the one-step enqueue Lua (``enqueue.py``, single requests, against live counts). Why two: a
+batch is placed from one snapshot with no Redis call per request, and a single request is
+placed in the same Lua step that queues it, so neither can call the other. The Lua is the
+rule; this copy is pinned to it: both break ties with one random number the same way
+(``tie_break``), and ``tests/integration/test_routing_lua_parity.py`` runs the two on the same
+generated fleets and requires the same picks, for one request and for a batch against the
+same requests one by one. One part is the Lua's alone: a session with no usable pin goes to
+the replica with the fewest active sessions (``enqueue.py`` says why); a batch places its
+sessions as they come, by load.
 """
 
 from __future__ import annotations

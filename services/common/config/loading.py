@@ -4,6 +4,7 @@ and the field listing behind ``--help-config``."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args
@@ -29,10 +30,44 @@ ENV_OVERRIDES = {
 }
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's numbers: digits only, no ``_`` separators and no
+    base-60 (``1:30``), and ``1e-5`` is a float (YAML 1.1 wants ``1.0e-5``).
+
+    Why: verl writes IcePop and rejection bounds as ``lower_upper`` (``0.5_5``), and YAML 1.1
+    reads that unquoted as the number 0.55: a wrong bound taken in silence. Here it stays the
+    text ``"0.5_5"`` that the field parses."""
+
+
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}  # fmt: skip
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
+ConfigLoader.add_constructor(  # decimal even with a leading 0 (YAML 1.1: 010 is octal 8)
+    "tag:yaml.org,2002:int",
+    lambda loader, node: int(node.value, 16 if node.value.startswith("0x") else 10),
+)
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+.0123456789"),
+)  # fmt: skip
+
+
+def read_yaml(text: str) -> Any:
+    """YAML text as Python values, numbers read by YAML 1.2's rules (``ConfigLoader``)."""
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_value(text: str) -> Any:
     """Read an override value as YAML (``3``, ``true``, ``[a, b]``, ``null``) or a plain string."""
     try:
-        return yaml.safe_load(text)
+        return read_yaml(text)
     except yaml.YAMLError:
         return text
 
@@ -63,7 +98,7 @@ def load_config(
     """Load YAML, apply ``RLFLEET_*`` variables, then dotted overrides, and validate."""
     tree: dict = {}
     if path is not None:
-        tree = yaml.safe_load(Path(path).read_text()) or {}
+        tree = read_yaml(Path(path).read_text()) or {}
     variables = os.environ if env is None else env
     for var, dotted in ENV_OVERRIDES.items():
         if variables.get(var):

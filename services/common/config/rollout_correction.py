@@ -163,8 +163,8 @@ class RolloutCorrectionConfig(Section):
     variance); None = no weights (the mismatch metrics are still logged)."""
     rollout_is_threshold: str | float = 2.0
     """A number: truncated IS, weights clamped at it. ``"lower_upper"`` (e.g. ``"0.5_5.0"``):
-    IcePop, weights outside ``[lower, upper]`` set to 0. Quote it in YAML and in overrides
-    (``'0.5_5'``): YAML reads an unquoted ``0.5_5`` as the number 0.55."""
+    IcePop, weights outside ``[lower, upper]`` set to 0. Unquoted is fine: rlfleet's YAML reads
+    ``0.5_5`` as that text (YAML 1.2 numbers), not as the number 0.55 as YAML 1.1 would."""
     rollout_is_batch_normalize: bool = False
     """Divide the weights by their batch mean (tokens, or sequences for ``sequence``)."""
     rollout_rs: str | None = None
@@ -174,8 +174,8 @@ class RolloutCorrectionConfig(Section):
     rollout_rs_threshold: str | float | None = None
     """Bounds of ``rollout_rs``, one for all options or one per option (comma-separated): k1
     options bound the ratio pi_rollout / pi_train, ``"lower_upper"`` or a bare upper (lower =
-    1/upper); k2/k3 options an upper bound on the divergence. Quote ``lower_upper`` specs
-    (YAML reads an unquoted ``0.5_2`` as 0.52)."""
+    1/upper); k2/k3 options an upper bound on the divergence. ``0.5_2`` unquoted stays that text
+    (``ConfigLoader``: YAML 1.2 numbers), never the number 0.52."""
     bypass_mode: bool = False
     """Use the engine's log-probs as the old policy (no actor forward for them; 2 policies
     instead of 3); the weights and rejection are then computed in the loss from the current

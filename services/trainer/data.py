@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rlfleet.common.errors import InvalidArgument
 
@@ -114,8 +114,12 @@ def load_records(
     return records
 
 
-def batches(records: list[PromptRecord], batch_size: int, seed: int) -> Iterator[list]:
-    """Endless shuffled batches; each epoch reshuffles with ``seed + epoch``."""
+Row = TypeVar("Row")
+
+
+def batches(records: Sequence[Row], batch_size: int, seed: int) -> Iterator[list[Row]]:
+    """Endless shuffled batches (of prompts, or of SFT conversations); each epoch reshuffles
+    with ``seed + epoch``."""
     if not 1 <= batch_size <= len(records):
         raise InvalidArgument(f"batch size {batch_size} must be in [1, {len(records)} prompts]")
     epoch = 0

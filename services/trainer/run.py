@@ -150,43 +150,58 @@ async def train_loop(
 ) -> None:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from rlfleet.trainer.pipeline import AsyncRollouts
-
     cfg = trainer.config
     clock = clock or TrainingClock(1.0)
     data = batches(train_records, cfg.data.train_batch_size, cfg.data.seed)
     for _ in range(trainer.batches_consumed):  # a resumed run continues the same data order
         next(data)
-    rollouts = None
-    if cfg.trainer.mode == "async":
-        rollouts = AsyncRollouts(
-            trainer.collector,
-            trainer.pushes,
-            data,
-            first_step=trainer.step,
-            first_version=trainer.version,
-            staleness=cfg.trainer.max_staleness,
-        )
-        rollouts.start()
     bar = progress(
         cfg.trainer.total_steps, "SFT steps" if cfg.trainer.mode == "sft" else "GRPO steps"
     )
     bar.update(trainer.step)
     clock.begin()
+
+    async def step_done(metrics: dict[str, float], rollouts=None) -> None:
+        await after_step(trainer, writer, bar, metrics, clock)
+        if cfg.trainer.test_freq and trainer.step % cfg.trainer.test_freq == 0 and val:
+            await validate_during_training(trainer, val, writer, clock, rollouts)
+
+    def should_stop() -> bool:
+        return finished(cfg.trainer, trainer.step, clock) or trainer.stop_requested
+
+    rollouts = None
     try:
         with logging_redirect_tqdm():  # log lines are written above the bar, never into it
-            while not (finished(cfg.trainer, trainer.step, clock) or trainer.stop_requested):
+            if cfg.trainer.sft_warmup_steps:
+                from rlfleet.trainer.sft import warm_up
+
+                await warm_up(trainer, step_done, should_stop)
+            rollouts = start_rollouts(trainer, data) if cfg.trainer.mode == "async" else None
+            while not should_stop():
                 await trainer.wait_if_paused()
-                metrics = await one_step(trainer, data, rollouts)
-                await after_step(trainer, writer, bar, metrics, clock)
-                if cfg.trainer.test_freq and trainer.step % cfg.trainer.test_freq == 0 and val:
-                    await validate_during_training(trainer, val, writer, clock, rollouts)
+                await step_done(await one_step(trainer, data, rollouts), rollouts)
             clock.pause()
             await trainer.pushes.finish()
     finally:
         if rollouts is not None:
             await rollouts.close()
         bar.close()
+
+
+def start_rollouts(trainer: Trainer, data):
+    """Async mode's background producer of batches from ``data``, started."""
+    from rlfleet.trainer.pipeline import AsyncRollouts
+
+    rollouts = AsyncRollouts(
+        trainer.collector,
+        trainer.pushes,
+        data,
+        first_step=trainer.step,
+        first_version=trainer.version,
+        staleness=trainer.config.trainer.max_staleness,
+    )
+    rollouts.start()
+    return rollouts
 
 
 def finished(config, step: int, clock: TrainingClock) -> bool:

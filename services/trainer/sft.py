@@ -16,16 +16,20 @@ the template's text that opens each assistant turn, are context only.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.model.model_io import ChatTemplate, encode_prompt, uses_chat_template
-from rlfleet.trainer.data import read_rows
+from rlfleet.trainer.data import batches, read_rows
 
 if TYPE_CHECKING:
     from rlfleet.trainer.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 Messages = list[dict[str, Any]]
 
@@ -179,3 +183,36 @@ async def sft_step(trainer: Trainer, records: list[SftRecord]) -> dict[str, floa
     metrics["training/weight_version"] = float(trainer.version)
     metrics.update(timer.metrics)
     return metrics
+
+
+async def warm_up(
+    trainer: Trainer,
+    step_done: Callable[[dict[str, float]], Awaitable[None]],
+    should_stop: Callable[[], bool],
+) -> None:
+    """``trainer.sft_warmup_steps``: supervised steps on ``data.sft_files`` before RL, each
+    handed to ``step_done`` (the run's step bookkeeping: step count, metrics, checkpoints,
+    validation). A run resumed inside the warm-up does the steps it has left on the batches it
+    had not seen; the warm-up's batches are not RL data (``batches_consumed`` is the RL
+    data's position). Returns once the last warm-up push has landed."""
+    cfg = trainer.config
+    steps = cfg.trainer.sft_warmup_steps
+    if trainer.step >= steps:
+        return
+    data_cfg = cfg.data
+    records = await asyncio.to_thread(
+        load_sft_records, data_cfg.sft_files, trainer.tokenizer, data_cfg.max_prompt_length,
+        cfg.rollout.max_tokens, data_cfg.apply_chat_template,
+    )  # fmt: skip
+    data = batches(records, data_cfg.sft_batch_size, data_cfg.seed)
+    for _ in range(trainer.step):  # resumed inside the warm-up
+        next(data)
+    log.info("SFT warm-up: %d steps of %d conversations (%d in %s)", steps - trainer.step,
+             data_cfg.sft_batch_size, len(records), data_cfg.sft_files)  # fmt: skip
+    rl_position = trainer.batches_consumed
+    while trainer.step < steps and not should_stop():
+        await trainer.wait_if_paused()
+        metrics = await sft_step(trainer, next(data))
+        trainer.batches_consumed = rl_position
+        await step_done(metrics)
+    await trainer.pushes.finish()

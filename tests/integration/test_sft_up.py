@@ -60,3 +60,25 @@ def test_an_sft_file_without_an_assistant_turn_is_refused(tmp_path):
                            "--rollout-replicas", "1"])  # fmt: skip
     assert result.returncode != 0
     assert "prompts_only.jsonl:1: an SFT row has no assistant turn" in result.stdout + result.stderr
+
+
+def test_an_rl_run_warms_up_on_demonstrations_first(tmp_path):
+    """``trainer.sft_warmup_steps``: the first steps are supervised (their rows carry
+    ``sft/*``), RL follows in the same run (async) with the next weight versions, and the
+    warm-up's steps count in ``total_steps``."""
+    run_dir, warmup, steps = tmp_path / "run", 3, 6
+    data = sft_rows(tmp_path / "sft.jsonl", 200)
+    extra = [f"data.sft_files=[{data}]", f"trainer.sft_warmup_steps={warmup}",
+             "data.sft_batch_size=16", "trainer.mode=async", "trainer.lr=1e-4",
+             "data.val_size=32", f"trainer.test_freq={warmup}"]  # fmt: skip
+    result = run_up(run_dir, "hf", steps=steps, extra=extra, replicas=1)
+    assert result.returncode == 0, failure_report(result, run_dir)
+    rows = [m for m in read_metrics(run_dir) if "training/global_step" in m]
+    assert [m["training/global_step"] for m in rows] == [float(s) for s in range(1, steps + 1)]
+    supervised = [m for m in rows if "sft/trained_tokens" in m]
+    assert supervised == rows[:warmup] and all(m["sft/trained_tokens"] > 16 for m in supervised)
+    assert all("critic/score/mean" in m and "sft/trained_tokens" not in m for m in rows[warmup:])
+    assert [m["training/weight_version"] for m in supervised] == [2.0, 3.0, 4.0]
+    assert min(m["training/weight_version"] for m in rows[warmup:]) > 4.0
+    validated = [m for m in read_metrics(run_dir) if HELD_OUT in m]
+    assert validated and validated[0]["val/weight_version"] == warmup + 1  # the warmed-up weights

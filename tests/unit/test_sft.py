@@ -226,3 +226,12 @@ def test_what_the_template_adds_after_the_eos_token_is_not_learned():
     )
     assert text_of(record.response_ids) == "b$\n"
     assert record.loss_mask == [1, 1, 0]  # the engine stops at EOS; the newline is context
+
+
+def test_a_warmup_without_demonstrations_is_refused_at_load():
+    with pytest.raises(ValueError, match="needs data.sft_files"):
+        load_config(CONFIGS / "default.yaml", ["trainer.sft_warmup_steps=2"], env={})
+    with pytest.raises(ValueError, match="leaves no RL step"):
+        load_config(CONFIGS / "default.yaml",
+                    ["trainer.sft_warmup_steps=2", "trainer.total_steps=2",
+                     "data.sft_files=[x.jsonl]"], env={})  # fmt: skip

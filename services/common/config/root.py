@@ -130,7 +130,9 @@ class RlfleetConfig(Section):
             raise NotImplementedError(f"agent mode does not support {', '.join(named)} yet")
 
     def _check_sft_mode(self) -> None:
-        """What ``trainer.mode: sft`` does not run yet, refused at load."""
+        """What ``trainer.mode: sft`` and the SFT warm-up do not run yet, refused at load."""
+        if self.trainer.sft_warmup_steps:
+            self._check_sft_warmup()
         if self.trainer.mode != "sft":
             return
         if self.agent.env:
@@ -138,6 +140,22 @@ class RlfleetConfig(Section):
         if self.trainer.strategy != "single":
             raise NotImplementedError(
                 "trainer.mode=sft with trainer.strategy ddp/fsdp is not built yet; use single"
+            )
+
+    def _check_sft_warmup(self) -> None:
+        trainer = self.trainer
+        if trainer.mode == "sft":
+            raise ValueError("trainer.sft_warmup_steps is for RL runs; trainer.mode=sft is all SFT")
+        if not self.data.sft_files:
+            raise ValueError("trainer.sft_warmup_steps needs data.sft_files (the demonstrations)")
+        if trainer.sft_warmup_steps >= trainer.total_steps:
+            raise ValueError(
+                f"trainer.sft_warmup_steps={trainer.sft_warmup_steps} leaves no RL step of "
+                f"trainer.total_steps={trainer.total_steps}"
+            )
+        if self.agent.env or trainer.strategy != "single":
+            raise NotImplementedError(
+                "trainer.sft_warmup_steps with agent.env or ddp/fsdp is not built yet"
             )
 
     def _check_algorithm(self) -> None:

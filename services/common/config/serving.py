@@ -61,6 +61,12 @@ class DataConfig(Section):
     """Prompts longer than this (in tokens) are rejected at load time."""
     seed: int = 0
     """Shuffling seed for the training data."""
+    sft_files: list[str] = []
+    """Conversations for ``trainer.sft_warmup_steps`` (the schema of ``trainer.mode: sft``'s
+    ``train_files``: a ``messages`` column, or a prompt ending in assistant turns, or a prompt
+    plus a ``response``)."""
+    sft_batch_size: int = Field(16, ge=1)
+    """Conversations per warm-up step (``trainer.sft_warmup_steps``)."""
     apply_chat_template: Literal["auto"] | bool = "auto"
     """``auto``: chat-message prompts go through the tokenizer's chat template when it has one
     (opening the assistant turn), plain strings stay raw; ``true``: always (a string becomes one

@@ -176,6 +176,13 @@ class TrainerConfig(Section):
     conversations (``rlfleet.trainer.sft``: a warm-up on an answer format before RL), with the
     same checkpoints, weight pushes and held-out validation through the fleet; no rollouts,
     rewards, reference or critic during the steps."""
+    sft_warmup_steps: int = Field(0, ge=0)
+    """Sync or async mode: this many supervised steps (``mode: sft``'s update, on
+    ``data.sft_files``, ``data.sft_batch_size`` conversations each) before the first RL step,
+    in the same run: they count in ``total_steps``, the training clock and the metrics
+    (``sft/*``), each pushes its weights, and validation at ``test_freq`` sees them. 0 = none.
+    Why: a model that rarely writes the answer format gets little reward to learn from, and a
+    few steps on demonstrations fix the format faster than RL finds it."""
     max_staleness: int = 1
     """Async mode: the oldest weight version a trained response may come from is
     ``current - max_staleness``; older ones are dropped (counted in ``async/dropped``)."""

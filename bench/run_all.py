@@ -28,10 +28,11 @@ BENCHES = {
     "reward_throughput": "bench_reward_throughput", "router": "bench_router",
     "ddp": "bench_ddp", "actor_update": "bench_actor_update", "agent": "bench_agent",
     "inflight": "bench_inflight",
-    "real_model": "bench_real_model",
+    "real_model": "bench_real_model", "trainer_memory": "bench_trainer_memory",
 }  # fmt: skip
-OPT_IN = {"real_model", "inflight"}
-"""Run only when named in ``--only``: needs ``make smollm2`` and takes ~20 minutes."""
+OPT_IN = {"real_model", "inflight", "trainer_memory"}
+"""Run only when named in ``--only``: slow (real_model, trainer_memory: ``make smollm2``, 10-20
+minutes each)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

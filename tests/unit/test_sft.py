@@ -235,3 +235,45 @@ def test_a_warmup_without_demonstrations_is_refused_at_load():
         load_config(CONFIGS / "default.yaml",
                     ["trainer.sft_warmup_steps=2", "trainer.total_steps=2",
                      "data.sft_files=[x.jsonl]"], env={})  # fmt: skip
+
+
+async def test_a_warmup_resumed_inside_it_does_the_steps_left_on_unseen_batches(monkeypatch):
+    """A run checkpointed after warm-up step 2 of 4 does steps 3 and 4 on the batches after
+    the two it trained, leaves the RL data position alone, and waits for its last push."""
+    from types import SimpleNamespace
+
+    from rlfleet.trainer import sft
+    from rlfleet.trainer.data import batches
+
+    config = load_config(CONFIGS / "default.yaml",
+                         ["trainer.sft_warmup_steps=4", "data.sft_files=[demos.jsonl]",
+                          "data.sft_batch_size=2"], env={})  # fmt: skip
+    records = list(range(10))  # stand-ins: the step only sees which records it got
+    monkeypatch.setattr(sft, "load_sft_records", lambda *args: records)
+    trained, finished = [], []
+
+    async def fake_step(trainer, batch):
+        trained.append(batch)
+        trainer.batches_consumed += 1  # as sft_step does
+        return {"sft/trained_tokens": 1.0}
+
+    async def no_wait():
+        return None
+
+    async def finish():
+        finished.append(True)
+
+    monkeypatch.setattr(sft, "sft_step", fake_step)
+    trainer = SimpleNamespace(config=config, step=2, batches_consumed=7, tokenizer=None,
+                              wait_if_paused=no_wait, pushes=SimpleNamespace(finish=finish))  # fmt: skip
+
+    async def step_done(metrics):
+        trainer.step += 1
+
+    await sft.warm_up(trainer, step_done, lambda: False)
+    order = batches(records, 2, config.data.seed)
+    expected = [next(order) for _ in range(4)][2:]
+    assert trained == expected and trainer.step == 4
+    assert trainer.batches_consumed == 7 and finished == [True]
+    await sft.warm_up(trainer, step_done, lambda: False)  # past the warm-up: nothing
+    assert len(trained) == 2

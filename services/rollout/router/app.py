@@ -95,6 +95,6 @@ async def http_front(
 
 
 def _free_port() -> int:
-    from rlfleet.common.redis_server import free_port
+    from rlfleet.common.ports import free_port
 
     return free_port()

@@ -40,6 +40,9 @@ class Collector:
         self.tokenizer = tokenizer
         self.run_tag = run_tag
         self._calls = itertools.count()
+        self.on_scored: Callable[[RolloutBatch], None] | None = None
+        """Called with every scored batch (each DAPO round too): the difficulty pools'
+        pass rates (``data.pass_rate_sampling``)."""
 
     async def produce(
         self,
@@ -202,6 +205,8 @@ class Collector:
         batch.score_errors = sum(1 for r in results if r.error)
         if batch.score_errors:
             log.warning("%d responses could not be scored", batch.score_errors)
+        if self.on_scored is not None:
+            self.on_scored(batch)
 
     async def reference_and_values(self, batch: RolloutBatch) -> None:
         if self.config.needs_reference and not self.config.reference_from_actor:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.trainer.clock import TrainingClock
-from rlfleet.trainer.data import batches, load_records
+from rlfleet.trainer.data import load_records
 from rlfleet.trainer.evaluate import Evaluator
 from rlfleet.trainer.loggers import StepWriter, Tracker, progress_postfix
+from rlfleet.trainer.pass_rate_sampler import prompt_stream
 from rlfleet.trainer.report import curve_series, plot_reward_curve, write_report
 from rlfleet.trainer.run_record import set_aside_previous
 from rlfleet.trainer.samples import TrainSamples
@@ -63,6 +64,7 @@ def restore(trainer: Trainer, clock: TrainingClock | None = None) -> Path | None
     trainer.step = int(state["step"])
     trainer.resumed_version = int(state["version"])
     trainer.batches_consumed = int(state.get("batches_consumed", trainer.step))
+    trainer.sampler_state = state.get("sampler")
     if "rng" in state:
         set_rng_state(state["rng"])
     if "kl_coef" in state and trainer.kl_ctrl is not None:
@@ -152,9 +154,7 @@ async def train_loop(
 
     cfg = trainer.config
     clock = clock or TrainingClock(1.0)
-    data = batches(train_records, cfg.data.train_batch_size, cfg.data.seed)
-    for _ in range(trainer.batches_consumed):  # a resumed run continues the same data order
-        next(data)
+    data = prompt_stream(trainer, train_records)  # a resumed run goes on where it stopped
     bar = progress(
         cfg.trainer.total_steps, "SFT steps" if cfg.trainer.mode == "sft" else "GRPO steps"
     )
@@ -225,6 +225,8 @@ async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:
         metrics = await trainer.train_step(next(data), refill=lambda: next(data))
     else:  # every background push goes to all live replicas, joiners included
         metrics = await trainer.train_step_async(rollouts)
+    if trainer.prompt_sampler is not None:
+        metrics.update(trainer.prompt_sampler.metrics())
     return {**metrics, **call_counts.per_step_metrics(calls_before, call_counts.snapshot())}
 
 
@@ -251,6 +253,8 @@ def save_checkpoint(trainer: Trainer, path: Path, clock: TrainingClock | None = 
         "batches_consumed": trainer.batches_consumed,
         "rng": rng_state(),
     }
+    if trainer.prompt_sampler is not None:
+        extra["sampler"] = trainer.prompt_sampler.state()
     if trainer.kl_ctrl is not None:
         extra["kl_coef"] = float(trainer.kl_ctrl.value)
     if clock is not None:  # a resumed run goes on with the run's clock, not a fresh one

@@ -75,6 +75,11 @@ class Trainer:
         self.batches_consumed = 0
         """Data batches behind the steps trained so far (DAPO may draw several per step): a
         resumed run skips exactly these."""
+        self.prompt_sampler = None
+        """The difficulty pools' sampler when ``data.pass_rate_sampling`` is on (its state
+        goes into checkpoints)."""
+        self.sampler_state: dict | None = None
+        """That sampler's state in the checkpoint this run resumed from."""
         self.pushes = WeightPushes(config, fleet, actor)
         self.samples = TrainSamples(None)  # run_training points it at run_dir (the dashboard)
         algo = config.algorithm

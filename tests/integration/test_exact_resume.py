@@ -11,6 +11,8 @@ replica as a version newer than any the killed run pushed, and trains step 3 aga
 3 must match the killed run's: the same batch (scores, lengths, advantages, returns, values)
 and the same actor and critic losses. The final validation also samples 2 answers per
 held-out prompt (``trainer.val_n=2``): mean@2, best@2 and maj@2 through the real fleet.
+Prompts are drawn by the difficulty pools (``data.pass_rate_sampling``): their pass rates and
+random stream come back from the checkpoint, so step 3 draws the same prompts again.
 The resumed run's bookkeeping tells the whole run: its step-3 row is marked (``segment: 1``,
 ``retrained: true``), and the summary reports the first trainer's held-out accuracy before its
 first step (not the checkpoint's) and the training time of both segments.
@@ -58,6 +60,7 @@ SETTINGS = [
     "trainer.logger=[jsonl]",
     "trainer.val_n=2",
     "trainer.replica_wait_s=300",
+    "data.pass_rate_sampling.enable=true",
 ]
 NOT_COMPARED = ("timing_s/", "weight_sync/", "perf/", "training/weight_version", "segment",
                 "retrained")  # fmt: skip

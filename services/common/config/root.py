@@ -124,6 +124,7 @@ class RlfleetConfig(Section):
             ),
             "trainer.val_n > 1 (sampled validation episodes)": self.trainer.val_n > 1,
             "algorithm.overlong_buffer (per-turn lengths)": self.algorithm.overlong_buffer.enable,
+            "data.pass_rate_sampling (episode scores)": self.data.pass_rate_sampling.enable,
         }
         named = [name for name, used in unsupported.items() if used]
         if named:
@@ -135,6 +136,8 @@ class RlfleetConfig(Section):
             self._check_sft_warmup()
         if self.trainer.mode != "sft":
             return
+        if self.data.pass_rate_sampling.enable:
+            raise ValueError("data.pass_rate_sampling draws RL prompts; trainer.mode=sft has none")
         if self.agent.env:
             raise NotImplementedError("trainer.mode=sft with agent.env (episodes) is not built")
         if self.trainer.strategy != "single":

@@ -47,6 +47,23 @@ class ModelConfig(Section):
         return value
 
 
+class PassRateSamplingConfig(Section):
+    """Difficulty pools (``rlfleet.trainer.pass_rate_sampler``): training prompts drawn in
+    proportion to the chance that their group of ``rollout.n`` samples has a spread."""
+
+    enable: bool = False
+    """Draw prompts by their (or, unseen, their data source's) pass rate instead of a shuffled
+    order. Single-turn GRPO-style runs only (not agent mode, not ``trainer.mode: sft``)."""
+    ema: float = Field(0.5, gt=0, le=1)
+    """Weight of a prompt's newest group in its pass-rate average (1 = the last group only)."""
+    floor: float = Field(0.05, gt=0, le=1)
+    """Smallest draw weight (of 1 for a prompt sure to give a spread): solved and hopeless
+    prompts still come back now and then."""
+    prior_groups: float = Field(2.0, ge=0)
+    """Pseudo-groups with a spread added to each data source's count, so a source nobody
+    sampled yet is drawn as if promising."""
+
+
 class DataConfig(Section):
     train_files: list[str] = ["data/arith/train.jsonl"]
     """JSONL or Parquet (``.parquet``) files in verl's schema (prompt, data_source,
@@ -67,6 +84,8 @@ class DataConfig(Section):
     plus a ``response``)."""
     sft_batch_size: int = Field(16, ge=1)
     """Conversations per warm-up step (``trainer.sft_warmup_steps``)."""
+    pass_rate_sampling: PassRateSamplingConfig = PassRateSamplingConfig()
+    """Difficulty pools: draw training prompts weighted by their recent pass rate."""
     apply_chat_template: Literal["auto"] | bool = "auto"
     """``auto``: chat-message prompts go through the tokenizer's chat template when it has one
     (opening the assistant turn), plain strings stay raw; ``true``: always (a string becomes one

@@ -62,12 +62,43 @@ class RefCritic(Closable, Protocol):
     async def load_checkpoint(self, path: str) -> CheckpointInfo: ...
 
 
+class WeightSnapshot(Protocol):
+    """One version of the weights, copied: pushed as often as retries need, then closed."""
+
+    async def push(self, only_stale: bool = False) -> dict[str, float]: ...
+
+    def close(self) -> None: ...
+
+
+class ClonedSnapshot:
+    """A snapshot by cloning every tensor (the default of publishers that encode nothing)."""
+
+    def __init__(self, publisher: WeightPublisher, state_dict: dict, version: int,
+                 flush_cache: bool) -> None:  # fmt: skip
+        self._publisher, self._version, self._flush = publisher, version, flush_cache
+        self._state = {name: tensor.clone() for name, tensor in state_dict.items()}
+
+    async def push(self, only_stale: bool = False) -> dict[str, float]:
+        return await self._publisher.push(self._state, self._version, self._flush, only_stale)
+
+    def close(self) -> None:
+        self._state = {}
+
+
 class WeightPublisher(Closable, Protocol):
     """Pushes the actor's weights to the replicas (``rlfleet.trainer.weight_sync.WeightSync``)."""
 
     async def push(
         self, state_dict: dict, version: int, flush_cache: bool = True, only_stale: bool = False
     ) -> dict[str, float]: ...
+
+    async def snapshot(
+        self, state_dict: dict, version: int, flush_cache: bool = True
+    ) -> WeightSnapshot:
+        """``state_dict`` as ``version``, copied so the actor may train on while it is
+        pushed (async mode). ``WeightSync`` encodes it straight into the payload replicas
+        read (one copy, not two); this default clones it."""
+        return ClonedSnapshot(self, state_dict, version, flush_cache)
 
     async def wait_for_replicas(self, count: int, timeout_s: float) -> list[ReplicaStatus]: ...
 

@@ -6,6 +6,10 @@ order), the async producer waits on the newest version the replicas acknowledged
 rollout that runs late brings stale replicas up to date. ``Trainer`` decides *which* version
 to push; this decides how it gets there. The transport itself is ``Fleet.weight_sync``
 (``rlfleet.trainer.weight_sync``).
+
+Memory: an async push needs a copy of the weights that the next update does not touch. That
+copy is the encoded payload itself (``WeightSync.snapshot``: the shared-memory file replicas
+read), not a clone of every tensor plus the payload: SmolLM2 in fp32 kept 0.54 GB less.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import TypeVar
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import RlfleetError
-from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.fleet import Fleet, WeightSnapshot
 from rlfleet.trainer.retry import retry_transient
 
 log = logging.getLogger(__name__)
@@ -52,11 +56,11 @@ class WeightPushes:
         if self.config.trainer.mode == "sync":
             return await self.push(version)
         previous = await self.finish()
-        state = {
-            name: tensor.clone() for name, tensor in self.actor.state_dict_for_rollout().items()
-        }
         flush = self.config.rollout.flush_cache_on_update
-        self._task = asyncio.create_task(self._push_snapshot(state, version, flush))
+        state = self.actor.state_dict_for_rollout()
+        # Encoded now, before the next update changes the weights; sent in the background.
+        snapshot = await self.fleet.weight_sync.snapshot(state, version, flush)
+        self._task = asyncio.create_task(self._push_snapshot(snapshot, version))
         return previous
 
     async def finish(self) -> dict[str, float]:
@@ -98,8 +102,18 @@ class WeightPushes:
         budget = self.config.trainer.step_retry_s
         return await retry_transient(attempt, budget, f"push of weight version {version}")
 
-    async def _push_snapshot(self, state: dict, version: int, flush: bool) -> dict[str, float]:
-        metrics = await self._push_retrying(state, version, flush, False)
+    async def _push_snapshot(self, snapshot: WeightSnapshot, version: int) -> dict[str, float]:
+        """Push ``snapshot`` to every live replica, retried like any push (a retry goes only
+        to replicas still behind), then free it."""
+
+        async def attempt(n: int) -> dict[str, float]:
+            return await snapshot.push(only_stale=n > 0)
+
+        try:
+            budget = self.config.trainer.step_retry_s
+            metrics = await retry_transient(attempt, budget, f"push of weight version {version}")
+        finally:
+            snapshot.close()
         await self._mark_landed(version)
         return metrics
 

@@ -29,6 +29,7 @@ from rlfleet.rollout.types import ReplicaState, ReplicaStatus
 from rlfleet.trainer.weight_transport import (
     DeltaMode,
     GrpcWeightTransport,
+    Prepared,
     PushResult,
     StateDict,
     WeightTransport,
@@ -67,11 +68,49 @@ class WeightSync:
         """Push ``version`` to live replicas (only those behind it, or failed, if
         ``only_stale``). ``force`` defaults to True for this object's first push only."""
         started = time.perf_counter()
-        targets = [r for r in await self._live() if not only_stale or _behind(r, version)]
-        if not targets:
+        targets = await self._targets(version, only_stale)
+        if not targets:  # nothing encoded: catch-up polls find nobody behind most of the time
             return {"weight_sync/replicas": 0.0}
         force = not self._forced_once if force is None else force
-        results = await self._transport.push(state_dict, version, flush_cache, targets, force)
+        prepared = await self._transport.prepare(state_dict, version, flush_cache, force, targets)
+        results: list[PushResult] = []
+        try:
+            results = await self._transport.deliver(prepared, targets)
+        finally:
+            self._transport.release(prepared, bool(results) and _all_ok(results))
+        return self._outcome(results, version, only_stale, started)
+
+    async def snapshot(
+        self, state_dict: StateDict, version: int, flush_cache: bool = True
+    ) -> EncodedSnapshot:
+        """``version`` encoded now, into the payload replicas will read (shared memory on
+        this host), so the actor may train on at once: the payload is the only copy."""
+        force = not self._forced_once
+        prepared = await self._transport.prepare(state_dict, version, flush_cache, force)
+        return EncodedSnapshot(self, prepared)
+
+    async def push_prepared(
+        self, prepared: Prepared, only_stale: bool
+    ) -> tuple[dict[str, float], bool]:
+        """Deliver an encoded version to the live replicas (only those behind it, if
+        ``only_stale``): its metrics, and whether no target failed."""
+        started = time.perf_counter()
+        targets = await self._targets(prepared.version, only_stale)
+        results = await self._transport.deliver(prepared, targets) if targets else []
+        return self._outcome(results, prepared.version, only_stale, started), _all_ok(results)
+
+    def release(self, prepared: Prepared, reusable: bool) -> None:
+        self._transport.release(prepared, reusable)
+
+    async def _targets(self, version: int, only_stale: bool) -> list[ReplicaStatus]:
+        return [r for r in await self._live() if not only_stale or _behind(r, version)]
+
+    def _outcome(
+        self, results: list[PushResult], version: int, only_stale: bool, started: float
+    ) -> dict[str, float]:
+        """Record what each replica took; fail if a push for everyone reached no one."""
+        if not results:
+            return {"weight_sync/replicas": 0.0}
         self._record(results, version)
         accepted = [r for r in results if r.ok]
         if not accepted and not only_stale:
@@ -132,6 +171,30 @@ def grpc_weight_sync(
     transport = GrpcWeightTransport(connect, PreparedUpdate.of, chunk_bytes, shared_memory)
     transport.delta = delta
     return WeightSync(connect(router_address), transport)
+
+
+class EncodedSnapshot:
+    """One version encoded once (``WeightSync.snapshot``): pushed as often as retries need,
+    then closed (its shared file kept for the next version if every replica took it)."""
+
+    def __init__(self, sync: WeightSync, prepared: Prepared) -> None:
+        self._sync, self._prepared = sync, prepared
+        self._clean = True
+        """No delivery failed at any target: the shared file may be written again."""
+
+    async def push(self, only_stale: bool = False) -> dict[str, float]:
+        clean_before, self._clean = self._clean, False  # one that raises may have reached some
+        metrics, clean = await self._sync.push_prepared(self._prepared, only_stale)
+        self._clean = clean_before and clean
+        return metrics
+
+    def close(self) -> None:
+        self._sync.release(self._prepared, self._clean)
+
+
+def _all_ok(results: Sequence[PushResult]) -> bool:
+    """No target failed (one that did may still be reading the shared file)."""
+    return all(r.ok for r in results)
 
 
 def _behind(replica: ReplicaStatus, version: int) -> bool:

@@ -53,7 +53,21 @@ class PushResult:
 
 
 class WeightTransport(Protocol):
-    """Delivers one version of the weights to replicas; one result per target, in order."""
+    """Delivers one version of the weights to replicas; one result per target, in order.
+    ``prepare`` encodes a version once (after it returns the state dict may change: the
+    encoding is the copy), ``deliver`` sends it (as often as retries need) and ``release``
+    frees it; ``push`` is the three in one."""
+
+    async def prepare(
+        self, state_dict: StateDict, version: int, flush_cache: bool, force: bool = False,
+        targets: Sequence[ReplicaStatus] | None = None,
+    ) -> Prepared: ...  # fmt: skip
+
+    async def deliver(
+        self, prepared: Prepared, targets: Sequence[ReplicaStatus]
+    ) -> list[PushResult]: ...
+
+    def release(self, prepared: Prepared, reusable: bool) -> None: ...
 
     async def push(
         self, state_dict: StateDict, version: int, flush_cache: bool,
@@ -119,17 +133,43 @@ class GrpcWeightTransport:
         self, state_dict: StateDict, version: int, flush_cache: bool,
         targets: Sequence[ReplicaStatus], force: bool = False,
     ) -> list[PushResult]:  # fmt: skip
-        shared = self._shared_memory and any(t.address not in self._streamed for t in targets)
-        encoded = await asyncio.to_thread(self._encode, state_dict, version, flush_cache, force,
-                                          shared)  # fmt: skip
-        delta = await asyncio.to_thread(self._plan_delta, state_dict, encoded, version, force)
+        prepared = await self.prepare(state_dict, version, flush_cache, force, targets)
         results: list[PushResult] = []
         try:
-            results = list(await asyncio.gather(
-                *(self._push_one(t, encoded, _delta_for(t, delta)) for t in targets)))  # fmt: skip
+            results = await self.deliver(prepared, targets)
             return results
         finally:
-            self._release(encoded, reusable=bool(results) and all(r.ok for r in results))
+            self.release(prepared, reusable=bool(results) and all(r.ok for r in results))
+
+    async def prepare(
+        self, state_dict: StateDict, version: int, flush_cache: bool, force: bool = False,
+        targets: Sequence[ReplicaStatus] | None = None,
+    ) -> Prepared:  # fmt: skip
+        """Encode once (into shared memory unless every target, or every replica met so
+        far when ``targets`` is None, needs the bytes streamed) and plan the delta."""
+        addresses = [t.address for t in targets] if targets is not None else list(self._clients)
+        streamed_only = bool(addresses) and all(a in self._streamed for a in addresses)
+        shared = self._shared_memory and not streamed_only
+        encoded = await asyncio.to_thread(self._encode, state_dict, version, flush_cache, force,
+                                          shared)  # fmt: skip
+        try:
+            delta = await asyncio.to_thread(self._plan_delta, state_dict, encoded, version, force)
+        except BaseException:
+            self._release(encoded, reusable=False)
+            raise
+        return Prepared(encoded, delta)
+
+    async def deliver(
+        self, prepared: Prepared, targets: Sequence[ReplicaStatus]
+    ) -> list[PushResult]:
+        """The prepared version to every target at once (the delta to those on its base)."""
+        return list(await asyncio.gather(*(
+            self._push_one(t, prepared.encoded, _delta_for(t, prepared.delta)) for t in targets
+        )))  # fmt: skip
+
+    def release(self, prepared: Prepared, reusable: bool) -> None:
+        """Keep the shared file for the next push if every target took it, else remove it."""
+        self._release(prepared.encoded, reusable)
 
     def _plan_delta(
         self, state_dict: StateDict, encoded: _Encoded, version: int, force: bool
@@ -259,6 +299,18 @@ class _Delta:
     base: int
     """The version the delta applies to: only replicas serving it get the delta."""
     encoded: _Encoded
+
+
+@dataclass
+class Prepared:
+    """One version encoded for delivery: the full payload and, where planned, the delta."""
+
+    encoded: _Encoded
+    delta: _Delta | None
+
+    @property
+    def version(self) -> int:
+        return self.encoded.header.version
 
 
 def _delta_for(target: ReplicaStatus, delta: _Delta | None) -> _Encoded | None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 
 import pytest
 import torch
@@ -179,3 +180,37 @@ async def test_no_room_in_shared_memory_streams_that_push(monkeypatch):
     target = ReplicaStatus("r0", "local:1", 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
     assert (await transport.push(state(), 1, True, [target]))[0].ok
     assert replica.received == ["stream"]
+
+
+class Directory:
+    """The router's replica list, as ``WeightSync`` asks it."""
+
+    def __init__(self, replicas: list[ReplicaStatus]) -> None:
+        self.replicas = replicas
+
+    async def list_replicas(self) -> list[ReplicaStatus]:
+        return self.replicas
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_an_async_snapshot_is_the_encoded_payload_not_a_second_copy_of_the_weights():
+    from rlfleet.trainer.weight_sync import WeightSync
+
+    replica = FakeReplica(True)
+    transport = GrpcWeightTransport(lambda _: replica, PreparedUpdate.of, 8, shared_memory=True)
+    target = ReplicaStatus("r0", "local:1", 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
+    sync = WeightSync(Directory([target]), transport)
+    weights_now = state()
+    snapshot = await sync.snapshot(weights_now, 1)
+    assert len(our_files()) == 1  # encoded at once, into the file the replica reads
+    weights_now["a"].add_(100.0)  # the next update, in place, before the push went out
+    metrics = await snapshot.push()  # FakeReplica checks "a" against the untouched values
+    assert metrics["weight_sync/replicas"] == 1.0 and replica.received == ["shm"]
+    sync._directory.replicas = [replace(target, weight_version=1)]  # as the router then says
+    assert (await snapshot.push(only_stale=True))["weight_sync/replicas"] == 0.0  # a retry
+    snapshot.close()
+    assert len(our_files()) == 1  # taken by everyone: kept for the next version
+    await sync.close()
+    assert our_files() == []

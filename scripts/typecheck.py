@@ -42,6 +42,7 @@ FAKES = (
     "tests/unit/test_trainer_episodes.py",
     "tests/unit/test_agent_loop.py",
     "tests/unit/test_difficulty_filter.py",
+    "tests/unit/test_health_runs.py",
     "tests/integration/test_ddp_actor.py",
     "tests/integration/test_weight_updates.py",
 )

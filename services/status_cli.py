@@ -3,6 +3,8 @@
 Replicas (id, state, weight version, in flight, served, queue), roles' health, queue depths and
 the trainer's state, from the same probe as the dashboard (``rlfleet.dashboard.probe``): the
 router's replica list, or the registry in Redis when no router answers (with ``redis_url``).
+Then the run's health: the rules of ``rlfleet.trainer.health`` that fire on ``run_dir``'s
+``metrics.jsonl``, with the thresholds the trainer recorded (``config.trainer.yaml``).
 ``--run-dir DIR`` takes the addresses from ``DIR/endpoints.json`` (what ``rlfleet up`` wrote);
 ``--watch [S]`` redraws every S seconds until Ctrl-C.
 """
@@ -15,9 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.config.health import HealthConfig
 from rlfleet.common.entry import base_parser, resolve
 from rlfleet.dashboard.probe import FleetProbe
+from rlfleet.dashboard.runfiles import health_findings
+from rlfleet.trainer.metrics import read_rows, standing_rows
 
 REPLICA_COLUMNS = [("replica", "replica_id"), ("state", "state"), ("version", "weight_version"),
                    ("in_flight", "in_flight"), ("served", "served"), ("queued", "queued"),
@@ -87,10 +94,33 @@ def render(fleet: dict[str, Any]) -> list[str]:
     return lines
 
 
+def recorded_health(run_dir: Path, fallback: HealthConfig) -> HealthConfig:
+    """The ``trainer.health`` the run's trainer recorded in ``config.trainer.yaml``, else
+    ``fallback`` (this command's own)."""
+    try:
+        recorded = yaml.safe_load((run_dir / "config.trainer.yaml").read_text())
+        return HealthConfig(**recorded["trainer"]["health"])
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return fallback
+
+
+def health_lines(config: RlfleetConfig) -> list[str]:
+    """The run's health: one line per rule that fires on ``run_dir/metrics.jsonl``."""
+    run_dir = Path(config.run_dir)
+    rows = standing_rows(read_rows(run_dir / "metrics.jsonl"))
+    if not rows:
+        return [f"health: no metrics in {run_dir} yet"]
+    found = health_findings(run_dir, rows, recorded_health(run_dir, config.trainer.health))
+    if not found:
+        return [f"health: ok (step {rows[-1]['step']}, no rule fires)"]
+    return [f"health: {len(found)} warning(s) (step {rows[-1]['step']}):",
+            *(f"  WARNING {f['rule']}: {f['message']}" for f in found)]  # fmt: skip
+
+
 async def collect(config: RlfleetConfig) -> list[str]:
     probe = FleetProbe(config)
     try:
-        return render(await probe.fleet())
+        return render(await probe.fleet()) + health_lines(config)
     finally:
         await probe.close()
 
@@ -99,7 +129,7 @@ async def watch(config: RlfleetConfig, every_s: float) -> None:
     probe = FleetProbe(config)
     try:
         while True:
-            lines = render(await probe.fleet())
+            lines = render(await probe.fleet()) + health_lines(config)
             sys.stdout.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
             sys.stdout.flush()
             await asyncio.sleep(every_s)

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-from rlfleet.trainer import report
+from rlfleet.common.config.health import HealthConfig
+from rlfleet.trainer import health, report
 
 CURVES: dict[str, tuple[str, ...]] = {
     "reward": ("critic/score/mean",),
@@ -141,6 +143,47 @@ def step_times(rows: list[dict[str, Any]], window: int = 20) -> dict[str, Any]:
         "step_s_mean": sum(step_s) / len(step_s) if step_s else None,
         "window": len(steps),
     }
+
+
+class HealthTail:
+    """The run-health rules (``rlfleet.trainer.health``) over a ``MetricsTail``'s rows, fed
+    only the rows added since the last call: replaying a long run's file every refresh would
+    cost the page a good part of a core. Rows replaced (a new run, a resumed one's segment)
+    start the rules afresh."""
+
+    def __init__(self, config: HealthConfig) -> None:
+        self.config = config
+        self._rows: list[dict[str, Any]] | None = None
+        self._fed = 0
+        self._monitor = health.HealthMonitor(config)
+
+    def findings(
+        self, run_dir: Path, rows: list[dict[str, Any]], now: float | None = None
+    ) -> list[dict[str, str]]:
+        """``{"rule", "message"}`` for each rule firing; a run not finished (no
+        ``summary.json``) is also judged on its wait for the next row (the file's age)."""
+        if rows is not self._rows or len(rows) < self._fed:
+            self._rows, self._fed = rows, 0
+            self._monitor = health.HealthMonitor(self.config)
+        self._monitor.replay(rows[self._fed :])
+        self._fed = len(rows)
+        found = self._monitor.findings(waiting_s(run_dir, now) if rows else None)
+        return [{"rule": f.rule, "message": f.message} for f in found]
+
+
+def waiting_s(run_dir: Path, now: float | None = None) -> float | None:
+    """Seconds since ``metrics.jsonl`` last grew, for a run not finished (else None)."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file() or (run_dir / "summary.json").exists():
+        return None
+    return (now or time.time()) - metrics.stat().st_mtime
+
+
+def health_findings(
+    run_dir: Path, rows: list[dict[str, Any]], config: HealthConfig, now: float | None = None
+) -> list[dict[str, str]]:
+    """``HealthTail.findings`` of all ``rows`` at once (``rlfleet status``)."""
+    return HealthTail(config).findings(run_dir, rows, now)
 
 
 def tail_jsonl(path: Path, limit: int, block: int = 1 << 16) -> list[dict[str, Any]]:

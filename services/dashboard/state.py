@@ -59,6 +59,7 @@ class DashboardState:
         self.run_dir = Path(config.run_dir)
         self.probe = probe or FleetProbe(config)
         self.metrics = runfiles.MetricsTail(self.run_dir / "metrics.jsonl")
+        self.health = runfiles.HealthTail(config.trainer.health)
         self.started_at = time.time()
         self.document: dict[str, Any] = {"updated_at": None, "version": 0}
         self._last_read = -float("inf")  # time.monotonic() of the last reader's request
@@ -99,6 +100,7 @@ class DashboardState:
                 "training": runfiles.tail_jsonl(self.run_dir / TRAIN_SAMPLES, cfg.samples),
             },
             "config": config_summary(self.config),
+            "health": self.health.findings(self.run_dir, rows),
         }
 
     async def refresh(self) -> dict[str, Any]:

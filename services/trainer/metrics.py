@@ -40,8 +40,25 @@ def batch_metrics(batch, max_response_length: int) -> dict[str, float]:
         "response_length/clip_ratio": clipped / max(1, len(lengths)),
         "reward/errors": float(batch.score_errors),
         "rollout/replicas_used": float(len(set(batch.replica_ids))),
+        "perf/total_num_tokens": sum(prompt_lengths) + sum(lengths),
+        **zero_variance_fraction(batch.scores, batch.group_ids),
     }
     return metrics
+
+
+def zero_variance_fraction(scores: list[float], group_ids: list) -> dict[str, float]:
+    """``batch/zero_variance_fraction``: the share of groups (of two samples or more) whose
+    samples all scored the same, so their group-relative advantage is 0 (DAPO's argument;
+    with ``algorithm.filter_groups`` such groups were dropped before and ``dapo/*`` count
+    them). Watched by ``rlfleet.trainer.health``; {} when no group has two samples."""
+    groups: dict = {}
+    for score, group in zip(scores, group_ids, strict=True):
+        groups.setdefault(group, []).append(score)
+    judged = [values for values in groups.values() if len(values) > 1]
+    if not judged:
+        return {}
+    alike = sum(1 for values in judged if max(values) == min(values))
+    return {"batch/zero_variance_fraction": alike / len(judged)}
 
 
 def tensor_stats(prefix: str, tensor, mask) -> dict[str, float]:

@@ -139,6 +139,7 @@ async def validate_during_training(
     await trainer.push_weights(only_stale=True)  # replicas restarted since the last push
     result = await validation(trainer, val, writer)
     accuracy = result.metrics
+    trainer.health.observe(accuracy)  # held-out flat: its flag goes out with the next step
     writer.write(trainer.step, {**accuracy, **result.pinned, "training/time_s": clock.training_s})
     clock.observe(_first(accuracy))
     log.info("step %d held-out: %s (training %.1f s)", trainer.step, accuracy, clock.training_s)
@@ -236,6 +237,7 @@ async def after_step(
     cfg = trainer.config
     trainer.step += 1
     metrics["training/global_step"] = float(trainer.step)
+    metrics.update(trainer.health.observe(metrics))  # health/<rule> flags; WARNING on firing
     writer.write(trainer.step, metrics)
     bar.update(1)
     bar.set_postfix(progress_postfix(metrics))
@@ -317,6 +319,7 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
     resumed = restore(trainer, clock)
     if resumed is not None:  # metrics.jsonl marks the rows of this segment
         writer.resume(trainer.step)
+        trainer.health.replay(writer.history)  # the rules go on from the rows that stand
     await restore_critic(trainer, resumed)
     server = control_server_factory(trainer, writer) if control_server_factory else None
     if server is not None:

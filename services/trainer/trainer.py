@@ -32,6 +32,7 @@ from rlfleet.trainer.collect import Collector
 from rlfleet.trainer.correction import correct_batch, needs_actor_old_logprobs
 from rlfleet.trainer.data import PromptRecord
 from rlfleet.trainer.fleet import Fleet
+from rlfleet.trainer.health import HealthMonitor
 from rlfleet.trainer.metrics import Timer, batch_metrics, rollout_probs_diff, tensor_stats
 from rlfleet.trainer.pushes import WeightPushes
 from rlfleet.trainer.rewards_shaping import kl_controller_for, shape_rewards, shaping_inputs
@@ -82,6 +83,7 @@ class Trainer:
         """That sampler's state in the checkpoint this run resumed from."""
         self.pushes = WeightPushes(config, fleet, actor)
         self.samples = TrainSamples(None)  # run_training points it at run_dir (the dashboard)
+        self.health = HealthMonitor(config.trainer.health)  # rules over the step metrics
         algo = config.algorithm
         self.kl_ctrl = kl_controller_for(config)
         self.shaping_metrics: dict[str, float] = {}

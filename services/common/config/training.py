@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from rlfleet.common.config.base import Section
+from rlfleet.common.config.health import HealthConfig
 from rlfleet.common.config.rollout_correction import RolloutCorrectionConfig
 
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
@@ -263,6 +264,8 @@ class TrainerConfig(Section):
     """Project (W&B project, MLflow experiment) the run is filed under."""
     experiment_name: str | None = None
     """Name of this run in W&B/MLflow/TensorBoard; None = the name of ``run_dir``."""
+    health: HealthConfig = HealthConfig()
+    """Run-health rules over the step metrics (``rlfleet.trainer.health``): their thresholds."""
 
     @model_validator(mode="after")
     def _check_parallelism(self) -> TrainerConfig:

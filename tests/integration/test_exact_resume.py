@@ -166,6 +166,9 @@ def test_sigkill_then_auto_resume_repeats_the_next_step_exactly(fleet: Fleet, tm
     assert set(got) == set(expected)
     assert {"actor/pg_loss", "critic/vf_loss", "critic/advantages/mean"} <= set(got)
     assert got == expected
+    # the difficulty pools saw every trained prompt: 8 a step (rollout.n=1: never a spread)
+    assert [r["data/pass_rate/seen_prompts"] for r in killed] == [8.0, 16.0, 24.0]
+    assert got["data/pass_rate/spread_share/arith"] == 0.0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3
     # the run's story, not the second segment's: the first trainer's start, both segments' time

@@ -29,7 +29,7 @@ from rlfleet.launch.plan import (
     plan_from_args,
 )
 from rlfleet.launch.process import Child, free_port, role_argv, role_env, split_secrets
-from rlfleet.launch.session import print_run_summary, say, start_redis
+from rlfleet.launch.session import print_run_summary, say, start_redis, stop_on_signals
 
 STOP_GRACE_S = 10.0
 
@@ -200,21 +200,21 @@ def run_local(config: RlfleetConfig, args) -> int:
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     redis = start_redis(config, run_dir)
+    redis_url = redis.url if redis else config.redis_url
     children: list[Child] = []
-    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
-        children = plan_children(config, args, redis.url if redis else config.redis_url, log_dir)
-        for child in children:
-            child.start()
-        code = supervise(children, config.rollout.max_restarts)
-        if code == 0 and not args.no_trainer:
-            print_run_summary(run_dir / "summary.json")
-        return code
-    except KeyboardInterrupt:
-        print("\nrlfleet up: interrupted, stopping the fleet", file=sys.stderr)
-        return 130
-    finally:
-        stop_all(children)
-        if redis is not None:
-            redis.stop()
-        signal.signal(signal.SIGTERM, previous)
+    with stop_on_signals():
+        try:
+            children = plan_children(config, args, redis_url, log_dir)
+            for child in children:
+                child.start()
+            code = supervise(children, config.rollout.max_restarts)
+            if code == 0 and not args.no_trainer:
+                print_run_summary(run_dir / "summary.json")
+            return code
+        except KeyboardInterrupt:
+            print("\nrlfleet up: interrupted, stopping the fleet", file=sys.stderr)
+            return 130
+        finally:
+            stop_all(children)
+            if redis is not None:
+                redis.stop()

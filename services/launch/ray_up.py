@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import itertools
 import json
-import signal
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,7 +42,7 @@ from rlfleet.launch.plan import (
 from rlfleet.launch.process import free_port, split_secrets
 from rlfleet.launch.ray_actors import STOP_GRACE_S, FleetControl, Launch, RoleActor, RoleSpec
 from rlfleet.launch.ray_plan import actor_options, local_cpus, role_demand, role_spec, scaled_spec
-from rlfleet.launch.session import print_run_summary, say, start_redis
+from rlfleet.launch.session import print_run_summary, say, start_redis, stop_on_signals
 
 POLL_S = 1.0
 PLACEMENT_FILE = "ray_placement.json"
@@ -295,44 +295,39 @@ def run_on_ray(config: RlfleetConfig, args) -> int:
     cluster: Cluster | None = None
     fleet: RayFleet | None = None
     redis = None
-    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     code = 1
-    try:
-        cluster = connect(config.ray, args.ray or None, local_cpus(config.ray, actors))
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        # Also when started with SIGINT ignored (a background job of a script, which a
-        # SIGINT then never stopped: measured, still running 160 s after it), so that
-        # Ctrl-C and `kill -INT` always stop the fleet.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        what = "started a local" if cluster.local else "joined the"
-        say(config, f"rlfleet up: {what} Ray cluster at {cluster.address}")
-        host = "127.0.0.1" if one_machine() else None
-        if host is None and not config.redis_url:
-            raise SystemExit("rlfleet up --ray: the cluster spans several machines; set "
-                             "redis_url (RLFLEET_REDIS_URL) to a Redis every node reaches")  # fmt: skip
-        groups = reserve_pools(config.ray, config.cluster, config.ray.start_timeout_s)
-        run_dir = Path(config.run_dir)
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        redis = start_redis(config, run_dir)
-        redis_url = redis.url if redis else config.redis_url
-        launch = launch_settings(config, args, redis_url, host)
-        fleet = RayFleet(config, args, launch, groups, cluster.address)
-        fleet.start()
-        code = fleet.supervise()
-        if code == 0 and not args.no_trainer:
-            print_run_summary(run_dir / "summary.json")
-        return code
-    except PlacementError as exc:
-        print(f"rlfleet up: {exc}; stopping the fleet", file=sys.stderr)
-        return code
-    except KeyboardInterrupt:
-        print("\nrlfleet up: interrupted, stopping the fleet", file=sys.stderr)
-        code = 130
-        return code
-    finally:
-        shut_down(fleet, cluster, redis, keep_temp=code not in (0, 130))
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
+    with ExitStack() as restore_signals:
+        try:
+            cluster = connect(config.ray, args.ray or None, local_cpus(config.ray, actors))
+            # After Ray's start-up, which sets handlers of its own.
+            restore_signals.enter_context(stop_on_signals())
+            what = "started a local" if cluster.local else "joined the"
+            say(config, f"rlfleet up: {what} Ray cluster at {cluster.address}")
+            host = "127.0.0.1" if one_machine() else None
+            if host is None and not config.redis_url:
+                raise SystemExit("rlfleet up --ray: the cluster spans several machines; set "
+                                 "redis_url (RLFLEET_REDIS_URL) to a Redis every node reaches")  # fmt: skip
+            groups = reserve_pools(config.ray, config.cluster, config.ray.start_timeout_s)
+            run_dir = Path(config.run_dir)
+            (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            redis = start_redis(config, run_dir)
+            redis_url = redis.url if redis else config.redis_url
+            launch = launch_settings(config, args, redis_url, host)
+            fleet = RayFleet(config, args, launch, groups, cluster.address)
+            fleet.start()
+            code = fleet.supervise()
+            if code == 0 and not args.no_trainer:
+                print_run_summary(run_dir / "summary.json")
+            return code
+        except PlacementError as exc:
+            print(f"rlfleet up: {exc}; stopping the fleet", file=sys.stderr)
+            return code
+        except KeyboardInterrupt:
+            print("\nrlfleet up: interrupted, stopping the fleet", file=sys.stderr)
+            code = 130
+            return code
+        finally:
+            shut_down(fleet, cluster, redis, keep_temp=code not in (0, 130))
 
 
 def shut_down(fleet: RayFleet | None, cluster: Cluster | None, redis, keep_temp: bool) -> None:

@@ -4,6 +4,9 @@ Ray actors): the embedded Redis it starts first, and the summary it prints last.
 from __future__ import annotations
 
 import logging
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
@@ -45,3 +48,24 @@ def start_redis(config: RlfleetConfig, run_dir: Path):
     server.start()
     say(config, f"rlfleet up: embedded Redis at {server.url}")
     return server
+
+
+def _raise_interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGINT raise ``KeyboardInterrupt`` inside the block (the launcher then stops
+    the fleet), restored on the way out. SIGINT is set explicitly because a process started
+    with it ignored (a background job of a non-interactive shell, as a CI script starts things)
+    keeps ignoring it: Python installs its Ctrl-C handler only where SIGINT was not ignored, and
+    such a `rlfleet up` once outlived a `kill -INT` by over a minute."""
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])

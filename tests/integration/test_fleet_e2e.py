@@ -116,12 +116,19 @@ def test_up_stops_everything_and_names_the_failed_service(tmp_path):
 
 
 def test_ctrl_c_stops_the_whole_fleet(tmp_path):
-    """SIGINT to `rlfleet up` (what Ctrl-C sends) stops every service it started."""
+    """SIGINT to `rlfleet up` (what Ctrl-C sends) stops every service it started, also when
+    `rlfleet up` was started with SIGINT ignored, as a background job of a script starts it
+    (exec keeps the ignore; Python then installs no Ctrl-C handler of its own)."""
     marker = tmp_path / "interrupted-run"
-    argv = [
-        sys.executable, "-m", "rlfleet.cli", "up", "--no-trainer", "--rollout-replicas", "2",
+    up_argv = [
+        "-m", "rlfleet.cli", "up", "--no-trainer", "--rollout-replicas", "2",
         f"run_dir={marker}", "rollout.backend=hf",
     ]  # fmt: skip
+    ignore_sigint_then_exec = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
+    argv = [sys.executable, "-c", ignore_sigint_then_exec, *up_argv]
     up = ServiceProcess.start(argv, tmp_path / "up.log", name="rlfleet up")
     try:
         up.wait_until(lambda: len(serving_replicas(up)) == 2, 180, "serving both replicas")

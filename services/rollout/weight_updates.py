@@ -64,7 +64,8 @@ class WeightUpdater:
         if header.version <= self.version and not header.force:
             raise FailedPrecondition(f"weight version {header.version} is not newer than "
                                      f"{self.version} (set force to roll back)")  # fmt: skip
-        check_no_narrowing(header, self.config.model.dtype)
+        if self.config.rollout.dtype is None:  # a set rollout.dtype casts on purpose
+            check_no_narrowing(header, self.config.model.dtype)
         if weights_delta.is_delta(header):
             self._check_delta(header)
         numel = self.engine.weight_numel()
@@ -153,7 +154,7 @@ def check_no_narrowing(header: weights.WeightHeader, serving_dtype: str) -> None
                 raise InvalidArgument(
                     f"tensor {entry.name!r} arrives in {entry.dtype}, which this replica "
                     f"(model.dtype={serving_dtype}) would round on load; give the trainer and "
-                    f"the replicas the same model.dtype"
+                    f"the replicas the same model.dtype, or set rollout.dtype"
                 )
 
 

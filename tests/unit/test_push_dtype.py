@@ -1,6 +1,7 @@
 """Weight pushes keep the actor's dtype: a bf16 actor pushes bf16, and the replica then holds
 the actor's weights bit for bit, over the streamed path and over shared memory; an update the
-replica would round on load is refused before anything changes.
+replica would round on load is refused before anything changes, unless ``rollout.dtype`` asks
+for the engines' own dtype: then the trainer sends its weights cast to it.
 
 The tiny policy cast to bf16 always; SmolLM2 (``make smollm2``) once, when it is built here.
 """
@@ -18,9 +19,11 @@ from rlfleet.common.errors import InvalidArgument
 from rlfleet.model import weights, weights_shm
 from rlfleet.model.local_models import SMOLLM2, is_built, model_dir
 from rlfleet.model.model_io import load_causal_lm
+from rlfleet.model.precision import serving_dtype
 from rlfleet.rollout.engines.hf import HFEngine
 from rlfleet.rollout.weight_updates import WeightUpdater, check_no_narrowing, verified
 from rlfleet.trainer.actor import Actor
+from rlfleet.trainer.pushes import cast_weights
 
 TINY = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen2-arith"
 pytestmark = pytest.mark.skipif(
@@ -28,9 +31,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def config(model: Path | str, dtype: str):
+def config(model: Path | str, dtype: str, *extra: str):
     return load_config(overrides=[f"model.path={model}", f"model.dtype={dtype}",
-                                  "rollout.backend=hf"])  # fmt: skip
+                                  "rollout.backend=hf", *extra])  # fmt: skip
 
 
 def trained_actor(model: Path | str, dtype: str, seed: int = 0) -> Actor:
@@ -154,6 +157,54 @@ async def test_refused_narrowing_leaves_the_replica_unchanged() -> None:
         assert_replica_equals_actor(engine, before)
     finally:
         await engine.close()
+
+
+async def test_a_set_rollout_dtype_serves_the_actors_weights_cast_to_it() -> None:
+    """A float32 actor with ``rollout.dtype=bfloat16``: the engine loads in bf16, takes the
+    bf16 cast of the actor's weights (half the bytes), and holds exactly that cast."""
+    cfg = config(TINY, "float32", "rollout.dtype=bfloat16")
+    engine = HFEngine(cfg)
+    await engine.start()
+    try:
+        assert engine.dtype == "bfloat16"
+        assert next(engine.model.parameters()).dtype == torch.bfloat16
+        fp32 = trained_actor(TINY, "float32").state_dict_for_rollout()
+        state = cast_weights(fp32, "bfloat16")
+        header, payload = weights.encode(state, 1)
+        assert header.total_bytes == sum(t.numel() * 2 for t in fp32.values())
+        updater = WeightUpdater(cfg, engine, lambda _: None)
+        updater.check(header)
+        await updater.load(header, verified(header, streamed(header, payload)))
+        assert_replica_equals_actor(engine, state)
+    finally:
+        await engine.close()
+
+
+def test_a_set_rollout_dtype_takes_float32_updates_and_casts_them() -> None:
+    """A replica asked for bf16 on purpose casts a float32 push on load (the trainer on another
+    host may resolve ``auto`` to float32) instead of refusing it."""
+    cfg = config(TINY, "float32", "rollout.dtype=bfloat16")
+    engine = HFEngine(cfg)  # not started: the header check needs no weights
+    updater = WeightUpdater(cfg, engine, lambda _: None)
+    updater.check(header_of(torch.float32))
+
+
+def test_cast_weights_leaves_adapters_and_integers_alone() -> None:
+    state = {"w": torch.ones(2), "lora::m.weight::A": torch.ones(2), "steps": torch.ones(2).long()}
+    cast = cast_weights(state, "bfloat16")
+    assert [t.dtype for t in cast.values()] == [torch.bfloat16, torch.float32, torch.int64]
+    assert cast_weights({"w": state["w"]}, "float32")["w"] is state["w"]  # no copy
+
+
+@pytest.mark.parametrize(
+    ("model", "rollout", "fast", "expected"),
+    [("float32", None, True, "float32"), ("float32", "auto", True, "bfloat16"),
+     ("float32", "auto", False, "float32"), ("float32", "float16", False, "float16"),
+     ("bfloat16", None, False, "bfloat16")],
+)  # fmt: skip
+def test_serving_dtype(monkeypatch, model, rollout, fast, expected) -> None:
+    monkeypatch.setattr("rlfleet.model.precision.fast_bf16", lambda device: fast)
+    assert serving_dtype(model, rollout, "cpu") == expected
 
 
 SMOLLM2_DIR = model_dir(SMOLLM2)

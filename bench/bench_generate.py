@@ -54,12 +54,22 @@ def _start_fleet(redis_url: str, options: Options) -> tuple[list[subprocess.Pope
 
     cluster, port, logs = f"bench{uuid.uuid4().hex[:8]}", free_port(), options.work_dir
     base = [f"redis_url={redis_url}", f"cluster={cluster}", f"run_dir={logs}"]
-    procs = [_spawn(["rlfleet.rollout.router.main", "--port", str(port), *base],
-                    logs / "router.log")]  # fmt: skip
+    procs = [
+        _spawn(["rlfleet.rollout.router.main", "--port", str(port), *base], logs / "router.log")
+    ]
     for i in range(REPLICAS):
-        argv = ["rlfleet.rollout.main", "--replica-id", f"b{i}", "--port", "0", *base,
-                f"model.path={MODEL_DIR}", "rollout.backend=hf", f"model.dtype={options.dtype}",
-                f"rollout.torch_threads={options.hf_threads}"]  # fmt: skip
+        argv = [
+            "rlfleet.rollout.main",
+            "--replica-id",
+            f"b{i}",
+            "--port",
+            "0",
+            *base,
+            f"model.path={MODEL_DIR}",
+            "rollout.backend=hf",
+            f"model.dtype={options.dtype}",
+            f"rollout.torch_threads={options.hf_threads}",
+        ]
         procs.append(_spawn(argv, logs / f"replica-{i}.log"))
     try:
         _wait_serving(redis_url, cluster, procs)
@@ -72,8 +82,13 @@ def _start_fleet(redis_url: str, options: Options) -> tuple[list[subprocess.Pope
 
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", *argv], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", *argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def _wait_serving(redis_url: str, cluster: str, procs: list[subprocess.Popen]) -> None:
@@ -125,8 +140,12 @@ async def _step(client: Any, variant: str) -> None:
 
     sampling = SamplingParams(n=SAMPLES, max_tokens=TOKENS, temperature=1.0)
     tag = uuid.uuid4().hex[:8]
-    requests = [GenerateRequest(f"{tag}-{i}", sampling, prompt_text=f"{10 + i}+{20 + 3 * i}=",
-                                session_id=f"{tag}-g{i}") for i in range(PROMPTS)]  # fmt: skip
+    requests = [
+        GenerateRequest(
+            f"{tag}-{i}", sampling, prompt_text=f"{10 + i}+{20 + 3 * i}=", session_id=f"{tag}-g{i}"
+        )
+        for i in range(PROMPTS)
+    ]
     if variant == "batch":
         results = await client.generate_batch(requests)
     else:
@@ -143,24 +162,41 @@ async def _commands(redis: Any) -> int:
 def _result(samples: dict[str, list[tuple]], rounds: int) -> BenchResult:
     seconds = {v: Stats.of([s for s, _ in samples[v]]) for v in VARIANTS}
     commands = {v: sum(c for _, c in samples[v]) / len(samples[v]) for v in VARIANTS}
-    rows = [{"variant": v, "rounds": seconds[v].n, "p50_s": seconds[v].p50,
-             "mean_s": seconds[v].mean, "redis_commands": commands[v]} for v in VARIANTS]  # fmt: skip
+    rows = [
+        {
+            "variant": v,
+            "rounds": seconds[v].n,
+            "p50_s": seconds[v].p50,
+            "mean_s": seconds[v].mean,
+            "redis_commands": commands[v],
+        }
+        for v in VARIANTS
+    ]
     ratios = {
         "per_prompt/batch seconds p50": ratio(seconds["per_prompt"].p50, seconds["batch"].p50),
         "per_prompt/batch redis commands": ratio(commands["per_prompt"], commands["batch"]),
     }
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios,
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios,
         columns=["variant", "rounds", "p50_s", "mean_s", "redis_commands"],
-        params={"rounds": rounds, "prompts": PROMPTS, "samples": SAMPLES, "tokens": TOKENS,
-                "replicas": REPLICAS, "backend": "hf"},
+        params={
+            "rounds": rounds,
+            "prompts": PROMPTS,
+            "samples": SAMPLES,
+            "tokens": TOKENS,
+            "replicas": REPLICAS,
+            "backend": "hf",
+        },
         notes=[
             "per_prompt = 32 concurrent Rollout.Generate calls to the router (one session each); "
             "batch = one Rollout.GenerateBatch with the same 32 requests.",
             "redis_commands = INFO commandstats delta per round, server-wide (router and "
             "replicas, heartbeats included; commands run inside Lua scripts count too).",
         ],
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,10 +57,21 @@ PERIOD_S = 1.5
 WINDOW_S = 25
 UNK = 3
 COLUMNS = [
-    "engine", "variant", "tok_per_s", "vs_none", "p50_s", "p99_s", "requests", "updates",
-    "update_p50_s", "lost_tok_per_update", "restarted", "kept_tok_per_update",
-    "multi_version_share", "rows_per_call",
-]  # fmt: skip
+    "engine",
+    "variant",
+    "tok_per_s",
+    "vs_none",
+    "p50_s",
+    "p99_s",
+    "requests",
+    "updates",
+    "update_p50_s",
+    "lost_tok_per_update",
+    "restarted",
+    "kept_tok_per_update",
+    "multi_version_share",
+    "rows_per_call",
+]
 
 
 @dataclass
@@ -124,10 +135,14 @@ def _config(backend: str, model: Path, redis_url: str, options: Options):
     from rlfleet.common.config import load_config
 
     overrides = [
-        f"model.path={model}", f"rollout.backend={backend}", f"model.dtype={options.dtype}",
-        f"rollout.max_model_len={MAX_MODEL_LEN}", f"rollout.torch_threads={options.hf_threads}",
-        f"redis_url={redis_url}", "rollout.hf_batch_wait_ms=5",
-    ]  # fmt: skip
+        f"model.path={model}",
+        f"rollout.backend={backend}",
+        f"model.dtype={options.dtype}",
+        f"rollout.max_model_len={MAX_MODEL_LEN}",
+        f"rollout.torch_threads={options.hf_threads}",
+        f"redis_url={redis_url}",
+        "rollout.hf_batch_wait_ms=5",
+    ]
     return load_config(overrides=overrides, env={})
 
 
@@ -143,8 +158,9 @@ async def _measure_engine(
     config = _config(backend, model, redis_url, options)
     engine = make_engine(config)
     redis = Redis.from_url(redis_url)
-    core = Replica(config, engine, redis, Keys(f"bench{uuid.uuid4().hex[:8]}"), f"up-{backend}",
-                   "127.0.0.1:1")  # fmt: skip
+    core = Replica(
+        config, engine, redis, Keys(f"bench{uuid.uuid4().hex[:8]}"), f"up-{backend}", "127.0.0.1:1"
+    )
     progress(f"inflight: starting the {backend} engine")
     try:
         await core.start()
@@ -194,8 +210,9 @@ async def _round(core, prompts: list[list[int]], variant: str, window_s: float, 
     result, rng = Round(window_s=window_s), random.Random(pushes.version)
     start = time.perf_counter()
     deadline = start + window_s
-    clients = [asyncio.create_task(_client(core, prompts, rng, deadline, result))
-               for _ in range(CLIENTS)]  # fmt: skip
+    clients = [
+        asyncio.create_task(_client(core, prompts, rng, deadline, result)) for _ in range(CLIENTS)
+    ]
     if variant != "none":
         await _push_until(core, ready, deadline, result)
     await asyncio.gather(*clients)
@@ -218,8 +235,7 @@ async def _client(core, prompts, rng: random.Random, deadline: float, result: Ro
 
     sampling = SamplingParams(n=1, temperature=1.0, max_tokens=MAX_TOKENS)
     while (sent := time.perf_counter()) < deadline:
-        request = GenerateRequest(uuid.uuid4().hex, sampling,
-                                  prompt_token_ids=rng.choice(prompts))  # fmt: skip
+        request = GenerateRequest(uuid.uuid4().hex, sampling, prompt_token_ids=rng.choice(prompts))
         answer = await core.generate_direct(request)
         done = time.perf_counter()
         share = min(1.0, (deadline - sent) / (done - sent))
@@ -258,20 +274,24 @@ def _row(backend: str, variant: str, samples: list[Round]) -> dict[str, Any]:
     completions = sum(r.completions for r in samples)
     lat = Stats.of(latencies) if latencies else None
     return {
-        "engine": backend, "variant": variant,
+        "engine": backend,
+        "variant": variant,
         "tok_per_s": sum(r.tokens for r in samples) / sum(r.window_s for r in samples),
-        "p50_s": lat.p50 if lat else float("nan"), "p99_s": lat.p99 if lat else float("nan"),
-        "requests": len(latencies), "updates": n_updates,
+        "p50_s": lat.p50 if lat else float("nan"),
+        "p99_s": lat.p99 if lat else float("nan"),
+        "requests": len(latencies),
+        "updates": n_updates,
         "update_p50_s": Stats.of(updates).p50 if updates else float("nan"),
         "lost_tok_per_update": ratio(sum(r.discarded for r in samples), n_updates),
         "restarted": sum(r.restarted for r in samples),
         "kept_tok_per_update": ratio(sum(r.kept for r in samples), n_updates),
         "multi_version_share": ratio(sum(r.multi_version for r in samples), completions),
         "bad_versions": sum(r.bad_versions for r in samples),
-        "rows_per_call": ratio(sum(r.tokens for r in samples) / MAX_TOKENS,
-                               sum(r.engine_calls for r in samples)),
+        "rows_per_call": ratio(
+            sum(r.tokens for r in samples) / MAX_TOKENS, sum(r.engine_calls for r in samples)
+        ),
         "rounds": len(samples),
-    }  # fmt: skip
+    }
 
 
 def _result(rows: list[dict[str, Any]], notes: list[str], options: Options) -> BenchResult:
@@ -283,9 +303,15 @@ def _result(rows: list[dict[str, Any]], notes: list[str], options: Options) -> B
         if row["variant"] == "keep":
             ratios[f"{row['engine']} keep lost tokens per update"] = row["lost_tok_per_update"]
     notes = [*_verdicts(rows), *notes, *_method_notes()]
-    params = {"clients": CLIENTS, "max_tokens": MAX_TOKENS, "period_s": PERIOD_S,
-              "window_s": options.pick(full=WINDOW_S, quick=6), "rounds": options.pick(full=2, quick=1),
-              "max_model_len": MAX_MODEL_LEN, "dtype": options.dtype}  # fmt: skip
+    params = {
+        "clients": CLIENTS,
+        "max_tokens": MAX_TOKENS,
+        "period_s": PERIOD_S,
+        "window_s": options.pick(full=WINDOW_S, quick=6),
+        "rounds": options.pick(full=2, quick=1),
+        "max_model_len": MAX_MODEL_LEN,
+        "dtype": options.dtype,
+    }
     return BenchResult(NAME, TITLE, COLUMNS, rows, ratios, params, notes)
 
 

@@ -80,8 +80,12 @@ async def _make_ops(client: Any) -> dict[str, Op]:
         await client.xreadgroup("workers", "w", {raw_stream: ">"}, count=1)
         await client.xack(raw_stream, "workers", entry_id)
 
-    return {"ping": ping, "raw_stream": raw, "workqueue": _round_trip(queue),
-            "workqueue_waiting": _round_trip_waiting(queue)}  # fmt: skip
+    return {
+        "ping": ping,
+        "raw_stream": raw,
+        "workqueue": _round_trip(queue),
+        "workqueue_waiting": _round_trip_waiting(queue),
+    }
 
 
 def _round_trip(queue: Any) -> Op:
@@ -125,7 +129,10 @@ def _result(samples: dict[str, list[float]], rounds: int) -> BenchResult:
         ratios[f"{variant}/ping p50"] = ratio(stats[variant].p50, stats["ping"].p50)
     ratios["raw_stream/ping p50"] = ratio(stats["raw_stream"].p50, stats["ping"].p50)
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios,
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios,
         columns=["variant", "n", "p50_ms", "p99_ms", "mean_ms", "ops_per_s", "x_ping_p50"],
         params={"rounds": rounds, "payload_bytes": len(PAYLOAD), "client": "redis.asyncio"},
         notes=[
@@ -138,15 +145,19 @@ def _result(samples: dict[str, list[float]], rounds: int) -> BenchResult:
             "docs/architecture.md (sync client, same machine type): PING ~0.12 ms; XADD+XREADGROUP+XACK "
             "p50 0.17 ms, p99 0.42 ms.",
         ],
-    )  # fmt: skip
+    )
 
 
 def _row(variant: str, stats: Stats, ping: Stats) -> dict[str, Any]:
     return {
-        "variant": variant, "n": stats.n, "p50_ms": stats.p50 * 1e3, "p99_ms": stats.p99 * 1e3,
-        "mean_ms": stats.mean * 1e3, "ops_per_s": 1 / stats.mean,
+        "variant": variant,
+        "n": stats.n,
+        "p50_ms": stats.p50 * 1e3,
+        "p99_ms": stats.p99 * 1e3,
+        "mean_ms": stats.mean * 1e3,
+        "ops_per_s": 1 / stats.mean,
         "x_ping_p50": stats.p50 / ping.p50,
-    }  # fmt: skip
+    }
 
 
 if __name__ == "__main__":

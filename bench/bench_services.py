@@ -82,8 +82,17 @@ def _server(
     extra = (
         [f"model.path={MODEL_DIR}", "refcritic.critic_enabled=false"] if role == "refcritic" else []
     )
-    argv = [sys.executable, "-m", f"rlfleet.{role}.main", f"redis_url={redis_url}",
-            f"cluster=bench{variant}", *extra, *switch, "--port", str(port)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        f"rlfleet.{role}.main",
+        f"redis_url={redis_url}",
+        f"cluster=bench{variant}",
+        *extra,
+        *switch,
+        "--port",
+        str(port),
+    ]
     log = (work_dir / f"{role}-{variant}.log").open("wb")
     process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -174,24 +183,39 @@ def _result(samples, variants: list[str], rounds: dict[str, int], before: Path |
     for (role, variant), pairs in samples.items():
         stats = Stats.of([s for s, _ in pairs])
         commands = sum(c for _, c in pairs) / len(pairs)
-        rows.append({"role": role, "variant": variant, "n": stats.n, "p50_ms": stats.p50 * 1e3,
-                     "mean_ms": stats.mean * 1e3, "redis_cmds_per_call": commands})  # fmt: skip
+        rows.append(
+            {
+                "role": role,
+                "variant": variant,
+                "n": stats.n,
+                "p50_ms": stats.p50 * 1e3,
+                "mean_ms": stats.mean * 1e3,
+                "redis_cmds_per_call": commands,
+            }
+        )
     p50 = {(r["role"], r["variant"]): r["p50_ms"] for r in rows}
     for role in ("reward", "refcritic"):
         for other in variants[1:]:
             ratios[f"{role} {other}/local p50"] = ratio(p50[(role, other)], p50[(role, "local")])
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios,
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios,
         columns=["role", "variant", "n", "p50_ms", "mean_ms", "redis_cmds_per_call"],
-        params={"items": ITEMS, "rounds": rounds, "before": str(before) if before else None,
-                "refcritic": "tiny-qwen2-arith, prompts 16 tokens, responses 1-16 tokens"},
+        params={
+            "items": ITEMS,
+            "rounds": rounds,
+            "before": str(before) if before else None,
+            "refcritic": "tiny-qwen2-arith, prompts 16 tokens, responses 1-16 tokens",
+        },
         notes=[
             "One server process per variant, one in-process worker (reward.workers=1, "
             "refcritic.workers=1), each on its own embedded Valkey.",
             "redis_cmds_per_call: INFO commandstats delta over the call, including idle "
             "workers' polling (a blocked XREADGROUP every 0.5 s) during it.",
         ],
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,11 @@ config (SmolLM2-135M-Instruct fp32, micro-batches of 8) plus its overrides and e
 - ``lean-malloc``: ``MALLOC_MMAP_THRESHOLD_=1048576`` (what ``rlfleet up`` gives every role).
 - ``lean-malloc+ckpt``: and ``model.enable_gradient_checkpointing=true``.
 - ``lean-malloc+micro4``: and ``trainer.ppo_micro_batch_size=4``.
+- ``lean-malloc+lora32``: and a LoRA adapter of rank 32 on every linear layer
+  (``model.lora_rank=32``, alpha 64) instead of full fine-tuning: no gradients or Adam moments
+  for the 135M base weights, and no weight gradients in its backward.
+- ``lean-malloc+fp32``: and no bf16 autocast (the recipe's ``auto`` takes bf16 where the CPU
+  has AMX or AVX-512 BF16; this shows what that choice is worth on the machine at hand).
 
 Work: ``STEPS`` updates of the recipe's step (8 prompts x 8 samples), the same seeded batch
 shapes in every process: prompts of 40-80 tokens, response lengths drawn around the recipe's
@@ -44,6 +49,8 @@ VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
     "lean-malloc": (LEAN, []),
     "lean-malloc+ckpt": (LEAN, ["model.enable_gradient_checkpointing=true"]),
     "lean-malloc+micro4": (LEAN, ["trainer.ppo_micro_batch_size=4"]),
+    "lean-malloc+lora32": (LEAN, ["model.lora_rank=32", "model.lora_alpha=64"]),
+    "lean-malloc+fp32": (LEAN, ["trainer.autocast_dtype=none"]),
 }
 GROUPS, GROUP_SIZE, MAX_RESPONSE, MEAN_RESPONSE = 8, 8, 128, 35
 
@@ -74,25 +81,36 @@ def _result(records, steps: int, rounds: int, seconds: float) -> BenchResult:
     rows = []
     for variant, runs in records.items():
         updates = [s for r in runs for s in r["step_s"][1:]]
-        rows.append({
-            "variant": variant,
-            "peak_rss_GB": max(r["peak_GB"] for r in runs),
-            "rss_after_step_GB": max(r["rss_after_GB"] for r in runs),
-            "update_s": sum(updates) / len(updates),
-            "first_step_peak_GB": max(r["first_peak_GB"] for r in runs),
-        })  # fmt: skip
+        rows.append(
+            {
+                "variant": variant,
+                "peak_rss_GB": max(r["peak_GB"] for r in runs),
+                "rss_after_step_GB": max(r["rss_after_GB"] for r in runs),
+                "update_s": sum(updates) / len(updates),
+                "first_step_peak_GB": max(r["first_peak_GB"] for r in runs),
+            }
+        )
     base = next(r for r in rows if r["variant"] == "default")
     ratios = {}
     for row in rows[1:]:
-        ratios[f"{row['variant']} / default peak RSS"] = ratio(row["peak_rss_GB"],
-                                                                 base["peak_rss_GB"])  # fmt: skip
+        ratios[f"{row['variant']} / default peak RSS"] = ratio(
+            row["peak_rss_GB"], base["peak_rss_GB"]
+        )
         ratios[f"{row['variant']} / default update s"] = ratio(row["update_s"], base["update_s"])
     return BenchResult(
-        name=NAME, title=TITLE,
+        name=NAME,
+        title=TITLE,
         columns=["variant", "peak_rss_GB", "first_step_peak_GB", "rss_after_step_GB", "update_s"],
-        rows=rows, ratios=ratios, seconds=seconds,
-        params={"config": CONFIG.relative_to(REPO), "steps": steps, "rounds": rounds,
-                "rows_per_step": GROUPS * GROUP_SIZE, "max_response_tokens": MAX_RESPONSE},
+        rows=rows,
+        ratios=ratios,
+        seconds=seconds,
+        params={
+            "config": CONFIG.relative_to(REPO),
+            "steps": steps,
+            "rounds": rounds,
+            "rows_per_step": GROUPS * GROUP_SIZE,
+            "max_response_tokens": MAX_RESPONSE,
+        },
         notes=[
             "peak_rss_GB: VmHWM of the variant's process over all its steps (the largest of its "
             "rounds); first_step_peak_GB: before Adam's moments exist; rss_after_step_GB: VmRSS "
@@ -100,7 +118,7 @@ def _result(records, steps: int, rounds: int, seconds: float) -> BenchResult:
             "the update alone: a real trainer also holds the async weight push (a snapshot of the "
             "weights and the shared-memory payload, 0.54 GB each in fp32)",
         ],
-    )  # fmt: skip
+    )
 
 
 def child(variant: str, steps: int) -> None:

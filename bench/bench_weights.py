@@ -85,10 +85,21 @@ def _start_replica(redis_url: str, model: Path, replica_id: str, options: Option
     from rlfleet.common.redis_server import free_port
 
     port, log_path = free_port(), options.work_dir / f"replica-{replica_id}.log"
-    command = [sys.executable, "-m", "rlfleet.rollout.main", "--replica-id", replica_id,
-               "--port", str(port), f"redis_url={redis_url}", "cluster=bench",
-               "rollout.backend=hf", f"model.path={model}", f"model.dtype={options.dtype}",
-               f"rollout.torch_threads={options.hf_threads}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.main",
+        "--replica-id",
+        replica_id,
+        "--port",
+        str(port),
+        f"redis_url={redis_url}",
+        "cluster=bench",
+        "rollout.backend=hf",
+        f"model.path={model}",
+        f"model.dtype={options.dtype}",
+        f"rollout.torch_threads={options.hf_threads}",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -137,8 +148,11 @@ async def _once(variant, state_dict, transports, targets, version: int) -> dict[
     seconds = time.perf_counter() - start
     if not all(r.ok and r.version == version for r in results):
         raise RuntimeError(f"push of v{version} failed: {[r.error for r in results]}")
-    return {"seconds": seconds, "bytes": results[0].bytes,
-            "slowest_replica_s": max(r.seconds for r in results)}  # fmt: skip
+    return {
+        "seconds": seconds,
+        "bytes": results[0].bytes,
+        "slowest_replica_s": max(r.seconds for r in results),
+    }
 
 
 def _memcpy_once(state_dict: dict[str, Any]) -> dict[str, float]:
@@ -196,9 +210,15 @@ def _synthetic_model(path: Path) -> Path:
 def _row(model: str, variant: str, samples: list[dict[str, float]]) -> dict[str, Any]:
     seconds = Stats.of([s["seconds"] for s in samples])
     mib = samples[0]["bytes"] / 2**20
-    row = {"model": model, "variant": variant, "n": seconds.n, "MiB": mib,
-           "p50_ms": seconds.p50 * 1e3, "p90_ms": seconds.p90 * 1e3,
-           "MiB_per_s": mib / seconds.p50}  # fmt: skip
+    row = {
+        "model": model,
+        "variant": variant,
+        "n": seconds.n,
+        "MiB": mib,
+        "p50_ms": seconds.p50 * 1e3,
+        "p90_ms": seconds.p90 * 1e3,
+        "MiB_per_s": mib / seconds.p50,
+    }
     if "slowest_replica_s" in samples[0]:
         row["slowest_replica_p50_ms"] = Stats.of([s["slowest_replica_s"] for s in samples]).p50
         row["slowest_replica_p50_ms"] *= 1e3
@@ -209,13 +229,30 @@ def _result(rows: dict[str, dict[str, Any]], options: Options) -> BenchResult:
     for key, row in rows.items():
         row["x_memcpy"] = ratio(row["p50_ms"], rows[f"{key.split('/')[0]}/memcpy"]["p50_ms"])
     return BenchResult(
-        name=NAME, title=TITLE, rows=list(rows.values()), ratios=_ratios(rows), notes=NOTES,
-        columns=["model", "variant", "n", "MiB", "p50_ms", "p90_ms", "x_memcpy", "MiB_per_s",
-                 "slowest_replica_p50_ms"],
-        params={"dtype": options.dtype, "backend": "hf", "chunk_MiB": CHUNK_BYTES // 2**20,
-                "transport": "GrpcWeightTransport: gRPC stream (push), /dev/shm (shm)",
-                "quick": options.quick},
-    )  # fmt: skip
+        name=NAME,
+        title=TITLE,
+        rows=list(rows.values()),
+        ratios=_ratios(rows),
+        notes=NOTES,
+        columns=[
+            "model",
+            "variant",
+            "n",
+            "MiB",
+            "p50_ms",
+            "p90_ms",
+            "x_memcpy",
+            "MiB_per_s",
+            "slowest_replica_p50_ms",
+        ],
+        params={
+            "dtype": options.dtype,
+            "backend": "hf",
+            "chunk_MiB": CHUNK_BYTES // 2**20,
+            "transport": "GrpcWeightTransport: gRPC stream (push), /dev/shm (shm)",
+            "quick": options.quick,
+        },
+    )
 
 
 def _ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -295,14 +332,23 @@ async def _delta_rows(model: Path, dtype: str, before: dict, after: dict) -> dic
     packed = len(zlib.compress(xor.tobytes(), 1))
     xor_s = time.perf_counter() - started
     replica = await _replica_seconds(model, dtype, full1, full2, delta)
-    return {"model": model.name, "dtype": dtype, "tensors": len(full2.header.tensors),
-            "tensors_changed": len(changed), "full_MiB": full2.header.total_bytes / 2**20,
-            "delta_MiB": (delta.encoded.header.total_bytes / 2**20) if delta else None,
-            "bytes_changed_fraction": float(numpy.count_nonzero(xor)) / len(xor),
-            "xor_zlib1_MiB": packed / 2**20, "xor_zlib1_s": xor_s,
-            "trainer_encode_full_s": encode_s, "trainer_delta_plan_s": plan_s, **replica,
-            "note": "delta is None: every tensor changed, the transport sends the full push"
-            if delta is None else ""}  # fmt: skip
+    return {
+        "model": model.name,
+        "dtype": dtype,
+        "tensors": len(full2.header.tensors),
+        "tensors_changed": len(changed),
+        "full_MiB": full2.header.total_bytes / 2**20,
+        "delta_MiB": (delta.encoded.header.total_bytes / 2**20) if delta else None,
+        "bytes_changed_fraction": float(numpy.count_nonzero(xor)) / len(xor),
+        "xor_zlib1_MiB": packed / 2**20,
+        "xor_zlib1_s": xor_s,
+        "trainer_encode_full_s": encode_s,
+        "trainer_delta_plan_s": plan_s,
+        **replica,
+        "note": "delta is None: every tensor changed, the transport sends the full push"
+        if delta is None
+        else "",
+    }
 
 
 async def _replica_seconds(model: Path, dtype: str, full1, full2, delta) -> dict[str, float]:
@@ -312,8 +358,14 @@ async def _replica_seconds(model: Path, dtype: str, full1, full2, delta) -> dict
     from rlfleet.rollout.engines.hf import HFEngine
     from rlfleet.rollout.weight_updates import WeightUpdater, verified
 
-    config = load_config(overrides=[f"model.path={model}", f"model.dtype={dtype}",
-                                    "rollout.backend=hf", "trainer.weight_delta=always"])  # fmt: skip
+    config = load_config(
+        overrides=[
+            f"model.path={model}",
+            f"model.dtype={dtype}",
+            "rollout.backend=hf",
+            "trainer.weight_delta=always",
+        ]
+    )
     engine = HFEngine(config)
     await engine.start()
     try:

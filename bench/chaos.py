@@ -77,8 +77,14 @@ class Proc:
 
     def start(self, env: dict[str, str]) -> Proc:
         with open(self.log, "ab") as out:
-            self.popen = subprocess.Popen(self.argv, cwd=common.REPO, env=env, stdout=out,
-                                          stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            self.popen = subprocess.Popen(
+                self.argv,
+                cwd=common.REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return self
 
     def signal(self, sig: int) -> None:
@@ -100,8 +106,11 @@ class Fleet:
     procs: dict[str, Proc] = field(default_factory=dict)
 
     def common_args(self) -> list[str]:
-        return [f"redis_url={self.redis.url}", f"cluster={self.cluster}",
-                f"model.path={common.MODEL_DIR}"]  # fmt: skip
+        return [
+            f"redis_url={self.redis.url}",
+            f"cluster={self.cluster}",
+            f"model.path={common.MODEL_DIR}",
+        ]
 
     def spawn(self, name: str, module: str, args: list[str], port: int = 0) -> Proc:
         from rlfleet.common.redis_server import free_port
@@ -113,18 +122,34 @@ class Fleet:
         return proc
 
     def replica(self, name: str) -> Proc:
-        return self.spawn(name, "rlfleet.rollout.main", [
-            "--replica-id", name, "rollout.backend=hf", "rollout.torch_threads=1",
-            f"rollout.debug_generate_delay_s={DELAY_S}", *HEARTBEAT])  # fmt: skip
+        return self.spawn(
+            name,
+            "rlfleet.rollout.main",
+            [
+                "--replica-id",
+                name,
+                "rollout.backend=hf",
+                "rollout.torch_threads=1",
+                f"rollout.debug_generate_delay_s={DELAY_S}",
+                *HEARTBEAT,
+            ],
+        )
 
     def router(self, name: str, port: int = 0) -> Proc:
-        return self.spawn(name, "rlfleet.rollout.router.main",
-                          ["router.janitor_interval_s=0.3", *HEARTBEAT], port)  # fmt: skip
+        return self.spawn(
+            name, "rlfleet.rollout.router.main", ["router.janitor_interval_s=0.3", *HEARTBEAT], port
+        )
 
     def reward(self, user_fn: Path) -> Proc:
-        return self.spawn("reward", "rlfleet.reward.main", [
-            f"reward.custom.path={user_fn}", "reward.custom.data_sources=[chaos]",
-            "reward.sandbox_limits.timeout_s=3"])  # fmt: skip
+        return self.spawn(
+            "reward",
+            "rlfleet.reward.main",
+            [
+                f"reward.custom.path={user_fn}",
+                "reward.custom.data_sources=[chaos]",
+                "reward.sandbox_limits.timeout_s=3",
+            ],
+        )
 
     def restart(self, name: str) -> Proc:
         old = self.procs[name]
@@ -159,16 +184,21 @@ async def generate_burst(addresses: list[str], tag: str, fault) -> tuple[list[Ou
     sampling = SamplingParams(n=1, temperature=1.0, max_tokens=4)
 
     async def call(i: int) -> Outcome:
-        request = GenerateRequest(request_id=f"{tag}-{i}", session_id=f"{tag}-s{i % 8}",
-                                  prompt_text="12+34=", sampling=sampling,
-                                  timeout_s=CALL_TIMEOUT_S)  # fmt: skip
+        request = GenerateRequest(
+            request_id=f"{tag}-{i}",
+            session_id=f"{tag}-s{i % 8}",
+            prompt_text="12+34=",
+            sampling=sampling,
+            timeout_s=CALL_TIMEOUT_S,
+        )
         start, error = time.monotonic(), ""
         for client in clients:  # a caller whose router died retries on the next, same id
             try:
                 result = await client.generate(request)
                 ok = result.request_id == request.request_id
-                return Outcome(ok, "" if ok else "wrong id", time.monotonic(),
-                               time.monotonic() - start)  # fmt: skip
+                return Outcome(
+                    ok, "" if ok else "wrong id", time.monotonic(), time.monotonic() - start
+                )
             except Exception as exc:  # noqa: BLE001 - counted as lost unless a retry answers
                 error = f"{type(exc).__name__}: {exc}"
                 if "UNAVAILABLE" not in error and "Unavailable" not in type(exc).__name__:
@@ -225,11 +255,16 @@ def row(name: str, outcomes: list[Outcome], fault_at: float, stored: int) -> dic
     answered = sum(o.answered for o in outcomes)
     last = max((o.finished for o in outcomes if o.answered), default=fault_at)
     errors = sorted({o.error[:160] for o in outcomes if not o.answered})
-    return {"experiment": name, "sent": len(outcomes), "answered": answered,
-            "lost": len(outcomes) - answered, "run_twice": max(0, stored - answered),
-            "recovery_s": round(last - fault_at, 2),
-            "max_latency_s": round(max(o.latency_s for o in outcomes), 2),
-            "errors": errors[:3]}  # fmt: skip
+    return {
+        "experiment": name,
+        "sent": len(outcomes),
+        "answered": answered,
+        "lost": len(outcomes) - answered,
+        "run_twice": max(0, stored - answered),
+        "recovery_s": round(last - fault_at, 2),
+        "max_latency_s": round(max(o.latency_s for o in outcomes), 2),
+        "errors": errors[:3],
+    }
 
 
 async def generate_experiment(fleet: Fleet, name: str, fault) -> dict:
@@ -243,8 +278,9 @@ async def generate_experiment(fleet: Fleet, name: str, fault) -> dict:
         await fault()
 
     addresses = [fleet.procs["router1"].address, fleet.procs["router2"].address]
-    outcomes, fault_at = await generate_burst(addresses, f"{name}-{uuid.uuid4().hex[:6]}",
-                                              fault_and_note)  # fmt: skip
+    outcomes, fault_at = await generate_burst(
+        addresses, f"{name}-{uuid.uuid4().hex[:6]}", fault_and_note
+    )
     await asyncio.sleep(1.0)  # late stores land
     after = {**last_seen, **await served(fleet, replicas)}
     stored = sum(after.get(r, 0) - before.get(r, 0) for r in replicas if r in before)
@@ -278,8 +314,9 @@ async def until_serving(fleet: Fleet, names: list[str], timeout_s: float = 240) 
 
 
 async def kill_replica(fleet: Fleet) -> dict:
-    result = await generate_experiment(fleet, "sigkill_replica",
-                                       lambda: _signal(fleet, "ra", signal.SIGKILL))  # fmt: skip
+    result = await generate_experiment(
+        fleet, "sigkill_replica", lambda: _signal(fleet, "ra", signal.SIGKILL)
+    )
     fleet.restart("ra")
     await until_serving(fleet, ["ra", "rb"])
     return result
@@ -317,8 +354,9 @@ async def lapse_all_leases(fleet: Fleet) -> dict:
 
 
 async def kill_router(fleet: Fleet) -> dict:
-    result = await generate_experiment(fleet, "sigkill_router",
-                                       lambda: _signal(fleet, "router1", signal.SIGKILL))  # fmt: skip
+    result = await generate_experiment(
+        fleet, "sigkill_router", lambda: _signal(fleet, "router1", signal.SIGKILL)
+    )
     fleet.restart("router1")
     await asyncio.sleep(3.0)
     return result
@@ -353,30 +391,39 @@ async def hanging_reward_item(fleet: Fleet) -> dict:
     from rlfleet.reward.types import ScoreRequest
 
     address = fleet.procs["reward"].address
-    items = [ScoreRequest(id=f"b{i}", data_source="chaos", solution_str="46", ground_truth="46")
-             for i in range(15)]  # fmt: skip
-    items.append(ScoreRequest(id="hang", data_source="chaos", solution_str=HANG_MARKER,
-                              ground_truth="46"))  # fmt: skip
+    items = [
+        ScoreRequest(id=f"b{i}", data_source="chaos", solution_str="46", ground_truth="46")
+        for i in range(15)
+    ]
+    items.append(
+        ScoreRequest(id="hang", data_source="chaos", solution_str=HANG_MARKER, ground_truth="46")
+    )
     async with RewardClient(address) as batcher, RewardClient(address) as other:
         fault_at = time.monotonic()
         batch = asyncio.create_task(_timed(batcher.score_batch(items)))
         await asyncio.sleep(0.3)  # the hanging item holds a sandbox slot now
         small = []
         for i in range(20):
-            request = ScoreRequest(id=f"s{i}", data_source="chaos", solution_str="7",
-                                   ground_truth="7")  # fmt: skip
+            request = ScoreRequest(
+                id=f"s{i}", data_source="chaos", solution_str="7", ground_truth="7"
+            )
             small.append(asyncio.create_task(_timed(other.score(request))))
             await asyncio.sleep(0.05)
         outcomes = [await batch, *[await s for s in small]]
     answered = [o for o in outcomes if o.answered]
     sent = len(items) + len(small)
     got = sum(len(o.value) if isinstance(o.value, list) else 1 for o in answered)
-    result = {"experiment": "hanging_reward_item", "sent": sent, "answered": got,
-              "lost": sent - got, "run_twice": 0,
-              "recovery_s": round(max(o.finished for o in outcomes) - fault_at, 2),
-              "max_latency_s": round(max(o.latency_s for o in outcomes[1:]), 2),
-              "errors": sorted({o.error[:160] for o in outcomes if not o.answered})[:3],
-              "hung_item_error": _hung_error(outcomes[0])}  # fmt: skip
+    result = {
+        "experiment": "hanging_reward_item",
+        "sent": sent,
+        "answered": got,
+        "lost": sent - got,
+        "run_twice": 0,
+        "recovery_s": round(max(o.finished for o in outcomes) - fault_at, 2),
+        "max_latency_s": round(max(o.latency_s for o in outcomes[1:]), 2),
+        "errors": sorted({o.error[:160] for o in outcomes if not o.answered})[:3],
+        "hung_item_error": _hung_error(outcomes[0]),
+    }
     common.progress(f"hanging_reward_item: {result}")
     return result
 
@@ -396,8 +443,9 @@ async def _timed(call) -> Timed:
         value = await call
         return Timed(True, value, "", time.monotonic(), time.monotonic() - start)
     except Exception as exc:  # noqa: BLE001 - counted as lost
-        return Timed(False, None, f"{type(exc).__name__}: {exc}", time.monotonic(),
-                     time.monotonic() - start)  # fmt: skip
+        return Timed(
+            False, None, f"{type(exc).__name__}: {exc}", time.monotonic(), time.monotonic() - start
+        )
 
 
 def _hung_error(outcome: Timed) -> str:
@@ -418,9 +466,18 @@ async def restart_redis_empty(fleet: Fleet) -> dict:
     return await restart_redis(fleet, empty=True)
 
 
-EXPERIMENTS = {f.__name__: f for f in (kill_replica, stop_replica, lapse_all_leases, kill_router,
-                                       restart_redis_aof, restart_redis_empty,
-                                       hanging_reward_item)}  # fmt: skip
+EXPERIMENTS = {
+    f.__name__: f
+    for f in (
+        kill_replica,
+        stop_replica,
+        lapse_all_leases,
+        kill_router,
+        restart_redis_aof,
+        restart_redis_empty,
+        hanging_reward_item,
+    )
+}
 """Every experiment, in the order a full run makes them (``--only`` picks among them)."""
 
 
@@ -453,9 +510,22 @@ def run(work: Path, names: list[str] | None = None) -> common.BenchResult:
     finally:
         fleet.stop()
         fleet.redis.stop()
-    result = common.BenchResult("chaos", TITLE, COLUMNS, rows, {}, params={
-        "calls": CALLS, "replica_delay_s": DELAY_S, "heartbeat_ttl_s": 2,
-        "call_timeout_s": CALL_TIMEOUT_S, "replicas": 2, "routers": 2, "backend": "hf"})  # fmt: skip
+    result = common.BenchResult(
+        "chaos",
+        TITLE,
+        COLUMNS,
+        rows,
+        {},
+        params={
+            "calls": CALLS,
+            "replica_delay_s": DELAY_S,
+            "heartbeat_ttl_s": 2,
+            "call_timeout_s": CALL_TIMEOUT_S,
+            "replicas": 2,
+            "routers": 2,
+            "backend": "hf",
+        },
+    )
     result.notes = notes(rows)
     result.seconds = time.monotonic() - started
     return result
@@ -464,10 +534,15 @@ def run(work: Path, names: list[str] | None = None) -> common.BenchResult:
 def notes(rows: list[dict]) -> list[str]:
     out = [totals(rows)]
     out += [f"{r['experiment']}: errors {r['errors']}" for r in rows if r.get("errors")]
-    out += [f"hanging_reward_item: the hung item's answer: {r['hung_item_error']}"
-            for r in rows if "hung_item_error" in r]  # fmt: skip
-    out.append("run_twice = answers stored beyond one per request (replicas' served counters; a "
-               "lower bound). Every caller receives one answer (SET NX).")  # fmt: skip
+    out += [
+        f"hanging_reward_item: the hung item's answer: {r['hung_item_error']}"
+        for r in rows
+        if "hung_item_error" in r
+    ]
+    out.append(
+        "run_twice = answers stored beyond one per request (replicas' served counters; a "
+        "lower bound). Every caller receives one answer (SET NX)."
+    )
     return out
 
 
@@ -488,13 +563,23 @@ def merged(result: common.BenchResult, machine: dict, names: list[str]) -> tuple
         f"{result.load_avg.get('before')}, after {result.load_avg.get('after')}, "
         f"{result.seconds:.0f} s; the other rows are from the full run above."
     )
-    kept = [n for n in data.get("notes", [])
-            if not n.startswith(f"{measured}:") and not TOTALS.fullmatch(n)]  # fmt: skip
+    kept = [
+        n
+        for n in data.get("notes", [])
+        if not n.startswith(f"{measured}:") and not TOTALS.fullmatch(n)
+    ]
     full = common.BenchResult(
-        data["name"], data["title"], data["columns"], rows, data.get("ratios", {}),
-        data.get("params", {}), [totals(rows), *kept, note], data.get("seconds", 0.0),
-        data.get("load_avg", {}), data.get("error"),
-    )  # fmt: skip
+        data["name"],
+        data["title"],
+        data["columns"],
+        rows,
+        data.get("ratios", {}),
+        data.get("params", {}),
+        [totals(rows), *kept, note],
+        data.get("seconds", 0.0),
+        data.get("load_avg", {}),
+        data.get("error"),
+    )
     return full, data["machine"]
 
 
@@ -507,8 +592,11 @@ def totals(rows: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="comma-separated experiments: "
-                        + ", ".join(EXPERIMENTS) + " (default: all)")  # fmt: skip
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated experiments: " + ", ".join(EXPERIMENTS) + " (default: all)",
+    )
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
     if unknown := [n for n in names if n not in EXPERIMENTS]:

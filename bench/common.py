@@ -84,9 +84,13 @@ def stop_child(proc: subprocess.Popen, grace_s: float = 20.0, group: bool = Fals
 
 
 async def wait_serving(
-    client: Any, proc: subprocess.Popen, log_path: Path, label: str, timeout_s: float,
+    client: Any,
+    proc: subprocess.Popen,
+    log_path: Path,
+    label: str,
+    timeout_s: float,
     poll_s: float = 0.25,
-) -> Any:  # fmt: skip
+) -> Any:
     """A replica's status once its engine is loaded (state ``serving``); fails fast, with the
     log's tail, if its process ``proc`` died. ``client`` is its ``RolloutClient``."""
     import asyncio
@@ -129,10 +133,14 @@ class Stats:
             raise ValueError("no samples")
         ordered = sorted(samples)
         return cls(
-            n=len(ordered), mean=statistics.fmean(ordered), p50=percentile(ordered, 50),
-            p90=percentile(ordered, 90), p99=percentile(ordered, 99),
-            min=ordered[0], max=ordered[-1],
-        )  # fmt: skip
+            n=len(ordered),
+            mean=statistics.fmean(ordered),
+            p50=percentile(ordered, 50),
+            p90=percentile(ordered, 90),
+            p99=percentile(ordered, 99),
+            min=ordered[0],
+            max=ordered[-1],
+        )
 
 
 def percentile(ordered: Sequence[float], q: float) -> float:

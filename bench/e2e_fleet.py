@@ -51,14 +51,25 @@ class FleetRun:
 
     def argv(self, run_dir: Path, redis_url: str) -> list[str]:
         return [
-            sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CONFIG),
-            f"run_dir={run_dir}", f"redis_url={redis_url}", f"trainer.mode={self.mode}",
-            f"trainer.total_steps={self.steps}", f"data.train_batch_size={self.batch}",
-            f"trainer.seed={self.seed}", f"data.seed={self.seed}",
-            f"trainer.test_freq={self.test_freq}", f"trainer.target_accuracy={self.target}",
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "up",
+            "--config",
+            str(CONFIG),
+            f"run_dir={run_dir}",
+            f"redis_url={redis_url}",
+            f"trainer.mode={self.mode}",
+            f"trainer.total_steps={self.steps}",
+            f"data.train_batch_size={self.batch}",
+            f"trainer.seed={self.seed}",
+            f"data.seed={self.seed}",
+            f"trainer.test_freq={self.test_freq}",
+            f"trainer.target_accuracy={self.target}",
             f"trainer.val_before_train={str(bool(self.test_freq)).lower()}",
-            "trainer.save_freq=0", *self.overrides,
-        ]  # fmt: skip
+            "trainer.save_freq=0",
+            *self.overrides,
+        ]
 
 
 class MetricsTail:
@@ -89,8 +100,11 @@ class MetricsTail:
 
     def evals(self) -> list[list[float]]:
         """[step, training seconds, held-out accuracy] for every periodic validation."""
-        return [[r["step"], r.get("training/time_s", 0.0), r[ACCURACY_KEY]]
-                for r in self.rows if ACCURACY_KEY in r]  # fmt: skip
+        return [
+            [r["step"], r.get("training/time_s", 0.0), r[ACCURACY_KEY]]
+            for r in self.rows
+            if ACCURACY_KEY in r
+        ]
 
 
 def run_fleet(run: FleetRun, work_dir: Path, timeout_s: float) -> dict:
@@ -112,8 +126,13 @@ def _watch(run: FleetRun, run_dir: Path, redis_server, timeout_s: float) -> dict
 
     client = redis.Redis.from_url(redis_server.url)
     log = (run_dir / "up.log").open("wb")
-    proc = subprocess.Popen(run.argv(run_dir, redis_server.url), cwd=common.REPO, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        run.argv(run_dir, redis_server.url),
+        cwd=common.REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     tree = e2e_probe.ProcessTree(proc.pid, {redis_server._proc.pid: "redis"})
     tail = MetricsTail(run_dir / "metrics.jsonl")
     try:
@@ -202,13 +221,20 @@ def _record(run: FleetRun, run_dir: Path, code, cpu_total, snaps, reason, tail) 
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     steps = [r for r in tail.rows if "timing_s/step" in r]
     record = {
-        "run": run.name, "mode": run.mode, "batch": run.batch, "seed": run.seed,
-        "exit_code": code, "stopped_by": reason, "steps_done": tail.step,
-        "summary": summary, "cpu_s_total": cpu_total, "evals": tail.evals(),
+        "run": run.name,
+        "mode": run.mode,
+        "batch": run.batch,
+        "seed": run.seed,
+        "exit_code": code,
+        "stopped_by": reason,
+        "steps_done": tail.step,
+        "summary": summary,
+        "cpu_s_total": cpu_total,
+        "evals": tail.evals(),
         "training_time_s": summary.get("training_time_s", tail.training_s()),
         "phases_median": phase_medians(steps[run.warmup :]),
         "reward": [[r["step"], r["critic/score/mean"]] for r in steps if "critic/score/mean" in r],
-    }  # fmt: skip
+    }
     before = summary.get("val_before") or logged_before(run_dir / "up.log")
     if ACCURACY_KEY in before:
         record["evals"].insert(0, [0, 0.0, before[ACCURACY_KEY]])
@@ -237,8 +263,9 @@ def logged_before(log: Path) -> dict:
 def phase_medians(rows: list[dict]) -> dict[str, float]:
     """Median of every ``timing_s/*`` metric over the steps given."""
     keys = sorted({k for r in rows for k in r if k.startswith("timing_s/")})
-    return {k.removeprefix("timing_s/"): statistics.median(r[k] for r in rows if k in r)
-            for k in keys}  # fmt: skip
+    return {
+        k.removeprefix("timing_s/"): statistics.median(r[k] for r in rows if k in r) for k in keys
+    }
 
 
 def time_to_target(evals: list[list[float]], target: float, summary: dict) -> float | None:

@@ -115,8 +115,9 @@ def _process(pid: int) -> psutil.Process | None:
 def tcp_bytes(listen: dict[int, str]) -> dict[str, dict[str, int]]:
     """Bytes received and sent by the server side of every connection to ``listen``'s ports."""
     try:
-        out = subprocess.run(["ss", "-tinH", "state", "established"], capture_output=True,
-                             text=True, timeout=10).stdout  # fmt: skip
+        out = subprocess.run(
+            ["ss", "-tinH", "state", "established"], capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
     totals: dict[str, dict[str, int]] = {}
@@ -165,9 +166,7 @@ def per_step(before: Snapshot, after: Snapshot) -> dict:
         return {k: (b.get(k, 0) - a.get(k, 0)) / steps for k in b if b.get(k, 0) != a.get(k, 0)}
 
     calls = delta(before.redis_calls, after.redis_calls)
-    tcp = {
-        label: delta(before.tcp.get(label, {}), counts) for label, counts in after.tcp.items()
-    }  # fmt: skip
+    tcp = {label: delta(before.tcp.get(label, {}), counts) for label, counts in after.tcp.items()}
     return {
         "steps": steps,
         "wall_s_per_step": (after.t - before.t) / steps,

@@ -12,17 +12,47 @@ import statistics
 import common
 
 SPEED_COLUMNS = [
-    "system", "work", "steps", "s/step median", "s/step clock", "gen", "reward", "ref+logprobs",
-    "update", "push", "CPU s/step", "Redis cmds/step", "Redis KB/step", "gRPC KB/step", "load",
-]  # fmt: skip
+    "system",
+    "work",
+    "steps",
+    "s/step median",
+    "s/step clock",
+    "gen",
+    "reward",
+    "ref+logprobs",
+    "update",
+    "push",
+    "CPU s/step",
+    "Redis cmds/step",
+    "Redis KB/step",
+    "gRPC KB/step",
+    "load",
+]
 TTT_COLUMNS = [
-    "system", "recipe", "seed", "time to target (s)", "steps to target", "best held-out",
-    "last held-out", "training s", "stopped by", "load",
-]  # fmt: skip
-FLEET_PHASES = {"gen": ["gen"], "reward": ["reward"], "ref+logprobs": ["ref", "old_log_prob"],
-                "update": ["update_actor", "update_critic"], "push": ["push_weights"]}  # fmt: skip
-TRL_PHASES = {"gen": ["gen"], "reward": ["reward"], "ref+logprobs": ["score_other"],
-              "update": ["update"]}  # fmt: skip
+    "system",
+    "recipe",
+    "seed",
+    "time to target (s)",
+    "steps to target",
+    "best held-out",
+    "last held-out",
+    "training s",
+    "stopped by",
+    "load",
+]
+FLEET_PHASES = {
+    "gen": ["gen"],
+    "reward": ["reward"],
+    "ref+logprobs": ["ref", "old_log_prob"],
+    "update": ["update_actor", "update_critic"],
+    "push": ["push_weights"],
+}
+TRL_PHASES = {
+    "gen": ["gen"],
+    "reward": ["reward"],
+    "ref+logprobs": ["score_other"],
+    "update": ["update"],
+}
 
 
 def _median(values) -> float:
@@ -47,14 +77,21 @@ def speed_row(record: dict, warmup: int) -> dict:
 def _trl_speed(record: dict, warmup: int) -> dict:
     steps = record["steps"]
     kept = steps[warmup:] or steps
-    row = {name: _median(sum(s.get(k, 0.0) for k in keys) for s in kept)
-           for name, keys in TRL_PHASES.items()}  # fmt: skip
+    row = {
+        name: _median(sum(s.get(k, 0.0) for k in keys) for s in kept)
+        for name, keys in TRL_PHASES.items()
+    }
     return {
-        **row, "steps": len(steps), "s/step median": _median(s["step_s"] for s in kept),
-        "s/step clock": record["training_time_s"] / max(len(steps), 1), "push": "in-process",
-        "CPU s/step": _median(s["cpu_s"] for s in kept), "Redis cmds/step": "none",
-        "Redis KB/step": "none", "gRPC KB/step": "none",
-    }  # fmt: skip
+        **row,
+        "steps": len(steps),
+        "s/step median": _median(s["step_s"] for s in kept),
+        "s/step clock": record["training_time_s"] / max(len(steps), 1),
+        "push": "in-process",
+        "CPU s/step": _median(s["cpu_s"] for s in kept),
+        "Redis cmds/step": "none",
+        "Redis KB/step": "none",
+        "gRPC KB/step": "none",
+    }
 
 
 def _fleet_speed(record: dict) -> dict:
@@ -66,13 +103,15 @@ def _fleet_speed(record: dict) -> dict:
     grpc = sum(sum(v.values()) for label, v in tcp.items() if label != "redis") / 1024
     redis_bytes = sum(window.get("redis_net_bytes_per_step", {}).values()) / 1024
     return {
-        **row, "steps": steps, "s/step median": phases.get("step", float("nan")),
+        **row,
+        "steps": steps,
+        "s/step median": phases.get("step", float("nan")),
         "s/step clock": record["training_time_s"] / max(steps, 1),
         "CPU s/step": sum(window.get("cpu_s_per_step", {}).values()) if window else "n/a",
         "Redis cmds/step": window.get("redis_commands_per_step", "n/a"),
         "Redis KB/step": redis_bytes if window else "n/a",
         "gRPC KB/step": grpc if window else "n/a",
-    }  # fmt: skip
+    }
 
 
 def cpu_rows(records: list[dict], warmup: int) -> tuple[list[str], list[dict]]:
@@ -98,14 +137,17 @@ def ttt_row(record: dict, target: float) -> dict:
     reached = record.get("time_to_target_s")
     step = next((e[0] for e in evals if e[2] >= target), None)
     return {
-        "system": record["system"], "recipe": record.get("recipe", "rlfleet default"),
-        "seed": record["seed"], "load": _load(record),
+        "system": record["system"],
+        "recipe": record.get("recipe", "rlfleet default"),
+        "seed": record["seed"],
+        "load": _load(record),
         "time to target (s)": "not reached" if reached is None else reached,
         "steps to target": "—" if step is None else step,
-        "best held-out": f"{best[2]:.3f} @ step {best[0]}", "last held-out": evals[-1][2],
+        "best held-out": f"{best[2]:.3f} @ step {best[0]}",
+        "last held-out": evals[-1][2],
         "training s": record.get("training_time_s", float("nan")),
         "stopped by": record.get("error") or record.get("stopped_by", "?"),
-    }  # fmt: skip
+    }
 
 
 def best_trl_recipe(records: list[dict], target: float) -> str | None:
@@ -136,9 +178,16 @@ def median_ttt(records: list[dict], system: str, recipe: str | None = None) -> f
 
 
 def markdown(speed: list[dict], cpu: tuple[list[str], list[dict]], ttt: list[dict]) -> str:
-    parts = ["## (a) Seconds per step at equal work, per-phase medians, traffic", "",
-             common.markdown_table(SPEED_COLUMNS, speed), "",
-             "## CPU seconds per step, by process", "", common.markdown_table(*cpu), ""]  # fmt: skip
+    parts = [
+        "## (a) Seconds per step at equal work, per-phase medians, traffic",
+        "",
+        common.markdown_table(SPEED_COLUMNS, speed),
+        "",
+        "## CPU seconds per step, by process",
+        "",
+        common.markdown_table(*cpu),
+        "",
+    ]
     if ttt:
         parts += [
             "## (b) Time to the held-out target",

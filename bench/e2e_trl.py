@@ -46,9 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--beta", type=float, default=0.0, help="KL coefficient (TRL's default 0)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     parser.add_argument(
-        "--steps-per-generation", type=int, default=1,
+        "--steps-per-generation",
+        type=int,
+        default=1,
         help="optimizer steps per generated batch (mini-batches, like ppo_mini_batch_size)",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--eval-every", type=int, default=0, help="greedy held-out eval period")
@@ -99,15 +101,29 @@ def grpo_config(args: argparse.Namespace):
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(args.work_dir), report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, use_cpu=True, bf16=False, seed=args.seed, data_seed=args.seed,
+        output_dir=str(args.work_dir),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=True,
+        bf16=False,
+        seed=args.seed,
+        data_seed=args.seed,
         per_device_train_batch_size=args.batch * args.n // args.steps_per_generation,
-        num_generations=args.n, steps_per_generation=args.steps_per_generation,
-        gradient_accumulation_steps=1, num_iterations=1, max_completion_length=args.max_tokens,
-        temperature=args.temperature, max_steps=args.steps * args.steps_per_generation,
-        learning_rate=args.lr, lr_scheduler_type=args.schedule, warmup_steps=0, beta=args.beta,
+        num_generations=args.n,
+        steps_per_generation=args.steps_per_generation,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_completion_length=args.max_tokens,
+        temperature=args.temperature,
+        max_steps=args.steps * args.steps_per_generation,
+        learning_rate=args.lr,
+        lr_scheduler_type=args.schedule,
+        warmup_steps=0,
+        beta=args.beta,
         dataloader_num_workers=0,
-    )  # fmt: skip
+    )
 
 
 class PhaseTimer:
@@ -202,9 +218,12 @@ def build_trainer(args: argparse.Namespace, record: dict):
     model = AutoModelForCausalLM.from_pretrained(str(common.MODEL_DIR), dtype="float32", **kernel)
     record["attn_implementation"] = attn or "default"
     trainer = GRPOTrainer(
-        model=model, reward_funcs=arith_reward, args=grpo_config(args),
-        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-    )  # fmt: skip
+        model=model,
+        reward_funcs=arith_reward,
+        args=grpo_config(args),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
     ids = trainer._tokenize_prompts([rows[0]["prompt"]])[0][0]
     if list(ids) != encode_prompt(tokenizer, train[0][0]):
         raise RuntimeError(
@@ -231,8 +250,9 @@ def launch(flags: dict, out: Path, timeout_s: float) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     with (out.parent / f"{out.stem}.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV, start_new_session=True
+        )
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -257,9 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     record = {
         "params": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "steps": [], "reward": [], "evals": [], "training_time_s": 0.0, "time_to_target_s": None,
+        "steps": [],
+        "reward": [],
+        "evals": [],
+        "training_time_s": 0.0,
+        "time_to_target_s": None,
         "stopped_by": None,
-    }  # fmt: skip
+    }
     started = time.perf_counter()
     trainer = build_trainer(args, record)
     trainer.train()

@@ -50,12 +50,24 @@ class GrpoFleetRun:
 
     def argv(self, run_dir: Path, redis_url: str) -> list[str]:
         return [
-            sys.executable, "-m", "rlfleet.cli", "up", "--config", str(self.config),
-            "--rollout-replicas", "1", f"run_dir={run_dir}", f"redis_url={redis_url}",
-            f"trainer.mode={self.mode}", f"trainer.total_steps={self.steps}",
-            f"data.val_size={self.val_size}", "trainer.test_freq=0",
-            "trainer.val_before_train=true", "trainer.save_freq=0", *self.overrides,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "up",
+            "--config",
+            str(self.config),
+            "--rollout-replicas",
+            "1",
+            f"run_dir={run_dir}",
+            f"redis_url={redis_url}",
+            f"trainer.mode={self.mode}",
+            f"trainer.total_steps={self.steps}",
+            f"data.val_size={self.val_size}",
+            "trainer.test_freq=0",
+            "trainer.val_before_train=true",
+            "trainer.save_freq=0",
+            *self.overrides,
+        ]
 
 
 def run_fleet(run: GrpoFleetRun, work_dir: Path, timeout_s: float) -> dict:
@@ -75,8 +87,13 @@ def run_fleet(run: GrpoFleetRun, work_dir: Path, timeout_s: float) -> dict:
 def _watch(run: GrpoFleetRun, run_dir: Path, redis_url: str, timeout_s: float) -> dict:
     log = (run_dir / "up.log").open("wb")
     started = time.perf_counter()
-    proc = subprocess.Popen(run.argv(run_dir, redis_url), cwd=common.REPO, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        run.argv(run_dir, redis_url),
+        cwd=common.REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     tree, peaks = e2e_probe.ProcessTree(proc.pid), PeakRss()
     tail = e2e_fleet.MetricsTail(run_dir / "metrics.jsonl")
     reason = None
@@ -136,8 +153,16 @@ def _ask_stop(tree: e2e_probe.ProcessTree) -> bool:
 
     from rlfleet.proto import common_pb2, trainer_pb2_grpc
 
-    port = next((a.split("=", 1)[1] for p in tree.processes() if tree._label(p) == "trainer"
-                 for a in _cmdline(p) if a.startswith("trainer.port=")), None)  # fmt: skip
+    port = next(
+        (
+            a.split("=", 1)[1]
+            for p in tree.processes()
+            if tree._label(p) == "trainer"
+            for a in _cmdline(p)
+            if a.startswith("trainer.port=")
+        ),
+        None,
+    )
     if port is None:
         return False
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -184,15 +209,28 @@ def _record(run: GrpoFleetRun, run_dir: Path, code, reason, tail) -> dict:
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     steps = [r for r in tail.rows if "timing_s/step" in r]
     record = {
-        "run": run.name, "mode": run.mode, "exit_code": code, "stopped_by": reason,
-        "steps_done": tail.step, "summary": summary,
+        "run": run.name,
+        "mode": run.mode,
+        "exit_code": code,
+        "stopped_by": reason,
+        "steps_done": tail.step,
+        "summary": summary,
         "training_time_s": summary.get("training_time_s", tail.training_s()),
-        "steps": [{"index": r["step"], **{k.removeprefix("timing_s/"): v for k, v in r.items()
-                                          if k.startswith("timing_s/")}} for r in steps],
+        "steps": [
+            {
+                "index": r["step"],
+                **{
+                    k.removeprefix("timing_s/"): v
+                    for k, v in r.items()
+                    if k.startswith("timing_s/")
+                },
+            }
+            for r in steps
+        ],
         "reward": [[r["step"], r["critic/score/mean"]] for r in steps if "critic/score/mean" in r],
         "val_before": (summary.get("val_before") or {}).get(run.accuracy_key),
         "val_after": (summary.get("val_after") or {}).get(run.accuracy_key),
-    }  # fmt: skip
+    }
     record["curve"] = _curve(run.accuracy_key, tail.rows, record)
     if code != 0 or not summary:
         tail_text = (run_dir / "up.log").read_text(errors="replace")[-1500:]

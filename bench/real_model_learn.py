@@ -83,24 +83,36 @@ class LearnPlan:
 
     def trl_flags(self) -> dict[str, Any]:
         c = self.config
-        return {"batch": c.data.train_batch_size, "n": c.rollout.n,
-                "max_tokens": c.rollout.max_tokens, "max_prompt_length": c.data.max_prompt_length,
-                "lr": c.trainer.lr, "temperature": c.rollout.temperature,
-                "threads": os.cpu_count() or 1, "seed": c.trainer.seed, "steps": STEP_CAP,
-                "bf16": int(self.bf16()),
-                "budget_s": self.budget_s, "val_size": self.val_size,
-                "eval_every_s": self.eval_every_s,
-                "train_file": Path(c.data.train_files[0]).expanduser(),
-                "test_file": Path(c.data.val_files[0]).expanduser()}  # fmt: skip
+        return {
+            "batch": c.data.train_batch_size,
+            "n": c.rollout.n,
+            "max_tokens": c.rollout.max_tokens,
+            "max_prompt_length": c.data.max_prompt_length,
+            "lr": c.trainer.lr,
+            "temperature": c.rollout.temperature,
+            "threads": os.cpu_count() or 1,
+            "seed": c.trainer.seed,
+            "steps": STEP_CAP,
+            "bf16": int(self.bf16()),
+            "budget_s": self.budget_s,
+            "val_size": self.val_size,
+            "eval_every_s": self.eval_every_s,
+            "train_file": Path(c.data.train_files[0]).expanduser(),
+            "test_file": Path(c.data.val_files[0]).expanduser(),
+        }
 
     def fleet_run(self):
         import real_model_fleet
 
         c = self.config
-        overrides = [f"trainer.max_training_s={self.budget_s}",
-                     f"trainer.test_freq={c.trainer.test_freq}", *self.overrides]  # fmt: skip
-        return real_model_fleet.GrpoFleetRun(c.trainer.mode, STEP_CAP, self.val_size, 0.0,
-                                             overrides, CONFIG, ACCURACY_KEY)  # fmt: skip
+        overrides = [
+            f"trainer.max_training_s={self.budget_s}",
+            f"trainer.test_freq={c.trainer.test_freq}",
+            *self.overrides,
+        ]
+        return real_model_fleet.GrpoFleetRun(
+            c.trainer.mode, STEP_CAP, self.val_size, 0.0, overrides, CONFIG, ACCURACY_KEY
+        )
 
 
 def run(options: Options) -> BenchResult:
@@ -116,19 +128,44 @@ def run(options: Options) -> BenchResult:
         PARTIAL.write_text(json.dumps({"records": records, "when": time.time()}, indent=1))
     rows = [row for variant, record in records.items() for row in rows_of(variant, record)]
     notes += [f"{v} failed: {r['error']}" for v, r in records.items() if r.get("error")]
-    notes += [f"{v}: read from the finished run {r['from_run_dir']}, not run by this benchmark"
-              for v, r in records.items() if r.get("from_run_dir")]  # fmt: skip
+    notes += [
+        f"{v}: read from the finished run {r['from_run_dir']}, not run by this benchmark"
+        for v, r in records.items()
+        if r.get("from_run_dir")
+    ]
     plot = plot_curves(records, PLOT)
     return BenchResult(
-        name=NAME, title=TITLE, rows=rows, ratios=ratios_of(rows), notes=notes + notes_of(plan),
-        columns=["variant", "kind", "val_before", "val_after", "gain", "steps", "train_s",
-                 "s_per_step", "gen_s", "reward_s", "update_s", "push_s", "other_s",
-                 "peak_rss_GB"],
-        params={"config": str(CONFIG.relative_to(REPO)), "budget_s": plan.budget_s,
-                "val_size": plan.val_size, "eval_every_s": plan.eval_every_s,
-                "overrides": plan.overrides, "plot": str(plot) if plot else None,
-                "curves": {v: r.get("curve", []) for v, r in records.items()}},
-    )  # fmt: skip
+        name=NAME,
+        title=TITLE,
+        rows=rows,
+        ratios=ratios_of(rows),
+        notes=notes + notes_of(plan),
+        columns=[
+            "variant",
+            "kind",
+            "val_before",
+            "val_after",
+            "gain",
+            "steps",
+            "train_s",
+            "s_per_step",
+            "gen_s",
+            "reward_s",
+            "update_s",
+            "push_s",
+            "other_s",
+            "peak_rss_GB",
+        ],
+        params={
+            "config": str(CONFIG.relative_to(REPO)),
+            "budget_s": plan.budget_s,
+            "val_size": plan.val_size,
+            "eval_every_s": plan.eval_every_s,
+            "overrides": plan.overrides,
+            "plot": str(plot) if plot else None,
+            "curves": {v: r.get("curve", []) for v, r in records.items()},
+        },
+    )
 
 
 def run_variant(variant: str, plan: LearnPlan, options: Options) -> dict:

@@ -46,13 +46,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--bf16", type=int, default=0,
-                        help="1: bf16 autocast (the fleet's trainer.autocast_dtype=bfloat16)")  # fmt: skip
-    parser.add_argument("--budget-s", type=float, default=0.0,
-                        help="stop once this much training time is spent (0: run --steps)")  # fmt: skip
+    parser.add_argument(
+        "--bf16",
+        type=int,
+        default=0,
+        help="1: bf16 autocast (the fleet's trainer.autocast_dtype=bfloat16)",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=0.0,
+        help="stop once this much training time is spent (0: run --steps)",
+    )
     parser.add_argument("--val-size", type=int, default=0, help="held-out rows (0: no eval)")
-    parser.add_argument("--eval-every-s", type=float, default=0.0,
-                        help="also evaluate every this many training seconds (0: ends only)")  # fmt: skip
+    parser.add_argument(
+        "--eval-every-s",
+        type=float,
+        default=0.0,
+        help="also evaluate every this many training seconds (0: ends only)",
+    )
     parser.add_argument("--train-file", type=Path, default=DATA / "train.parquet")
     parser.add_argument("--test-file", type=Path, default=DATA / "test.parquet")
     parser.add_argument("--work-dir", type=Path, default=common.RESULTS_DIR / "work" / "trl")
@@ -107,14 +119,29 @@ def grpo_config(args: argparse.Namespace):
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(args.work_dir), report_to="none", save_strategy="no", logging_steps=1,
-        disable_tqdm=True, use_cpu=True, bf16=bool(args.bf16), seed=args.seed, data_seed=args.seed,
-        per_device_train_batch_size=args.batch * args.n, num_generations=args.n,
-        steps_per_generation=1, gradient_accumulation_steps=1, num_iterations=1,
-        max_completion_length=args.max_tokens, temperature=args.temperature,
-        max_steps=args.steps, learning_rate=args.lr, lr_scheduler_type="constant",
-        warmup_steps=0, beta=0.0, dataloader_num_workers=0,
-    )  # fmt: skip
+        output_dir=str(args.work_dir),
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=True,
+        bf16=bool(args.bf16),
+        seed=args.seed,
+        data_seed=args.seed,
+        per_device_train_batch_size=args.batch * args.n,
+        num_generations=args.n,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_completion_length=args.max_tokens,
+        temperature=args.temperature,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        beta=0.0,
+        dataloader_num_workers=0,
+    )
 
 
 def check_prompt_ids(trainer, tokenizer, record) -> list[int]:
@@ -190,13 +217,22 @@ def build_trainer(args: argparse.Namespace, record: dict):
     path = resolve_local_model(MODEL)
     tokenizer = load_tokenizer(path)
     train = read_records(args.train_file)
-    rows = [{"prompt": r.prompt, "ground_truth": json.dumps(r.ground_truth),
-             "data_source": r.data_source} for r in train]  # fmt: skip
+    rows = [
+        {
+            "prompt": r.prompt,
+            "ground_truth": json.dumps(r.ground_truth),
+            "data_source": r.data_source,
+        }
+        for r in train
+    ]
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype="float32")
     trainer = GRPOTrainer(
-        model=model, reward_funcs=row_reward, args=grpo_config(args),
-        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-    )  # fmt: skip
+        model=model,
+        reward_funcs=row_reward,
+        args=grpo_config(args),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+    )
     record["prompt_ids_example"] = check_prompt_ids(trainer, tokenizer, train[0])
     trainer.remove_callback(PrinterCallback)  # the harness reads the JSON, not stdout
     test = read_records(args.test_file, args.val_size) if args.val_size else []
@@ -226,8 +262,9 @@ def launch(flags: dict, out: Path, timeout_s: float) -> dict:
     out.unlink(missing_ok=True)
     log_path = out.parent / f"{out.stem}.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=CHILD_ENV, start_new_session=True
+        )
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -258,9 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     record = {
         "params": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "steps": [], "reward": [], "eval_s": [], "training_time_s": 0.0, "stopped_by": None,
+        "steps": [],
+        "reward": [],
+        "eval_s": [],
+        "training_time_s": 0.0,
+        "stopped_by": None,
         "curve": [],
-    }  # fmt: skip
+    }
     started = time.perf_counter()
     trainer = build_trainer(args, record)
     trainer.train()

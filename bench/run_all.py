@@ -24,12 +24,18 @@ from pathlib import Path
 import common
 
 BENCHES = {
-    "engines": "bench_engines", "queue": "bench_queue", "weights": "bench_weights",
-    "reward_throughput": "bench_reward_throughput", "router": "bench_router",
-    "ddp": "bench_ddp", "actor_update": "bench_actor_update", "agent": "bench_agent",
+    "engines": "bench_engines",
+    "queue": "bench_queue",
+    "weights": "bench_weights",
+    "reward_throughput": "bench_reward_throughput",
+    "router": "bench_router",
+    "ddp": "bench_ddp",
+    "actor_update": "bench_actor_update",
+    "agent": "bench_agent",
     "inflight": "bench_inflight",
-    "real_model": "bench_real_model", "trainer_memory": "bench_trainer_memory",
-}  # fmt: skip
+    "real_model": "bench_real_model",
+    "trainer_memory": "bench_trainer_memory",
+}
 OPT_IN = {"real_model", "inflight", "trainer_memory"}
 """Run only when named in ``--only``: slow (real_model, trainer_memory: ``make smollm2``, 10-20
 minutes each)."""
@@ -41,13 +47,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", action="append", default=[], help=subset)
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
     parser.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16"],
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
         help="model dtype for the engine and weight benchmarks",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--hf-threads", type=int, default=1,
+        "--hf-threads",
+        type=int,
+        default=1,
         help="torch threads of the hf engine (default 1, like rollout.torch_threads)",
-    )  # fmt: skip
+    )
     parser.add_argument("--out", type=Path, default=common.RESULTS_DIR, help="results folder")
     parser.add_argument("-v", "--verbose", action="store_true", help="INFO logs (rlfleet, vLLM)")
     args = parser.parse_args(argv)
@@ -85,10 +95,13 @@ def headline(result: dict) -> str:
 def write_summary(out_dir: Path) -> Path:
     """SUMMARY.md: one line per benchmark whose JSON is in ``out_dir``."""
     lines = [
-        "# rlfleet benchmark summary", "",
-        "Ratios come from variants measured side by side in the same run.", "",
-        "| benchmark | measured | seconds | headline ratios |", "|---|---|---|---|",
-    ]  # fmt: skip
+        "# rlfleet benchmark summary",
+        "",
+        "Ratios come from variants measured side by side in the same run.",
+        "",
+        "| benchmark | measured | seconds | headline ratios |",
+        "|---|---|---|---|",
+    ]
     for path in sorted(out_dir.glob("*.json")):
         data = json.loads(path.read_text())
         if "title" not in data:  # not a benchmark result (e.g. gpu_check.json)
@@ -105,12 +118,17 @@ def write_summary(out_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     options = common.Options(
-        quick=args.quick, dtype=args.dtype, hf_threads=args.hf_threads,
-        verbose=args.verbose, work_dir=args.out / "work",
-    )  # fmt: skip
+        quick=args.quick,
+        dtype=args.dtype,
+        hf_threads=args.hf_threads,
+        verbose=args.verbose,
+        work_dir=args.out / "work",
+    )
     failed = []
     try:
         for name in args.names:

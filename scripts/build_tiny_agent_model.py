@@ -79,13 +79,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--steps-max", type=int, default=2500, help="give up after this many")
     parser.add_argument(
-        "--early-share", type=float, default=0.6,
+        "--early-share",
+        type=float,
+        default=0.6,
         help="share of 4-number training episodes that answer one call early",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--target-3", type=float, default=0.85,
+        "--target-3",
+        type=float,
+        default=0.85,
         help="stop once greedy held-out success on 3-number sums reaches this",
-    )  # fmt: skip
+    )
     parser.add_argument("--target-low", type=float, default=0.25, help="band on all sums")
     parser.add_argument("--target-high", type=float, default=0.6, help="band on all sums")
     parser.add_argument("--eval-every", type=int, default=25, help="steps between evaluations")
@@ -190,10 +194,11 @@ def sft_messages(problems: list[Problem], early_share: float, seed: int) -> list
     4-number problems get `early_messages` instead."""
     rng = random.Random(seed)
     return [
-        early_messages(p) if len(p.numbers) == 4 and rng.random() < early_share
+        early_messages(p)
+        if len(p.numbers) == 4 and rng.random() < early_share
         else ideal_messages(p)
         for p in problems
-    ]  # fmt: skip
+    ]
 
 
 def assistant_ids(tokenizer: Any, message: dict) -> list[int]:
@@ -231,9 +236,13 @@ def greedy_turns(model: Any, tokenizer: Any, rows: list[list[int]], max_new: int
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     with torch.no_grad():
         out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-            eos_token_id=eos, pad_token_id=pad,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
     new = [row[width:].tolist() for row in out]
     return [row[: row.index(eos) + 1] if eos in row else row for row in new]
 
@@ -393,8 +402,14 @@ def main(argv: list[str] | None = None) -> None:
     if not args.target_low <= result.success.all <= args.target_high:
         log.warning("success %s is outside the target band", result.success)
     full = success_rate(model, renderer, test)
-    log.info("success %s (all %d: %s) after %d steps, %.1f s", result.success, len(test), full,
-             result.steps, result.seconds)  # fmt: skip
+    log.info(
+        "success %s (all %d: %s) after %d steps, %.1f s",
+        result.success,
+        len(test),
+        full,
+        result.steps,
+        result.seconds,
+    )
     print("history:", " ".join(f"{s}:{a.all:.3f}/{a.three:.3f}" for s, a in result.history))
     save_policy(
         model, tokenizer, Path(args.out), model_card(args, result, model.num_parameters(), full)

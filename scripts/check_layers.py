@@ -166,8 +166,14 @@ def imports_of(root: Path, path: Path, modules: set[str]) -> Iterator[Import]:
         base = _resolve_from(node, importer, path.name == "__init__.py")
         for alias in node.names:
             target = f"{base}.{alias.name}"
-            yield Import(path, node.lineno, importer, target if target in modules else base,
-                         at_import, for_types)  # fmt: skip
+            yield Import(
+                path,
+                node.lineno,
+                importer,
+                target if target in modules else base,
+                at_import,
+                for_types,
+            )
 
 
 def package_of(module: str) -> str | None:
@@ -197,14 +203,18 @@ def layer_violation(imp: Import, root: Path) -> str | None:
     if dst_layer is None:
         return f"{_where(imp, root)}: package {dst!r} is in no layer (add it to LAYERS)"
     if src_layer < dst_layer:
-        return (f"{_where(imp, root)}: layer '{LAYERS[src_layer][0]}' ({src}) may not import "
-                f"the higher layer '{LAYERS[dst_layer][0]}' ({dst}); arrows point down")  # fmt: skip
+        return (
+            f"{_where(imp, root)}: layer '{LAYERS[src_layer][0]}' ({src}) may not import "
+            f"the higher layer '{LAYERS[dst_layer][0]}' ({dst}); arrows point down"
+        )
     if src_layer > dst_layer or (src, dst) in PEER_IMPORTS:
         return None
     if src in ROLES and dst in ROLES:
         return role_violation(imp, root, dst)
-    return (f"{_where(imp, root)}: {src} and {dst} share the layer '{LAYERS[src_layer][0]}'"
-            f" and this import is not in PEER_IMPORTS")  # fmt: skip
+    return (
+        f"{_where(imp, root)}: {src} and {dst} share the layer '{LAYERS[src_layer][0]}'"
+        f" and this import is not in PEER_IMPORTS"
+    )
 
 
 def role_violation(imp: Import, root: Path, dst: str) -> str | None:
@@ -212,9 +222,11 @@ def role_violation(imp: Import, root: Path, dst: str) -> str | None:
     inner = imp.target.split(".")[2:3]
     if inner and inner[0] in ROLE_PUBLIC or _excepted(imp):
         return None
-    return (f"{_where(imp, root)}: a role reaches into another role's internals ({dst}); "
-            f"roles meet only through clients and protos (allowed: "
-            f"{', '.join(f'{dst}.{m}' for m in ROLE_PUBLIC)})")  # fmt: skip
+    return (
+        f"{_where(imp, root)}: a role reaches into another role's internals ({dst}); "
+        f"roles meet only through clients and protos (allowed: "
+        f"{', '.join(f'{dst}.{m}' for m in ROLE_PUBLIC)})"
+    )
 
 
 def _within(module: str, prefix: str) -> bool:
@@ -293,8 +305,10 @@ def stale_exceptions(imports: list[Import], modules: set[str]) -> list[str]:
     """``ROLE_EXCEPTIONS`` entries whose importer exists but no longer makes that import."""
     used = {pair for imp in imports for pair in ROLE_EXCEPTIONS if _matches(pair, imp)}
     present = {pair for pair in ROLE_EXCEPTIONS if any(_within(m, pair[0]) for m in modules)}
-    return [f"scripts/check_layers.py: ROLE_EXCEPTIONS entry {pair} matches no import; remove it"
-            for pair in sorted(present - used)]  # fmt: skip
+    return [
+        f"scripts/check_layers.py: ROLE_EXCEPTIONS entry {pair} matches no import; remove it"
+        for pair in sorted(present - used)
+    ]
 
 
 def lazy_cycle_problems(
@@ -303,11 +317,17 @@ def lazy_cycle_problems(
     """Rule 3 for the imports that run at all: cycles beyond the start-up ones reported
     already, save ``LAZY_CYCLES``, and entries of ``LAZY_CYCLES`` that are no cycle."""
     found = [tuple(c) for c in cycles(runs) if c not in start_up]
-    problems = [f"{root.name}/: import cycle through lazy imports among {', '.join(c)}; move "
-                "what both need below both" for c in found if c not in LAZY_CYCLES]  # fmt: skip
+    problems = [
+        f"{root.name}/: import cycle through lazy imports among {', '.join(c)}; move "
+        "what both need below both"
+        for c in found
+        if c not in LAZY_CYCLES
+    ]
     present = {pair for pair in LAZY_CYCLES if all(m in runs for m in pair)}
-    return problems + [f"scripts/check_layers.py: LAZY_CYCLES entry {pair} is no cycle; remove it"
-                       for pair in sorted(present - set(found))]  # fmt: skip
+    return problems + [
+        f"scripts/check_layers.py: LAZY_CYCLES entry {pair} is no cycle; remove it"
+        for pair in sorted(present - set(found))
+    ]
 
 
 def type_cycle_problems(
@@ -337,12 +357,20 @@ def check(root: Path) -> list[str]:
     for path in files:
         package = package_of(module_name(root, path))
         if package is not None and layer_of(package) is None:
-            problems.append(f"{root.name}/{path.relative_to(root)}: package {package!r} is in no "
-                            "layer (add it to LAYERS in scripts/check_layers.py)")  # fmt: skip
+            problems.append(
+                f"{root.name}/{path.relative_to(root)}: package {package!r} is in no "
+                "layer (add it to LAYERS in scripts/check_layers.py)"
+            )
         for imp in imports_of(root, path, modules):
             all_imports.append(imp)
-            problems += filter(None, [layer_violation(imp, root), forbidden_violation(imp, root),
-                                      one_way_violation(imp, root)])  # fmt: skip
+            problems += filter(
+                None,
+                [
+                    layer_violation(imp, root),
+                    forbidden_violation(imp, root),
+                    one_way_violation(imp, root),
+                ],
+            )
             if imp.target in modules and imp.target != imp.importer:
                 typed[imp.importer].add(imp.target)
             if not imp.for_types and imp.target in modules and imp.target != imp.importer:
@@ -372,8 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     for line in problems:
         print(line, file=sys.stderr)
     if problems:
-        print(f"check_layers: {len(problems)} violation(s); see docs/architecture.md",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"check_layers: {len(problems)} violation(s); see docs/architecture.md", file=sys.stderr
+        )
         return 1
     print("check_layers: the layers hold")
     return 0

@@ -94,17 +94,35 @@ def load_verl(version: str) -> dict[str, Any]:
         }
     )
     exec(compile(helper_src, "rollout_corr_helper.py", "exec"), helper.__dict__)  # noqa: S102
-    core_names = {"agg_loss", "compute_policy_loss_vanilla", "compute_policy_loss_reinforce",
-                  "compute_policy_loss_bypass_mode"}  # fmt: skip
-    core = {"torch": torch, "verl_F": verl_f, "Optional": Optional, "Any": Any,
-            "ActorConfig": _Config, "AlgoConfig": type("AlgoConfig", (), {}),
-            "register_policy_loss": lambda name: (lambda fn: fn)}  # fmt: skip
+    core_names = {
+        "agg_loss",
+        "compute_policy_loss_vanilla",
+        "compute_policy_loss_reinforce",
+        "compute_policy_loss_bypass_mode",
+    }
+    core = {
+        "torch": torch,
+        "verl_F": verl_f,
+        "Optional": Optional,
+        "Any": Any,
+        "ActorConfig": _Config,
+        "AlgoConfig": type("AlgoConfig", (), {}),
+        "register_policy_loss": lambda name: lambda fn: fn,
+    }
     _functions(core_src, core_names, core)
-    algo = {"dataclass": dataclass, "Optional": Optional, "Any": Any,
-            "BaseConfig": type("BaseConfig", (), {})}  # fmt: skip
+    algo = {
+        "dataclass": dataclass,
+        "Optional": Optional,
+        "Any": Any,
+        "BaseConfig": type("BaseConfig", (), {}),
+    }
     _functions(algorithm_src, {"RolloutCorrectionConfig"}, algo)
-    return {"helper": helper, "core": core, "config": algo["RolloutCorrectionConfig"],
-            "verl_f": verl_f}  # fmt: skip
+    return {
+        "helper": helper,
+        "core": core,
+        "config": algo["RolloutCorrectionConfig"],
+        "verl_f": verl_f,
+    }
 
 
 # --- random inputs ------------------------------------------------------------------------
@@ -240,8 +258,11 @@ def check_pieces(verl, rng: random.Random, diff: Differences, dtype: torch.dtype
     diff.value(f"rejection_mask {options} {spec}", mine[0], theirs[0])
     diff.metrics(f"rejection_mask {options} {spec}", mine[1], theirs[1])
     with_rollout = rollout if rng.random() < 0.9 else None
-    diff.metrics("mismatch_metrics", mismatch_metrics(old, with_rollout, mask),
-                 helper.compute_offpolicy_metrics(old, with_rollout, mask))  # fmt: skip
+    diff.metrics(
+        "mismatch_metrics",
+        mismatch_metrics(old, with_rollout, mask),
+        helper.compute_offpolicy_metrics(old, with_rollout, mask),
+    )
 
 
 def random_params(rng: random.Random) -> ours.CorrectionParams:
@@ -261,9 +282,13 @@ def check_whole(verl, rng: random.Random, diff: Differences, dtype: torch.dtype)
     """The batch entry (``correct``) and bypass mode's loss, with its gradient."""
     old, rollout, mask = random_batch(rng, dtype)
     params = random_params(rng)
-    knobs = dict(rollout_is=params.rollout_is, rollout_is_threshold=params.rollout_is_threshold,
-                 rollout_is_batch_normalize=params.rollout_is_batch_normalize,
-                 rollout_rs=params.rollout_rs, rollout_rs_threshold=params.rollout_rs_threshold)  # fmt: skip
+    knobs = dict(
+        rollout_is=params.rollout_is,
+        rollout_is_threshold=params.rollout_is_threshold,
+        rollout_is_batch_normalize=params.rollout_is_batch_normalize,
+        rollout_rs=params.rollout_rs,
+        rollout_rs_threshold=params.rollout_rs_threshold,
+    )
     mine = ours.correct(old, rollout, mask, params)
     try:
         proto, their_mask, their_metrics = verl[
@@ -301,16 +326,33 @@ def check_bypass_loss(verl, rng, diff, batch, params, knobs) -> None:
     for side in ("ours", "verl"):
         logprob = old.clone().requires_grad_(True)
         if side == "ours":
-            loss_params = LossParams(clip_ratio_low=clip, clip_ratio_high=clip, clip_ratio_c=3.0,
-                                     loss_agg_mode=mode, correction=params)  # fmt: skip
-            inputs = LossInputs(logits=torch.zeros(0), logprob=logprob, old_logprob=rollout,
-                                advantages=advantages, response_mask=mask, rollout_logprob=rollout)  # fmt: skip
+            loss_params = LossParams(
+                clip_ratio_low=clip,
+                clip_ratio_high=clip,
+                clip_ratio_c=3.0,
+                loss_agg_mode=mode,
+                correction=params,
+            )
+            inputs = LossInputs(
+                logits=torch.zeros(0),
+                logprob=logprob,
+                old_logprob=rollout,
+                advantages=advantages,
+                response_mask=mask,
+                rollout_logprob=rollout,
+            )
             out, metrics = bypass_policy_loss(loss_params, inputs)
             loss, metrics = out.pg_loss, {**metrics, "actor/ppo_kl": float(out.ppo_kl)}
         else:
             policy_loss = {"rollout_correction": {**knobs, "loss_type": params.loss_type}}
-            config = _Config(clip_ratio=clip, clip_ratio_low=clip, clip_ratio_high=clip,
-                             clip_ratio_c=3.0, global_batch_info={}, policy_loss=policy_loss)  # fmt: skip
+            config = _Config(
+                clip_ratio=clip,
+                clip_ratio_low=clip,
+                clip_ratio_high=clip,
+                clip_ratio_c=3.0,
+                global_batch_info={},
+                policy_loss=policy_loss,
+            )
             try:
                 loss, metrics = verl["core"]["compute_policy_loss_bypass_mode"](
                     rollout, logprob, advantages, mask, mode, config
@@ -332,8 +374,15 @@ def check_presets(verl, diff: Differences) -> None:
     verl_config = verl["config"]
     names = {name for name in vars(verl_config) if isinstance(vars(verl_config)[name], classmethod)}
     diff.value("preset names", sorted(PRESETS), sorted(names))
-    fields = ("rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold",
-              "bypass_mode", "loss_type", "rollout_is_batch_normalize")  # fmt: skip
+    fields = (
+        "rollout_is",
+        "rollout_is_threshold",
+        "rollout_rs",
+        "rollout_rs_threshold",
+        "bypass_mode",
+        "loss_type",
+        "rollout_is_batch_normalize",
+    )
     for name in sorted(names & set(PRESETS)):
         theirs = getattr(verl_config, name)()
         mine = RolloutCorrectionConfig(preset=name)
@@ -370,9 +419,11 @@ def main() -> int:
         dtype = torch.float64 if i % 4 == 3 else torch.float32
         check_pieces(verl, rng, diff, dtype)
         check_whole(verl, rng, diff, dtype)
-    print(f"verl {args.verl}: {args.batches} random batches x 5 entry points, "
-          f"{diff.checked} values compared, {diff.wrong} differences "
-          f"(rtol {RTOL}, atol {ATOL})")  # fmt: skip
+    print(
+        f"verl {args.verl}: {args.batches} random batches x 5 entry points, "
+        f"{diff.checked} values compared, {diff.wrong} differences "
+        f"(rtol {RTOL}, atol {ATOL})"
+    )
     for reason, count in diff.skipped.items():
         print(f"  not compared: {reason}: {count} times")
     for error, count in diff.verl_errors.items():

@@ -32,10 +32,46 @@ from rlfleet.reward.scorers.verl_parity import (
 )
 
 CASES = Path(__file__).resolve().parents[1] / "tests" / "data" / "verl_parity_cases.jsonl"
-TOKENS = ["\\boxed{", "\\boxed ", "\\fbox{", "{", "}", "\\frac", "\\dfrac", "\\sqrt", "\\text{ ",
-          "\\text{", "=", "x", "k", " ", ".", "0.5", "0", "1", "2", "3", "/", "$", "\\$", "\\%",
-          "\\!", "\\left(", "\\right)", "^\\circ", "^{\\circ}", "\n", "\\\\", "####", "#### ",
-          ",", "-", "42", "1,000", "tfrac"]  # fmt: skip
+TOKENS = [
+    "\\boxed{",
+    "\\boxed ",
+    "\\fbox{",
+    "{",
+    "}",
+    "\\frac",
+    "\\dfrac",
+    "\\sqrt",
+    "\\text{ ",
+    "\\text{",
+    "=",
+    "x",
+    "k",
+    " ",
+    ".",
+    "0.5",
+    "0",
+    "1",
+    "2",
+    "3",
+    "/",
+    "$",
+    "\\$",
+    "\\%",
+    "\\!",
+    "\\left(",
+    "\\right)",
+    "^\\circ",
+    "^{\\circ}",
+    "\n",
+    "\\\\",
+    "####",
+    "#### ",
+    ",",
+    "-",
+    "42",
+    "1,000",
+    "tfrac",
+]
 
 
 def verl_wheel(version: str) -> Path:
@@ -130,8 +166,13 @@ def check_gsm8k_forms(modules) -> int:
         "x" * 299 + "#### ",
         "#### 1 #### ",
     ]
-    items = [(p + a + "y" * tail, truth) for p in prefixes for a in numbers
-             for tail in (0, 1, 290, 300) for truth in numbers]  # fmt: skip
+    items = [
+        (p + a + "y" * tail, truth)
+        for p in prefixes
+        for a in numbers
+        for tail in (0, 1, 290, 300)
+        for truth in numbers
+    ]
     wrong = sum(
         verl_score(modules, "openai/gsm8k", r, t) != ours("openai/gsm8k", r, t) for r, t in items
     )

@@ -42,16 +42,26 @@ from rlfleet.tasks import basic_math, countdown, gsm_symbolic, humaneval
 
 log = logging.getLogger("prepare_data")
 
-COUNTDOWN_LEVEL = {"min_numbers": 3, "max_numbers": 4, "min_value": 1, "max_value": 25,
-                   "min_target": 10, "max_target": 100}  # fmt: skip
+COUNTDOWN_LEVEL = {
+    "min_numbers": 3,
+    "max_numbers": 4,
+    "min_value": 1,
+    "max_value": 25,
+    "min_target": 10,
+    "max_target": 100,
+}
 """Easier than reasoning-gym's default (4-6 numbers up to 100, targets 100-999): TinyZero's
 3-4 numbers and targets up to 100, so that a 135M model finds some right answers to learn from."""
 
 
 def row(source: str, text: str, ability: str, truth, extra: dict) -> dict:
-    return {"data_source": source, "prompt": [{"role": "user", "content": text}],
-            "ability": ability, "reward_model": {"style": "rule", "ground_truth": truth},
-            "extra_info": extra}  # fmt: skip
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": text}],
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": extra,
+    }
 
 
 def countdown_rows(size: int, seed: int, split: str, level: dict | None = None) -> list[dict]:
@@ -63,10 +73,22 @@ def countdown_rows(size: int, seed: int, split: str, level: dict | None = None) 
     rows = []
     for index, item in enumerate(items):
         numbers, target = list(item["metadata"]["numbers"]), int(item["metadata"]["target"])
-        extra = {"split": split, "index": index, "numbers": numbers, "target": target,
-                 "reference": item["metadata"]["expression"]}  # fmt: skip
-        rows.append(row(countdown.DATA_SOURCE, countdown.prompt(numbers, target), "math",
-                        countdown.ground_truth(numbers, target), extra))  # fmt: skip
+        extra = {
+            "split": split,
+            "index": index,
+            "numbers": numbers,
+            "target": target,
+            "reference": item["metadata"]["expression"],
+        }
+        rows.append(
+            row(
+                countdown.DATA_SOURCE,
+                countdown.prompt(numbers, target),
+                "math",
+                countdown.ground_truth(numbers, target),
+                extra,
+            )
+        )
     return rows
 
 
@@ -77,10 +99,21 @@ def gsm_symbolic_rows(size: int, seed: int, split: str) -> list[dict]:
     for index, item in enumerate(
         reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=seed)
     ):
-        extra = {"split": split, "index": index, "question": item["question"],
-                 "answer": item["metadata"]["answer_cot"]}  # fmt: skip
-        rows.append(row(gsm_symbolic.DATA_SOURCE, gsm_symbolic.prompt(item["question"]), "math",
-                        str(item["answer"]), extra))  # fmt: skip
+        extra = {
+            "split": split,
+            "index": index,
+            "question": item["question"],
+            "answer": item["metadata"]["answer_cot"],
+        }
+        rows.append(
+            row(
+                gsm_symbolic.DATA_SOURCE,
+                gsm_symbolic.prompt(item["question"]),
+                "math",
+                str(item["answer"]),
+                extra,
+            )
+        )
     return rows
 
 
@@ -94,8 +127,7 @@ def basic_math_rows(size: int, seed: int, split: str) -> list[dict]:
         for family in families:
             if index < len(per_family[family]):
                 question, answer = per_family[family][index]
-                extra = {"split": split, "index": len(rows), "family": family,
-                         "question": question}  # fmt: skip
+                extra = {"split": split, "index": len(rows), "family": family, "question": question}
                 rows.append(row(family, basic_math.prompt(question), "math", str(answer), extra))
     return rows
 
@@ -105,8 +137,9 @@ def family_items(family: str, size: int, seed: int) -> list[tuple[str, int]]:
     level = basic_math.FAMILIES[family]
     if family == "number_comparison":
         rng = random.Random(seed)
-        pairs = (rng.sample(range(level["min_value"], level["max_value"] + 1), 2)
-                 for _ in range(size))  # fmt: skip
+        pairs = (
+            rng.sample(range(level["min_value"], level["max_value"] + 1), 2) for _ in range(size)
+        )
         return [basic_math.comparison_question(a, b) for a, b in pairs]
     import reasoning_gym
 
@@ -121,8 +154,12 @@ def humaneval_rows() -> list[dict]:
     for index, problem in enumerate(read_problems().values()):
         code, entry = problem["prompt"], problem["entry_point"]
         truth = humaneval.ground_truth(code, problem["test"], entry)
-        extra = {"split": "test", "index": index, "task_id": problem["task_id"],
-                 "entry_point": entry}  # fmt: skip
+        extra = {
+            "split": "test",
+            "index": index,
+            "task_id": problem["task_id"],
+            "entry_point": entry,
+        }
         rows.append(row(humaneval.DATA_SOURCE, humaneval.prompt(code), "code", truth, extra))
     return rows
 
@@ -152,8 +189,11 @@ def write(rows: Iterable[dict], path: Path) -> Path:
 
 
 Generator = Callable[[int, int, str], list[dict]]
-GENERATED: dict[str, Generator] = {"basic_math": basic_math_rows, "countdown": countdown_rows,
-                                   "gsm_symbolic": gsm_symbolic_rows}  # fmt: skip
+GENERATED: dict[str, Generator] = {
+    "basic_math": basic_math_rows,
+    "countdown": countdown_rows,
+    "gsm_symbolic": gsm_symbolic_rows,
+}
 TASKS = [*GENERATED, "humaneval"]
 DEFAULT_SIZES = (2000, 200)
 SIZES = {"basic_math": (4000, 400)}

@@ -62,17 +62,31 @@ def run_mypy() -> list[str]:
     paths = [WORK, *{ROOT / Path(fake).parent for fake in FAKES}, ROOT / "tests"]
     env = {**os.environ, "MYPYPATH": os.pathsep.join(map(str, paths))}
     fakes = [arg for fake in FAKES for arg in ("-m", Path(fake).stem)]  # tests import them so
-    argv = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-            "--cache-dir", str(WORK / "cache"), "--no-error-summary", "--no-pretty",
-            "--hide-error-context", "-p", "rlfleet", *fakes]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "mypy",
+        "--config-file",
+        str(ROOT / "pyproject.toml"),
+        "--cache-dir",
+        str(WORK / "cache"),
+        "--no-error-summary",
+        "--no-pretty",
+        "--hide-error-context",
+        "-p",
+        "rlfleet",
+        *fakes,
+    ]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode not in (0, 1) or done.stderr.strip():
         raise SystemExit(
             f"mypy failed to run (exit {done.returncode}):\n{done.stderr}{done.stdout}"
         )
     prefix = os.path.relpath(link, ROOT) + os.sep
-    lines = [line.replace(prefix, "services/", 1) if line.startswith(prefix) else line
-             for line in done.stdout.splitlines()]  # fmt: skip
+    lines = [
+        line.replace(prefix, "services/", 1) if line.startswith(prefix) else line
+        for line in done.stdout.splitlines()
+    ]
     return [line for line in lines if ": error: " in line]
 
 
@@ -92,35 +106,46 @@ def read_baseline() -> Counter[str]:
 
 
 def write_baseline(keys: Counter[str]) -> None:
-    header = ("# mypy errors allowed in services/ and the test doubles (scripts/typecheck.py).\n"
-              "# One line per error, no line numbers. Only ever remove lines: fix new errors.\n")  # fmt: skip
+    header = (
+        "# mypy errors allowed in services/ and the test doubles (scripts/typecheck.py).\n"
+        "# One line per error, no line numbers. Only ever remove lines: fix new errors.\n"
+    )
     BASELINE.write_text(header + "".join(f"{k}\n" for k in sorted(keys.elements())))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shrink", action="store_true",
-                        help="drop the baseline's lines that no longer occur (never adds one)")  # fmt: skip
+    parser.add_argument(
+        "--shrink",
+        action="store_true",
+        help="drop the baseline's lines that no longer occur (never adds one)",
+    )
     args = parser.parse_args(argv)
     errors = run_mypy()
     found, allowed = Counter(map(key, errors)), read_baseline()
     new, gone = found - allowed, allowed - found
     if args.shrink and gone:
         write_baseline(allowed - gone)
-        print(f"typecheck: baseline shrunk by {sum(gone.values())} to "
-              f"{sum((allowed - gone).values())} errors")  # fmt: skip
+        print(
+            f"typecheck: baseline shrunk by {sum(gone.values())} to "
+            f"{sum((allowed - gone).values())} errors"
+        )
         gone = Counter()
     for line in errors:
         if new[key(line)] > 0:
             print(line)
     if new:
-        print(f"typecheck: {sum(new.values())} new error(s) beyond the baseline "
-              f"({os.path.relpath(BASELINE, ROOT)}): fix them")  # fmt: skip
+        print(
+            f"typecheck: {sum(new.values())} new error(s) beyond the baseline "
+            f"({os.path.relpath(BASELINE, ROOT)}): fix them"
+        )
     if gone:
         for line in sorted(gone.elements()):
             print(f"fixed: {line}")
-        print(f"typecheck: {sum(gone.values())} baseline error(s) no longer occur: run "
-              "`python scripts/typecheck.py --shrink` to drop them from the baseline")  # fmt: skip
+        print(
+            f"typecheck: {sum(gone.values())} baseline error(s) no longer occur: run "
+            "`python scripts/typecheck.py --shrink` to drop them from the baseline"
+        )
     if new or gone:
         return 1
     print(f"typecheck: ok ({sum(found.values())} baseline errors left)")

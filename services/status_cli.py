@@ -26,10 +26,17 @@ from rlfleet.dashboard.probe import FleetProbe
 from rlfleet.dashboard.runfiles import health_findings
 from rlfleet.trainer.metrics import read_rows, standing_rows
 
-REPLICA_COLUMNS = [("replica", "replica_id"), ("state", "state"), ("version", "weight_version"),
-                   ("in_flight", "in_flight"), ("served", "served"), ("queued", "queued"),
-                   ("prefix_hit", "prefix_hit"), ("heartbeat", "heartbeat"),
-                   ("address", "address")]  # fmt: skip
+REPLICA_COLUMNS = [
+    ("replica", "replica_id"),
+    ("state", "state"),
+    ("version", "weight_version"),
+    ("in_flight", "in_flight"),
+    ("served", "served"),
+    ("queued", "queued"),
+    ("prefix_hit", "prefix_hit"),
+    ("heartbeat", "heartbeat"),
+    ("address", "address"),
+]
 
 
 def run_dir_overrides(run_dir: str) -> list[str]:
@@ -50,8 +57,9 @@ def run_dir_overrides(run_dir: str) -> list[str]:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]  # fmt: skip
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))  # noqa: E731
     return [line(headers), *(line(r) for r in rows)]
 
@@ -78,19 +86,30 @@ def render(fleet: dict[str, Any]) -> list[str]:
     """The fleet look as lines: replicas, roles, queues, trainer."""
     replicas = fleet["replicas"]
     lines = [f"replicas ({len(replicas)}, from {fleet['replica_source']}):"]
-    lines += ["  " + s for s in table([h for h, _ in REPLICA_COLUMNS],
-                                      [replica_cells(r) for r in replicas])]  # fmt: skip
+    lines += [
+        "  " + s
+        for s in table([h for h, _ in REPLICA_COLUMNS], [replica_cells(r) for r in replicas])
+    ]
     lines.append("roles:")
-    lines += ["  " + s for s in table(["role", "address", "health"], [
-        [r["name"], r["address"], "up" if r["up"] else f"DOWN ({r['seen']})"]
-        for r in fleet["roles"]])]  # fmt: skip
+    lines += [
+        "  " + s
+        for s in table(
+            ["role", "address", "health"],
+            [
+                [r["name"], r["address"], "up" if r["up"] else f"DOWN ({r['seen']})"]
+                for r in fleet["roles"]
+            ],
+        )
+    ]
     queues = fleet["queues"]
     depths = [f"{name} {depth(q)}" for name, q in queues.items()]
     lines.append("queues (waiting + in work): " + (", ".join(depths) or "none"))
     t = fleet["trainer"]
-    lines.append(f"trainer: {t['state']} step {t['step']}/{t['total_steps']} "
-                 f"weights v{t['weight_version']}" if t["up"]
-                 else f"trainer: not reachable ({t['seen']})")  # fmt: skip
+    lines.append(
+        f"trainer: {t['state']} step {t['step']}/{t['total_steps']} weights v{t['weight_version']}"
+        if t["up"]
+        else f"trainer: not reachable ({t['seen']})"
+    )
     return lines
 
 
@@ -113,8 +132,10 @@ def health_lines(config: RlfleetConfig) -> list[str]:
     found = health_findings(run_dir, rows, recorded_health(run_dir, config.trainer.health))
     if not found:
         return [f"health: ok (step {rows[-1]['step']}, no rule fires)"]
-    return [f"health: {len(found)} warning(s) (step {rows[-1]['step']}):",
-            *(f"  WARNING {f['rule']}: {f['message']}" for f in found)]  # fmt: skip
+    return [
+        f"health: {len(found)} warning(s) (step {rows[-1]['step']}):",
+        *(f"  WARNING {f['rule']}: {f['message']}" for f in found),
+    ]
 
 
 async def collect(config: RlfleetConfig) -> list[str]:
@@ -140,8 +161,14 @@ async def watch(config: RlfleetConfig, every_s: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("status", "Show replicas, roles, queues and the trainer's state.")
     parser.add_argument("--run-dir", help="take the fleet's addresses from DIR/endpoints.json")
-    parser.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="S",
-                        help="redraw every S seconds (default 2) until Ctrl-C")  # fmt: skip
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="S",
+        help="redraw every S seconds (default 2) until Ctrl-C",
+    )
     args, _ = parser.parse_known_intermixed_args(argv)
     extra = run_dir_overrides(args.run_dir) if args.run_dir else []
     rest = [a for a in (argv or []) if a not in ("--watch",)]

@@ -23,8 +23,10 @@ from rlfleet.rollout.types import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "tiny-qwen2-arith"
-TEMPLATE = ("{%- for m in messages %}{%- if m.role == 'assistant' %}{{ m.content }}<eos>"
-            "{%- else %}<bos>{{ m.content }}{%- endif %}{%- endfor %}")  # fmt: skip
+TEMPLATE = (
+    "{%- for m in messages %}{%- if m.role == 'assistant' %}{{ m.content }}<eos>"
+    "{%- else %}<bos>{{ m.content }}{%- endif %}{%- endfor %}"
+)
 TASK = {"prompt": [{"role": "user", "content": "1+1="}]}
 SETTINGS = EpisodeSettings(SamplingParams(max_tokens=4), max_turns=2, max_episode_tokens=64)
 NO_MODEL = pytest.mark.skipif(not (MODEL / "tokenizer.json").exists(), reason="no tiny model")

@@ -48,9 +48,14 @@ class ServiceProcess:
         env = clean_env(RLFLEET_RUN_DIR=str(log_path.parent)) if env is None else env
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
-                list(argv), cwd=ROOT, env=env, stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+                list(argv),
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return cls(popen, log_path, name or Path(argv[2] if len(argv) > 2 else argv[0]).name)
 
     @property
@@ -81,8 +86,9 @@ class ServiceProcess:
             if result := ready():
                 return result
             if self.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.returncode}) before {what}:\n"
-                                   f"{self.log_tail()}")  # fmt: skip
+                raise RuntimeError(
+                    f"{self.name} exited ({self.returncode}) before {what}:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{self.name} not {what} after {timeout_s} s:\n{self.log_tail()}"

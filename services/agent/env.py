@@ -91,9 +91,10 @@ class ToolEnv:
     reward = ``answer_checker(final_text, ground_truth)``. One instance per episode."""
 
     def __init__(
-        self, tools: ToolBox | Sequence[Callable[..., Any] | str],
+        self,
+        tools: ToolBox | Sequence[Callable[..., Any] | str],
         answer_checker: Callable[[str, Any], float | bool],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.toolbox = tools if isinstance(tools, ToolBox) else ToolBox(tools)
         self.answer_checker = answer_checker
         self.truth: Any = None

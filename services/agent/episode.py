@@ -27,8 +27,16 @@ from rlfleet.common.packed import PackedError, pack, read_arrays, unpack
 from rlfleet.common.trajectory import Trajectory, TrajectoryError, is_number
 
 MAGIC = b"\x00AE2"  # never the first bytes of JSON
-_SCALARS = {"episode_id": str, "reward": float, "num_turns": int, "tool_calls": int,
-            "tool_errors": int, "error": str, "generate_s": float, "env_s": float}  # fmt: skip
+_SCALARS = {
+    "episode_id": str,
+    "reward": float,
+    "num_turns": int,
+    "tool_calls": int,
+    "tool_errors": int,
+    "error": str,
+    "generate_s": float,
+    "env_s": float,
+}
 
 EpisodeError = TrajectoryError
 """An episode whose fields do not fit together (or bytes that are not an episode)."""
@@ -95,15 +103,19 @@ class Episode(Trajectory):
         if not isinstance(self.messages, list) or not all(
             isinstance(m, dict) for m in self.messages
         ):
-            raise EpisodeError("messages must be a list of message objects")  # fmt: skip
+            raise EpisodeError("messages must be a list of message objects")
 
     def encode(self) -> bytes:
         """The packed form (see the module doc)."""
         self.validate()
         branches = self.branches()
         head = {name: getattr(self, name) for name in _SCALARS}
-        head.update(end_reason=str(self.end_reason), reward_parts=self.reward_parts,
-                    messages=self.messages, branches=[b.lengths() for b in branches])  # fmt: skip
+        head.update(
+            end_reason=str(self.end_reason),
+            reward_parts=self.reward_parts,
+            messages=self.messages,
+            branches=[b.lengths() for b in branches],
+        )
         return pack(MAGIC, head, [array for b in branches for array in b.arrays()])
 
     @classmethod
@@ -118,10 +130,14 @@ class Episode(Trajectory):
         branches = [Trajectory(*arrays[i : i + 5]) for i in range(0, len(arrays), 5)]
         main = branches.pop()
         fields: dict[str, Any] = {name: head.get(name) for name in _SCALARS}
-        episode = cls(**fields, **vars(main), earlier=branches,
-                      reward_parts=head.get("reward_parts"),
-                      end_reason=_end_reason(head.get("end_reason")),
-                      messages=head.get("messages"))  # fmt: skip
+        episode = cls(
+            **fields,
+            **vars(main),
+            earlier=branches,
+            reward_parts=head.get("reward_parts"),
+            end_reason=_end_reason(head.get("end_reason")),
+            messages=head.get("messages"),
+        )
         episode.validate()
         return episode
 

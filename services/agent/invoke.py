@@ -43,8 +43,9 @@ def _in_thread(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> a
         with contextlib.suppress(RuntimeError):  # the loop closed while the call ran
             loop.call_soon_threadsafe(_settle, future, *outcome)
 
-    threading.Thread(target=run, name=f"rlfleet-call-{getattr(fn, '__name__', 'fn')}",
-                     daemon=True).start()  # fmt: skip
+    threading.Thread(
+        target=run, name=f"rlfleet-call-{getattr(fn, '__name__', 'fn')}", daemon=True
+    ).start()
     return future
 
 

@@ -79,19 +79,25 @@ class RouterTurnGenerator:
     ) -> SampledTurn:
         request = GenerateRequest(
             request_id=f"{session_id[:200]}-{uuid.uuid4().hex[:12]}",
-            sampling=replace(sampling, n=1, logprobs=1), prompt_token_ids=list(prompt_ids),
-            session_id=session_id, min_weight_version=self.min_weight_version,
+            sampling=replace(sampling, n=1, logprobs=1),
+            prompt_token_ids=list(prompt_ids),
+            session_id=session_id,
+            min_weight_version=self.min_weight_version,
             timeout_s=self.timeout_s,
-        )  # fmt: skip
+        )
         return turn_of(await self.client.generate(request))
 
 
 def turn_of(result: GenerateResult) -> SampledTurn:
     """The first completion of a result as a turn, each token's weight version with it."""
     completion = result.completions[0]
-    return SampledTurn(list(completion.token_ids), list(completion.logprobs),
-                       result.weight_version, completion.finish_reason,
-                       completion.versions(result.weight_version))  # fmt: skip
+    return SampledTurn(
+        list(completion.token_ids),
+        list(completion.logprobs),
+        result.weight_version,
+        completion.finish_reason,
+        completion.versions(result.weight_version),
+    )
 
 
 @dataclass(frozen=True)
@@ -103,10 +109,18 @@ class Limits:
 
 
 async def run_episode(
-    env: Any, task: dict[str, Any], generate: TurnGenerator, renderer: ChatRenderer, *,
-    max_turns: int, max_episode_tokens: int, sampling: SamplingParams, episode_id: str,
-    step_timeout_s: float = STEP_TIMEOUT_S, max_observation_chars: int = MAX_OBSERVATION_CHARS,
-) -> Episode:  # fmt: skip
+    env: Any,
+    task: dict[str, Any],
+    generate: TurnGenerator,
+    renderer: ChatRenderer,
+    *,
+    max_turns: int,
+    max_episode_tokens: int,
+    sampling: SamplingParams,
+    episode_id: str,
+    step_timeout_s: float = STEP_TIMEOUT_S,
+    max_observation_chars: int = MAX_OBSERVATION_CHARS,
+) -> Episode:
     """Play one episode of ``env`` on ``task`` (a dataset row, passed to ``reset``)."""
     limits = Limits(max_turns, max_episode_tokens, step_timeout_s, max_observation_chars)
     run = _EpisodeRun(
@@ -158,8 +172,9 @@ class _EpisodeRun:
         self._end(EndReason.MAX_TURNS)
 
     async def _sample(self, left: int) -> SampledTurn:
-        sampling = replace(self.sampling, n=1, logprobs=1,
-                           max_tokens=min(self.sampling.max_tokens, left))  # fmt: skip
+        sampling = replace(
+            self.sampling, n=1, logprobs=1, max_tokens=min(self.sampling.max_tokens, left)
+        )
         started = time.perf_counter()
         prompt = self.episode.prompt_ids + self.episode.response_ids
         turn = await self.generate(prompt, sampling, self.episode.episode_id)
@@ -218,9 +233,11 @@ class _EpisodeRun:
     async def _env_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``env.<method>(...)``, timed into ``env_s``; any failure is the environment's."""
         return await self._env_part(
-            lambda: invoke(getattr(self.env, method), *args,
-                           timeout_s=self.limits.step_timeout_s, **kwargs), what=method,
-        )  # fmt: skip
+            lambda: invoke(
+                getattr(self.env, method), *args, timeout_s=self.limits.step_timeout_s, **kwargs
+            ),
+            what=method,
+        )
 
     async def _env_part(self, work: Any, what: str = "environment") -> Any:
         started = time.perf_counter()

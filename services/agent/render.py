@@ -42,9 +42,12 @@ class ChatRenderer:
     ``enable_thinking``)."""
 
     def __init__(
-        self, tokenizer: Any, *, end_of_turn_id: int | None = None,
+        self,
+        tokenizer: Any,
+        *,
+        end_of_turn_id: int | None = None,
         template_kwargs: dict[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.tokenizer = tokenizer
         self.end_of_turn_id = tokenizer.eos_token_id if end_of_turn_id is None else end_of_turn_id
         if self.end_of_turn_id is None:
@@ -55,14 +58,20 @@ class ChatRenderer:
             self.environment_ids(probe)
 
     def render_ids(
-        self, messages: Sequence[Message], *, tools: list[dict] | None = None,
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: list[dict] | None = None,
         add_generation_prompt: bool = False,
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         """The template's text for ``messages``, tokenized (no special tokens added)."""
         text = self.tokenizer.apply_chat_template(
-            list(messages), tools=tools, tokenize=False,
-            add_generation_prompt=add_generation_prompt, **self.template_kwargs,
-        )  # fmt: skip
+            list(messages),
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
+        )
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def initial_prompt_ids(
@@ -119,10 +128,14 @@ def base_assistant(new_messages: Sequence[Message]) -> Message:
     """The base conversation's assistant turn: it calls the tools that ``new_messages`` answer,
     so templates that match tool replies to calls render them."""
     calls = [
-        {"id": m.get("tool_call_id", f"call_{i}"), "type": "function",
-         "function": {"name": m.get("name") or "tool", "arguments": json.dumps({})}}
-        for i, m in enumerate(new_messages) if m.get("role") == "tool"
-    ]  # fmt: skip
+        {
+            "id": m.get("tool_call_id", f"call_{i}"),
+            "type": "function",
+            "function": {"name": m.get("name") or "tool", "arguments": json.dumps({})},
+        }
+        for i, m in enumerate(new_messages)
+        if m.get("role") == "tool"
+    ]
     message: Message = {"role": "assistant", "content": "1"}
     if calls:
         message["tool_calls"] = calls

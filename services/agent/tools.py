@@ -135,9 +135,14 @@ class ToolBox:
     """The tools of an environment; ``answer`` turns an assistant message into tool messages."""
 
     def __init__(
-        self, tools: Sequence[Callable[..., Any] | str], *, timeout_s: float = 10.0,
-        sandbox: bool = False, limits: Any = None, max_result_chars: int = 16_384,
-    ) -> None:  # fmt: skip
+        self,
+        tools: Sequence[Callable[..., Any] | str],
+        *,
+        timeout_s: float = 10.0,
+        sandbox: bool = False,
+        limits: Any = None,
+        max_result_chars: int = 16_384,
+    ) -> None:
         self.tools = {tool.name: tool for tool in map(make_tool, tools)}
         self.timeout_s, self.max_result_chars = timeout_s, max_result_chars
         self.calls = self.errors = 0

@@ -70,9 +70,11 @@ def quiet_libraries(level: str) -> None:
 
 
 def resolve(
-    parser: argparse.ArgumentParser, role: str, argv: list[str] | None,
+    parser: argparse.ArgumentParser,
+    role: str,
+    argv: list[str] | None,
     settle: Callable[[RlfleetConfig], RlfleetConfig] | None = None,
-) -> tuple[RlfleetConfig, argparse.Namespace]:  # fmt: skip
+) -> tuple[RlfleetConfig, argparse.Namespace]:
     """Parse args, print field docs on --help-config, load the config and report it.
     ``settle`` fills in what the role decides itself (a replica's generated id) before the
     config is recorded, so the record is what the process runs with."""

@@ -85,8 +85,11 @@ def make_channel(
     those that are up (``round_robin``); a call that fails because its server died is retried
     on another (the retry policy), so callers go on while any of them is up. With TLS every
     server's certificate must then hold the first address's host (or ``tls.server_name``)."""
-    options = [*message_options(max_message_mb), ("grpc.enable_retries", int(retry)),
-               *tls.channel_options(tls_config)]  # fmt: skip
+    options = [
+        *message_options(max_message_mb),
+        ("grpc.enable_retries", int(retry)),
+        *tls.channel_options(tls_config),
+    ]
     target, several = channel_target(address)
     config: dict = {"loadBalancingConfig": [{"round_robin": {}}]} if several else {}
     if several:  # the name TLS checks in every server's certificate (unless tls.server_name)
@@ -98,8 +101,9 @@ def make_channel(
     credentials = tls.channel_credentials(tls_config)
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options, interceptors=_call_counters())
-    return grpc.aio.secure_channel(target, credentials, options=options,
-                                   interceptors=_call_counters())  # fmt: skip
+    return grpc.aio.secure_channel(
+        target, credentials, options=options, interceptors=_call_counters()
+    )
 
 
 def channel_target(address: str) -> tuple[str, bool]:

@@ -28,8 +28,11 @@ def check(address: str, service: str = "", timeout_s: float = 3.0) -> tuple[bool
     process's ``tls`` config dials TLS.
     """
     credentials, options = tls.channel_credentials(), tls.channel_options()
-    channel = (grpc.secure_channel(address, credentials, options) if credentials
-               else grpc.insecure_channel(address))  # fmt: skip
+    channel = (
+        grpc.secure_channel(address, credentials, options)
+        if credentials
+        else grpc.insecure_channel(address)
+    )
     with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service=service)

@@ -200,8 +200,12 @@ class GrpcServer:
             raise OSError(f"could not bind gRPC server to {self._address}")
         await self._server.start()
         await self.set_serving(True)
-        log.info("gRPC %s listening on port %d%s", ", ".join(names), self.port,
-                 " (TLS)" if self._credentials else "")  # fmt: skip
+        log.info(
+            "gRPC %s listening on port %d%s",
+            ", ".join(names),
+            self.port,
+            " (TLS)" if self._credentials else "",
+        )
         return self.port
 
     async def set_serving(self, serving: bool) -> None:

@@ -41,8 +41,15 @@ def make_http_server(
     app: FastAPI, host: str, port: int, tls_config: TlsConfig | None = None
 ) -> uvicorn.Server:
     """A uvicorn server to ``await server.serve()``; set ``should_exit`` to stop it."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_keep_alive=KEEP_ALIVE_S, **tls.http_options(tls_config))  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        **tls.http_options(tls_config),
+    )
     return _Server(config)
 
 
@@ -76,8 +83,9 @@ def bearer_wsgi(app: Callable, api_key: str | None) -> Callable:
     def guarded(environ: dict, start_response: Callable) -> list[bytes]:
         if bearer_matches(environ.get("HTTP_AUTHORIZATION"), api_key):
             return app(environ, start_response)
-        start_response("401 Unauthorized", [("Content-Type", "text/plain"),
-                                            ("WWW-Authenticate", "Bearer")])  # fmt: skip
+        start_response(
+            "401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")]
+        )
         return [b"missing or wrong API key (Authorization: Bearer <key>)\n"]
 
     return guarded
@@ -98,7 +106,10 @@ def guarded_app(title: str, api_key: str | None) -> FastAPI:
     @app.get("/docs", dependencies=auth, include_in_schema=False)
     async def docs() -> HTMLResponse:
         # The schema goes into the page: the page's own fetch of a URL would carry no key.
-        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{title} - docs",
-                                   swagger_ui_parameters={"spec": app.openapi()})  # fmt: skip
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title=f"{title} - docs",
+            swagger_ui_parameters={"spec": app.openapi()},
+        )
 
     return app

@@ -92,8 +92,12 @@ def start_local(config: RayConfig, cpus: int) -> Cluster:
             if attempt == 2 or "timed out during startup" not in str(exc):
                 shutil.rmtree(session, ignore_errors=True)
                 raise
-            print("rlfleet up: Ray's local node was slow to register (a busy machine?); "
-                  "starting it once more", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                "rlfleet up: Ray's local node was slow to register (a busy machine?); "
+                "starting it once more",
+                file=sys.stderr,
+                flush=True,
+            )
     return Cluster(ray.get_runtime_context().gcs_address, local=True, temp_dir=session)
 
 

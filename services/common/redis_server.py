@@ -157,8 +157,11 @@ class EmbeddedRedis:
 
     def _clear_data(self) -> None:
         """Remove the AOF (a directory on Redis/Valkey 7+, one file before) and any RDB."""
-        for path in (self.data_dir / "appendonlydir", *self.data_dir.glob("appendonly.aof*"),
-                     self.data_dir / "dump.rdb"):  # fmt: skip
+        for path in (
+            self.data_dir / "appendonlydir",
+            *self.data_dir.glob("appendonly.aof*"),
+            self.data_dir / "dump.rdb",
+        ):
             if path.is_dir():
                 shutil.rmtree(path)
             elif path.exists():
@@ -207,16 +210,25 @@ class EmbeddedRedis:
     def _command(self) -> list[str]:
         return [
             self.binary or find_server_binary(),
-            "--port", str(self.port),
-            "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--maxmemory", self.maxmemory,
-            "--maxmemory-policy", "noeviction",
-            "--daemonize", "no",
-        ]  # fmt: skip
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory",
+            self.maxmemory,
+            "--maxmemory-policy",
+            "noeviction",
+            "--daemonize",
+            "no",
+        ]
 
     def _launch_and_wait(self, last: bool) -> bool:
         """Launch once; True when it answers, False if it exited early and we may retry."""

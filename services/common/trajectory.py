@@ -28,8 +28,12 @@ from dataclasses import asdict, dataclass, field
 
 NO_VERSION = -1
 TOKEN_MAX = (1 << 31) - 1
-ARRAYS = (("response_ids", "i"), ("response_mask", "B"), ("response_logprobs", "f"),
-          ("response_versions", "q"))  # fmt: skip
+ARRAYS = (
+    ("response_ids", "i"),
+    ("response_mask", "B"),
+    ("response_logprobs", "f"),
+    ("response_versions", "q"),
+)
 """The response arrays and their packed type codes (int32, uint8, float32, int64)."""
 
 
@@ -66,8 +70,9 @@ class Trajectory:
         n = len(ids)
         self._extend(ids, [0] * n, [0.0] * n, [NO_VERSION] * n)
 
-    def _extend(self, ids: list[int], mask: list[int], logprobs: list[float],
-                versions: list[int]) -> None:  # fmt: skip
+    def _extend(
+        self, ids: list[int], mask: list[int], logprobs: list[float], versions: list[int]
+    ) -> None:
         self.response_ids.extend(ids)
         self.response_mask.extend(mask)
         self.response_logprobs.extend(logprobs)
@@ -83,8 +88,13 @@ class Trajectory:
         n = len(self.prompt_ids) + len(self.response_ids)
         return len(prompt_ids) >= n and list(prompt_ids[:n]) == self.context
 
-    def add_call(self, prompt_ids: Sequence[int], sampled: list[int], logprobs: list[float],
-                 versions: list[int]) -> None:  # fmt: skip
+    def add_call(
+        self,
+        prompt_ids: Sequence[int],
+        sampled: list[int],
+        logprobs: list[float],
+        versions: list[int],
+    ) -> None:
         """One generation on top of this record (``extended_by(prompt_ids)`` must hold): the
         prompt's tokens past the record's end (mask 0), then the sampled ones (mask 1)."""
         if not self.extended_by(prompt_ids):
@@ -93,8 +103,13 @@ class Trajectory:
         self.extend_sampled(sampled, logprobs, versions)
 
     @classmethod
-    def of_call(cls, prompt_ids: Sequence[int], sampled: list[int], logprobs: list[float],
-                versions: list[int]) -> Trajectory:  # fmt: skip
+    def of_call(
+        cls,
+        prompt_ids: Sequence[int],
+        sampled: list[int],
+        logprobs: list[float],
+        versions: list[int],
+    ) -> Trajectory:
         """A record of one generation: its prompt, then what it sampled."""
         record = cls(list(prompt_ids))
         record.extend_sampled(sampled, logprobs, versions)
@@ -121,8 +136,13 @@ class Trajectory:
 
     def tokens(self) -> Trajectory:
         """This record's token fields alone (a subclass's metadata left behind)."""
-        return Trajectory(self.prompt_ids, self.response_ids, self.response_mask,
-                          self.response_logprobs, self.response_versions)  # fmt: skip
+        return Trajectory(
+            self.prompt_ids,
+            self.response_ids,
+            self.response_mask,
+            self.response_logprobs,
+            self.response_versions,
+        )
 
     def validate(self) -> None:
         """Raise TrajectoryError naming the first field that does not fit."""
@@ -132,8 +152,7 @@ class Trajectory:
         for name, _ in ARRAYS[1:]:
             if not isinstance(getattr(self, name), list) or len(getattr(self, name)) != n:
                 raise TrajectoryError(f"{name} must be a list as long as response_ids ({n})")
-        rows = zip(self.response_mask, self.response_logprobs, self.response_versions,
-                   strict=True)  # fmt: skip
+        rows = zip(self.response_mask, self.response_logprobs, self.response_versions, strict=True)
         for i, (mask, logprob, version) in enumerate(rows):
             _check_position(i, mask, logprob, version)
 

@@ -41,8 +41,9 @@ def create_app(state: DashboardState, api_key: str | None) -> FastAPI:
 
     @app.exception_handler(errors.Unauthenticated)
     async def unauthenticated(_: Request, exc: errors.Unauthenticated) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, status_code=401,
-                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return JSONResponse(
+            {"error": str(exc)}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
 
     @app.get("/", response_class=HTMLResponse)
     async def index() -> str:
@@ -87,8 +88,9 @@ async def serve(config: RlfleetConfig) -> None:
     addresses = {"http": f"{scheme}://{dash.host}:{bound_port(server)}/"}
     write_endpoints(config.run_dir, "dashboard", addresses)
     log.info("%s", describe("dashboard", addresses))
-    await asyncio.wait([serving, asyncio.create_task(stop.wait())],
-                       return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+    await asyncio.wait(
+        [serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+    )
     server.should_exit = True
     refresher.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -99,5 +101,8 @@ async def serve(config: RlfleetConfig) -> None:
 
 def replica_metrics_urls(endpoints: dict[str, dict[str, str]]) -> dict[str, str]:
     """Replica id -> ``/metrics`` URL, for replicas whose launcher recorded one."""
-    return {role: entry["metrics"] for role, entry in endpoints.items()
-            if role.startswith("rollout-") and "metrics" in entry}  # fmt: skip
+    return {
+        role: entry["metrics"]
+        for role, entry in endpoints.items()
+        if role.startswith("rollout-") and "metrics" in entry
+    }

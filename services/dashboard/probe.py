@@ -104,8 +104,9 @@ class FleetProbe:
         from rlfleet.rollout import convert
 
         stub = rollout_pb2_grpc.RouterStub(self._channel(self.config.endpoints.router))
-        reply = await stub.ListReplicas(common_pb2.Empty(), timeout=self.timeout_s,
-                                        metadata=auth_metadata(self.config.api_key))  # fmt: skip
+        reply = await stub.ListReplicas(
+            common_pb2.Empty(), timeout=self.timeout_s, metadata=auth_metadata(self.config.api_key)
+        )
         return [convert.status_from_proto(r) for r in reply.replicas]
 
     async def _registry_replicas(self) -> list[ReplicaStatus]:
@@ -124,7 +125,7 @@ class FleetProbe:
                 r.backend,
                 r.served,
                 r.heartbeat_age_s,
-            )  # fmt: skip
+            )
             for r in snap.replicas
             if r.heartbeat_at
         ]
@@ -182,9 +183,11 @@ class FleetProbe:
         return roles
 
     async def roles(self) -> list[RoleHealth]:
-        return list(await asyncio.gather(
-            *(self.health(name, address) for name, address in self.role_addresses().items())
-        ))  # fmt: skip
+        return list(
+            await asyncio.gather(
+                *(self.health(name, address) for name, address in self.role_addresses().items())
+            )
+        )
 
     async def health(self, name: str, address: str) -> RoleHealth:
         stub = health_pb2_grpc.HealthStub(self._channel(address))
@@ -194,21 +197,30 @@ class FleetProbe:
             self._retire(address)
             return RoleHealth(name, address, False, _what(exc))
         seen = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-        return RoleHealth(name, address, reply.status == health_pb2.HealthCheckResponse.SERVING,
-                          seen)  # fmt: skip
+        return RoleHealth(
+            name, address, reply.status == health_pb2.HealthCheckResponse.SERVING, seen
+        )
 
     async def trainer(self) -> dict[str, Any]:
         from rlfleet.proto import common_pb2, trainer_pb2_grpc
 
         stub = trainer_pb2_grpc.TrainerStub(self._channel(self.config.endpoints.trainer))
         try:
-            status = await stub.GetStatus(common_pb2.Empty(), timeout=self.timeout_s,
-                                          metadata=auth_metadata(self.config.api_key))  # fmt: skip
+            status = await stub.GetStatus(
+                common_pb2.Empty(),
+                timeout=self.timeout_s,
+                metadata=auth_metadata(self.config.api_key),
+            )
         except Exception as exc:  # noqa: BLE001 - a trainer that is gone or not yet up
             self._retire(self.config.endpoints.trainer)
             return {"up": False, "seen": _what(exc)}
-        return {"up": True, "state": status.state, "step": status.step,
-                "total_steps": status.total_steps, "weight_version": status.weight_version}  # fmt: skip
+        return {
+            "up": True,
+            "state": status.state,
+            "step": status.step,
+            "total_steps": status.total_steps,
+            "weight_version": status.weight_version,
+        }
 
     # ---- queues ------------------------------------------------------------------------
 
@@ -244,8 +256,7 @@ class FleetProbe:
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = make_channel(address, self.config.max_message_mb,
-                                                   retry=False)  # fmt: skip
+            self._channels[address] = make_channel(address, self.config.max_message_mb, retry=False)
         return self._channels[address]
 
     def _retire(self, address: str) -> None:
@@ -270,8 +281,7 @@ class FleetProbe:
                 raise RuntimeError("no redis_url")
             from rlfleet.common.redis_client import connect
 
-            self._redis = connect(self.config.redis_url, max_connections=4,
-                                  budget_s=self.timeout_s)  # fmt: skip
+            self._redis = connect(self.config.redis_url, max_connections=4, budget_s=self.timeout_s)
         return self._redis
 
     async def close(self) -> None:
@@ -285,18 +295,24 @@ class FleetProbe:
 def _row(status: ReplicaStatus) -> ReplicaRow:
     state = ReplicaState.parse(str(status.state))
     return ReplicaRow(
-        replica_id=status.replica_id, address=status.address, state=str(state),
-        weight_version=status.weight_version, in_flight=status.in_flight, served=status.served,
-        backend=status.backend, heartbeat_age_s=round(status.heartbeat_age_s, 1),
+        replica_id=status.replica_id,
+        address=status.address,
+        state=str(state),
+        weight_version=status.weight_version,
+        in_flight=status.in_flight,
+        served=status.served,
+        backend=status.backend,
+        heartbeat_age_s=round(status.heartbeat_age_s, 1),
         up=state not in DOWN_STATES,
-    )  # fmt: skip
+    )
 
 
 def _depth(groups) -> dict[str, int]:
     """A stream's ``XINFO GROUPS`` reply as waiting + pending (a stream not made yet: 0, 0)."""
     if isinstance(groups, Exception):
-        return {"waiting": 0, "pending": 0} if "no such key" in str(groups).lower() else {
-            "error": 1}  # fmt: skip
+        return (
+            {"waiting": 0, "pending": 0} if "no such key" in str(groups).lower() else {"error": 1}
+        )
     waiting = pending = 0
     for group in groups or []:
         pending += int(group.get("pending") or 0)

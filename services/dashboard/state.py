@@ -32,12 +32,21 @@ def config_summary(config: RlfleetConfig) -> dict[str, Any]:
     """What the run is, in a dozen fields (the whole config is ``run_dir/config.*.yaml``)."""
     t, a, d, r = config.trainer, config.algorithm, config.data, config.rollout
     return {
-        "run_dir": str(config.run_dir), "cluster": config.cluster, "model": config.model.path,
-        "algorithm": a.adv_estimator, "mode": t.mode, "max_staleness": t.max_staleness,
-        "total_steps": t.total_steps, "train_batch_size": d.train_batch_size, "n": r.n,
-        "max_tokens": r.max_tokens, "lr": t.lr, "backend": r.backend,
-        "test_freq": t.test_freq, "target_accuracy": t.target_accuracy,
-    }  # fmt: skip
+        "run_dir": str(config.run_dir),
+        "cluster": config.cluster,
+        "model": config.model.path,
+        "algorithm": a.adv_estimator,
+        "mode": t.mode,
+        "max_staleness": t.max_staleness,
+        "total_steps": t.total_steps,
+        "train_batch_size": d.train_batch_size,
+        "n": r.n,
+        "max_tokens": r.max_tokens,
+        "lr": t.lr,
+        "backend": r.backend,
+        "test_freq": t.test_freq,
+        "target_accuracy": t.target_accuracy,
+    }
 
 
 def time_left(rows: list[dict], total_steps: int, started_at: float) -> dict[str, Any]:
@@ -47,8 +56,13 @@ def time_left(rows: list[dict], total_steps: int, started_at: float) -> dict[str
     recent = [float(r["timing_s/step"]) for r in steps[-20:] if "timing_s/step" in r]
     per_step = sum(recent) / len(recent) if recent else None
     left = None if per_step is None else round(max(0, total_steps - done) * per_step, 1)
-    return {"step": done, "total_steps": total_steps, "s_per_step": per_step,
-            "seconds_left": left, "dashboard_up_s": round(time.time() - started_at, 1)}  # fmt: skip
+    return {
+        "step": done,
+        "total_steps": total_steps,
+        "s_per_step": per_step,
+        "seconds_left": left,
+        "dashboard_up_s": round(time.time() - started_at, 1),
+    }
 
 
 class DashboardState:
@@ -106,8 +120,12 @@ class DashboardState:
     async def refresh(self) -> dict[str, Any]:
         fleet = await self.probe.fleet()
         run = await asyncio.to_thread(self.run_part)
-        self.document = {**run, "fleet": fleet, "updated_at": time.time(),
-                         "version": self.document["version"] + 1}  # fmt: skip
+        self.document = {
+            **run,
+            "fleet": fleet,
+            "updated_at": time.time(),
+            "version": self.document["version"] + 1,
+        }
         return self.document
 
     async def run(self) -> None:

@@ -101,8 +101,10 @@ def start_workers(config: RlfleetConfig, keys: Keys, on_crash: Callable[[], None
     agent = config.agent
     renderer, make_env = load_renderer(config.model.path), env_maker(agent)
     lanes = agent.workers * agent.concurrency
-    workers = Workers(JobWorkerPool(on_crash, stop_after_s=WORKER_STOP_S),
-                      connect(config.redis_url, lanes * REDIS_PER_LANE + 4))  # fmt: skip
+    workers = Workers(
+        JobWorkerPool(on_crash, stop_after_s=WORKER_STOP_S),
+        connect(config.redis_url, lanes * REDIS_PER_LANE + 4),
+    )
     read_turn = asyncio.Lock()  # one blocked read per process: processes share batches
     for index in range(agent.workers):
         client = RolloutClient(config.endpoints.router, config.api_key, config.max_message_mb)
@@ -110,11 +112,19 @@ def start_workers(config: RlfleetConfig, keys: Keys, on_crash: Callable[[], None
         workers.clients.append(client)
         for lane in range(agent.concurrency):
             name = consumer_name("env", index, lane)
-            workers.lanes.append(EnvWorker(env_queue(workers.redis, keys), runner, name,
-                                           agent.reclaim_idle_s, read_turn))  # fmt: skip
+            workers.lanes.append(
+                EnvWorker(
+                    env_queue(workers.redis, keys), runner, name, agent.reclaim_idle_s, read_turn
+                )
+            )
             workers.group.add(workers.lanes[-1])
-    log.info("%d env worker(s) x %d lanes started on %s, running %r", agent.workers,
-             agent.concurrency, keys.env_stream, agent.env)  # fmt: skip
+    log.info(
+        "%d env worker(s) x %d lanes started on %s, running %r",
+        agent.workers,
+        agent.concurrency,
+        keys.env_stream,
+        agent.env,
+    )
     return workers
 
 
@@ -144,8 +154,10 @@ async def start_front(config: RlfleetConfig, keys: Keys) -> Front:
 
 def announce(config: RlfleetConfig, front: Front) -> None:
     """Print the bound addresses and merge them into ``run_dir/endpoints.json``."""
-    addresses = {"grpc": f"{config.agent.host}:{front.grpc_server.port}",
-                 "redis": safe_url(config.redis_url)}  # fmt: skip
+    addresses = {
+        "grpc": f"{config.agent.host}:{front.grpc_server.port}",
+        "redis": safe_url(config.redis_url),
+    }
     try:
         where = write_endpoints(config.run_dir, "env", addresses)
     except OSError as exc:

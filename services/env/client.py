@@ -35,9 +35,12 @@ class EnvClient:
     """Async client; use ``async with EnvClient(addr) as client`` or call ``close()``."""
 
     def __init__(
-        self, address: str, api_key: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+        self,
+        address: str,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
         max_message_mb: int = 64,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.address, self.timeout_s = address, timeout_s
         self._channel = make_channel(address, max_message_mb)
         self._stub = env_pb2_grpc.EnvStub(self._channel)
@@ -47,9 +50,12 @@ class EnvClient:
         await wait_ready(self._channel, timeout_s)
 
     async def run_episodes(
-        self, jobs: Sequence[EpisodeJob | dict[str, Any]], sampling: SamplingParams | None = None,
-        max_turns: int = 0, max_episode_tokens: int = 0,
-    ) -> list[EpisodeResult]:  # fmt: skip
+        self,
+        jobs: Sequence[EpisodeJob | dict[str, Any]],
+        sampling: SamplingParams | None = None,
+        max_turns: int = 0,
+        max_episode_tokens: int = 0,
+    ) -> list[EpisodeResult]:
         """One result per job, in order. ``sampling`` is per turn (n must be 1; None: the
         defaults); ``max_turns`` / ``max_episode_tokens`` 0 take the service's config."""
         items = as_jobs(jobs)
@@ -87,9 +93,12 @@ class SyncEnvClient:
         self._loop.run_until_complete(self._client.wait_ready(timeout_s))
 
     def run_episodes(
-        self, jobs: Sequence[EpisodeJob | dict[str, Any]], sampling: SamplingParams | None = None,
-        max_turns: int = 0, max_episode_tokens: int = 0,
-    ) -> list[EpisodeResult]:  # fmt: skip
+        self,
+        jobs: Sequence[EpisodeJob | dict[str, Any]],
+        sampling: SamplingParams | None = None,
+        max_turns: int = 0,
+        max_episode_tokens: int = 0,
+    ) -> list[EpisodeResult]:
         call = self._client.run_episodes(jobs, sampling, max_turns, max_episode_tokens)
         return self._loop.run_until_complete(call)
 

@@ -38,19 +38,22 @@ def request_to_proto(
 ) -> env_pb2.RunEpisodesRequest:
     return env_pb2.RunEpisodesRequest(
         jobs=[job_to_proto(job, f"jobs[{i}]") for i, job in enumerate(jobs)],
-        sampling=sampling_to_proto(settings.sampling), max_turns=settings.max_turns,
+        sampling=sampling_to_proto(settings.sampling),
+        max_turns=settings.max_turns,
         max_episode_tokens=settings.max_episode_tokens,
-    )  # fmt: skip
+    )
 
 
 def job_from_proto(msg: env_pb2.EpisodeJob) -> EpisodeJob:
-    return EpisodeJob(msg.episode_id, struct_to_dict(msg.task), msg.group_id,
-                      msg.min_weight_version)  # fmt: skip
+    return EpisodeJob(
+        msg.episode_id, struct_to_dict(msg.task), msg.group_id, msg.min_weight_version
+    )
 
 
 def job_to_proto(job: EpisodeJob, where: str = "job") -> env_pb2.EpisodeJob:
-    msg = env_pb2.EpisodeJob(episode_id=job.episode_id, group_id=job.group_id,
-                             min_weight_version=job.min_weight_version)  # fmt: skip
+    msg = env_pb2.EpisodeJob(
+        episode_id=job.episode_id, group_id=job.group_id, min_weight_version=job.min_weight_version
+    )
     try:
         msg.task.update(job.task)
     except (TypeError, ValueError, AttributeError) as exc:
@@ -60,9 +63,12 @@ def job_to_proto(job: EpisodeJob, where: str = "job") -> env_pb2.EpisodeJob:
 
 def outcome_to_proto(outcome: EpisodeOutcome) -> env_pb2.EpisodeResult:
     return env_pb2.EpisodeResult(
-        episode_id=outcome.episode_id, episode=outcome.episode, error=outcome.error,
-        restarts=outcome.restarts, replica_ids=outcome.replica_ids,
-    )  # fmt: skip
+        episode_id=outcome.episode_id,
+        episode=outcome.episode,
+        error=outcome.error,
+        restarts=outcome.restarts,
+        replica_ids=outcome.replica_ids,
+    )
 
 
 def result_from_proto(msg: env_pb2.EpisodeResult) -> EpisodeResult:

@@ -75,9 +75,13 @@ class EpisodeRunner:
     """Plays episodes for one worker: ``make_env`` per episode, turns through ``client``."""
 
     def __init__(
-        self, make_env: Callable[[], Any], renderer: ChatRenderer, client: RolloutClient,
-        agent: AgentConfig, api_key: str | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        make_env: Callable[[], Any],
+        renderer: ChatRenderer,
+        client: RolloutClient,
+        agent: AgentConfig,
+        api_key: str | None = None,
+    ) -> None:
         self.make_env, self.renderer, self.client, self.agent = make_env, renderer, client, agent
         self.api_key = api_key  # what a gateway-driven environment sends the gateway
         self.played = self.failed = 0
@@ -91,8 +95,9 @@ class EpisodeRunner:
             self.failed += 1
             log.warning("episode %s failed: %s", queued.job.episode_id, episode.error)
         error = (episode.error or "failed") if episode.failed else ""
-        return EpisodeOutcome(queued.job.episode_id, episode.encode(), error, restarts,
-                              replicas.replica_ids)  # fmt: skip
+        return EpisodeOutcome(
+            queued.job.episode_id, episode.encode(), error, restarts, replicas.replica_ids
+        )
 
     async def _episode(self, queued: QueuedEpisode, replicas: ReplicaLog) -> Episode:
         episode_id, limit = queued.job.episode_id, asyncio.timeout(self.agent.episode_timeout_s)
@@ -100,8 +105,11 @@ class EpisodeRunner:
             async with limit:
                 return await self._run(queued, replicas)
         except TimeoutError as exc:
-            why = (f"episode timed out after {self.agent.episode_timeout_s:g}s"
-                   if limit.expired() else f"{type(exc).__name__}: {exc}")  # fmt: skip
+            why = (
+                f"episode timed out after {self.agent.episode_timeout_s:g}s"
+                if limit.expired()
+                else f"{type(exc).__name__}: {exc}"
+            )
             return failed_episode(episode_id, why)
         except Exception as exc:  # noqa: BLE001 - one episode's failure, never the worker's
             return failed_episode(episode_id, f"{type(exc).__name__}: {exc}")
@@ -114,20 +122,33 @@ class EpisodeRunner:
         generate = RouterTurnGenerator(replicas, min_weight_version=job.min_weight_version)  # type: ignore[arg-type]
         try:
             return await run_episode(
-                env, job.task, generate, self.renderer, max_turns=settings.max_turns,
-                max_episode_tokens=settings.max_episode_tokens, sampling=settings.sampling,
-                episode_id=job.episode_id, step_timeout_s=self.agent.step_timeout_s,
-            )  # fmt: skip
+                env,
+                job.task,
+                generate,
+                self.renderer,
+                max_turns=settings.max_turns,
+                max_episode_tokens=settings.max_episode_tokens,
+                sampling=settings.sampling,
+                episode_id=job.episode_id,
+                step_timeout_s=self.agent.step_timeout_s,
+            )
         finally:
             await self._close(env)
 
     def _gateway_run(self, queued: QueuedEpisode) -> GatewayRun:
         if not self.agent.gateway_url:
-            raise ValueError(f"agent.env {self.agent.env!r} samples through the router's OpenAI "
-                             "gateway: set agent.gateway_url (rlfleet up sets it)")  # fmt: skip
-        return GatewayRun(self.agent.gateway_url, self.api_key, queued.job.episode_id,
-                          queued.settings.sampling, queued.settings.max_turns,
-                          self.agent.multi_call)  # fmt: skip
+            raise ValueError(
+                f"agent.env {self.agent.env!r} samples through the router's OpenAI "
+                "gateway: set agent.gateway_url (rlfleet up sets it)"
+            )
+        return GatewayRun(
+            self.agent.gateway_url,
+            self.api_key,
+            queued.job.episode_id,
+            queued.settings.sampling,
+            queued.settings.max_turns,
+            self.agent.multi_call,
+        )
 
     async def _close(self, env: Any) -> None:
         """``env.close()`` when it has one (OpenEnv clients, sandboxes); its failure is logged."""

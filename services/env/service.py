@@ -59,8 +59,9 @@ class EnvService:
     def __init__(self, redis: Redis, keys: Keys, agent: AgentConfig) -> None:
         self.agent = agent
         self.queue = env_queue(redis, keys, Producer)
-        self.jobs = ScatterGather(self.queue, agent.request_timeout_s, "env workers",
-                                  REDIS_CONCURRENCY, withdraw=True)  # fmt: skip
+        self.jobs = ScatterGather(
+            self.queue, agent.request_timeout_s, "env workers", REDIS_CONCURRENCY, withdraw=True
+        )
 
     async def start(self) -> None:
         await self.jobs.start()

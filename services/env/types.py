@@ -64,8 +64,11 @@ class EpisodeSettings:
 
     def resolved(self, max_turns: int, max_episode_tokens: int) -> EpisodeSettings:
         """0 limits replaced by the service's own (``agent.max_turns``, ...)."""
-        return replace(self, max_turns=self.max_turns or max_turns,
-                       max_episode_tokens=self.max_episode_tokens or max_episode_tokens)  # fmt: skip
+        return replace(
+            self,
+            max_turns=self.max_turns or max_turns,
+            max_episode_tokens=self.max_episode_tokens or max_episode_tokens,
+        )
 
 
 @dataclass
@@ -93,7 +96,7 @@ class EpisodeOutcome:
                 "replica_ids": self.replica_ids,
             }
         ).encode()
-        return b"".join([_HEADER_LEN.pack(len(head)), head, self.episode])  # fmt: skip
+        return b"".join([_HEADER_LEN.pack(len(head)), head, self.episode])
 
     @classmethod
     def decode(cls, data: bytes) -> EpisodeOutcome:
@@ -151,7 +154,7 @@ def encode_job(job: EpisodeJob, settings: EpisodeSettings) -> bytes:
         "max_turns": settings.max_turns,
         "max_episode_tokens": settings.max_episode_tokens,
     }
-    return json.dumps(raw).encode()  # fmt: skip
+    return json.dumps(raw).encode()
 
 
 def decode_job(data: bytes) -> QueuedEpisode:
@@ -159,8 +162,9 @@ def decode_job(data: bytes) -> QueuedEpisode:
     try:
         raw = json.loads(data)
         job = EpisodeJob.from_dict(raw["job"])
-        settings = EpisodeSettings(SamplingParams(**raw["sampling"]), raw["max_turns"],
-                                   raw["max_episode_tokens"])  # fmt: skip
+        settings = EpisodeSettings(
+            SamplingParams(**raw["sampling"]), raw["max_turns"], raw["max_episode_tokens"]
+        )
     except (ValueError, TypeError, KeyError) as exc:
         raise InvalidArgument(f"not an episode job: {exc}") from exc
     validate_request([job], settings)
@@ -204,8 +208,10 @@ def validate_job(job: EpisodeJob, where: str) -> None:
 def _check_id(name: str, value: object, min_chars: int) -> None:
     ok = isinstance(value, str) and min_chars <= len(value) <= MAX_ID_CHARS
     if not ok or "\n" in value:
-        raise InvalidArgument(f"{name} must be a string of {min_chars}-{MAX_ID_CHARS} "
-                              f"characters on one line, got {value!r:.80}")  # fmt: skip
+        raise InvalidArgument(
+            f"{name} must be a string of {min_chars}-{MAX_ID_CHARS} "
+            f"characters on one line, got {value!r:.80}"
+        )
 
 
 def _check_int(name: str, value: object, high: int) -> None:

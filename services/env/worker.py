@@ -41,9 +41,13 @@ class EnvWorker(JobWorker):
     LIFECYCLE_LEVEL = logging.DEBUG  # the env role logs its lanes' start and stop in one line
 
     def __init__(
-        self, queue: Consumer, runner: EpisodeRunner, consumer: str, reclaim_idle_s: float = 10.0,
+        self,
+        queue: Consumer,
+        runner: EpisodeRunner,
+        consumer: str,
+        reclaim_idle_s: float = 10.0,
         read_turn: asyncio.Lock | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(queue, consumer, reclaim_idle_s, read_count=1)
         self.runner = runner
         self.read_turn = read_turn or asyncio.Lock()

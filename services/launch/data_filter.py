@@ -48,12 +48,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--output", required=True, help=".parquet with the kept rows")
     p.add_argument("--config", help="YAML config: model, rollout and data settings")
     p.add_argument("--k", type=int, default=8, help="answers sampled per prompt (default 8)")
-    p.add_argument("--band", type=band, default=df.Band(),
-                   help="LOW,HIGH: pass rates kept, both ends included (default 0.2,0.8)")  # fmt: skip
+    p.add_argument(
+        "--band",
+        type=band,
+        default=df.Band(),
+        help="LOW,HIGH: pass rates kept, both ends included (default 0.2,0.8)",
+    )
     p.add_argument("--temperature", type=float, help="default rollout.temperature")
     p.add_argument("--max-tokens", type=int, help="default rollout.max_tokens")
-    p.add_argument("--correct-at", type=float, default=1.0,
-                   help="a score at least this is a pass (default 1.0: full credit)")  # fmt: skip
+    p.add_argument(
+        "--correct-at",
+        type=float,
+        default=1.0,
+        help="a score at least this is a pass (default 1.0: full credit)",
+    )
     p.add_argument("--limit", type=int, help="only the first N rows")
     p.add_argument("--held-out", help="drop rows whose problem occurs in this file")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per GenerateBatch call")
@@ -115,10 +123,13 @@ def run(args: argparse.Namespace) -> int:
     counts = df.histogram(rates, args.k)
     print(f"pass-rate histogram (k={args.k}): {df.format_histogram(counts)}")
     kept = df.keep_in_band([rows[i] for i in chosen], rates, args.band, args.k)
-    df.write_kept(table, [chosen[i] for i in kept], [rates[i] for i in kept], args.k,
-                  Path(args.output))  # fmt: skip
-    print(f"{len(rows)} rows in, {len(chosen)} sampled, {len(kept)} kept with pass rate in "
-          f"{args.band} -> {args.output}")  # fmt: skip
+    df.write_kept(
+        table, [chosen[i] for i in kept], [rates[i] for i in kept], args.k, Path(args.output)
+    )
+    print(
+        f"{len(rows)} rows in, {len(chosen)} sampled, {len(kept)} kept with pass rate in "
+        f"{args.band} -> {args.output}"
+    )
     return 0
 
 
@@ -170,8 +181,10 @@ def prompt_records(rows: list[dict], tokenizer, config) -> list:
         record = to_record(row, f"row {index + 1}")
         record.token_ids = encode_prompt(tokenizer, record.prompt, config.data.apply_chat_template)
         if len(record.token_ids) > limit:
-            raise ValueError(f"row {index + 1}: prompt has {len(record.token_ids)} tokens > "
-                             f"data.max_prompt_length={limit}")  # fmt: skip
+            raise ValueError(
+                f"row {index + 1}: prompt has {len(record.token_ids)} tokens > "
+                f"data.max_prompt_length={limit}"
+            )
         records.append(record)
     return records
 
@@ -200,9 +213,16 @@ class FleetJudge:
 
         ids = [f"{self.tag}-{self.sent + i}" for i in range(len(records))]
         self.sent += len(records)
-        requests = [GenerateRequest(request_id=i, sampling=self.sampling, session_id=i,
-                                    prompt_token_ids=r.token_ids, timeout_s=self.timeout_s)
-                    for i, r in zip(ids, records, strict=True)]  # fmt: skip
+        requests = [
+            GenerateRequest(
+                request_id=i,
+                sampling=self.sampling,
+                session_id=i,
+                prompt_token_ids=r.token_ids,
+                timeout_s=self.timeout_s,
+            )
+            for i, r in zip(ids, records, strict=True)
+        ]
         results = await self.rollout.generate_batch(requests)
         groups = [[c.token_ids for c in result.completions] for result in results]
         texts = [self.tokenizer.decode(t, skip_special_tokens=True) for g in groups for t in g]

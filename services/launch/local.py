@@ -56,8 +56,14 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
         argv = role_argv(
             member.verb, args.config, [*common, *local.overrides(member)], member.flags
         )
-        children.append(Child(member.name, [*die_with_us, *argv], {**env, **local.env(member)},
-                              log_dir / f"{member.name}.log"))  # fmt: skip
+        children.append(
+            Child(
+                member.name,
+                [*die_with_us, *argv],
+                {**env, **local.env(member)},
+                log_dir / f"{member.name}.log",
+            )
+        )
     return children
 
 
@@ -154,8 +160,11 @@ def supervise(children: list[Child], replica_restarts: int = 0) -> int:
             if child is trainer or code is None:
                 continue
             if is_replica(child) and code == 0:  # drained (DrainReplica): it is done
-                print(f"rlfleet up: replica '{child.name}' was drained and exited",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"rlfleet up: replica '{child.name}' was drained and exited",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 children.remove(child)
                 break
             if is_replica(child) and restarts.get(child.name, 0) < replica_restarts:

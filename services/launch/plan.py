@@ -39,9 +39,13 @@ SCALABLE = ("rollout", "env")
 """Roles with several members that ``rlfleet scale`` may change while the fleet runs."""
 CONFIG_SECTION = {"env": "agent"}
 """The config section holding a role's ``host`` and ``port`` where it is not the role's name."""
-ADDRESS_KEYS = {"router": "endpoints.router", "reward": "endpoints.reward",
-                "refcritic": "endpoints.refcritic", "trainer": "endpoints.trainer",
-                "env": "agent.address"}  # fmt: skip
+ADDRESS_KEYS = {
+    "router": "endpoints.router",
+    "reward": "endpoints.reward",
+    "refcritic": "endpoints.refcritic",
+    "trainer": "endpoints.trainer",
+    "env": "agent.address",
+}
 """The override through which every role is told where a role serves."""
 
 
@@ -151,8 +155,9 @@ class FleetPlan:
 
     def addressed(self) -> list[PlannedRole]:
         """The members other roles are told about (``ADDRESS_KEYS``), in start order."""
-        return [member for member in self.members if member.fixed_port and
-                member.verb in ADDRESS_KEYS]  # fmt: skip
+        return [
+            member for member in self.members if member.fixed_port and member.verb in ADDRESS_KEYS
+        ]
 
 
 def plan_fleet(
@@ -168,8 +173,17 @@ def plan_fleet(
         members += [env_process(i) for i in range(env_processes)]
     if trainer:
         min_replicas = (f"trainer.min_replicas={replicas}",)
-        members.append(PlannedRole("trainer", "trainer", Phase.TRAINER, min_replicas, (),
-                                   fixed_port=True, finishes=True))  # fmt: skip
+        members.append(
+            PlannedRole(
+                "trainer",
+                "trainer",
+                Phase.TRAINER,
+                min_replicas,
+                (),
+                fixed_port=True,
+                finishes=True,
+            )
+        )
     if config.dashboard.enabled:
         members.append(PlannedRole("dashboard", "dashboard", Phase.OBSERVER, fixed_port=True))
     return FleetPlan(tuple(members))

@@ -113,8 +113,11 @@ class RoleActor:
         with warnings.catch_warnings():  # Ray's own property calls a deprecated getter
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        print(f"[ray] {self.spec.name} {'re' if restarted else ''}started on node {self.node_ip} "
-              f"(actor pid {os.getpid()}, role pid {self.child.proc.pid})", flush=True)  # fmt: skip
+        print(
+            f"[ray] {self.spec.name} {'re' if restarted else ''}started on node {self.node_ip} "
+            f"(actor pid {os.getpid()}, role pid {self.child.proc.pid})",
+            flush=True,
+        )
 
     def __repr__(self) -> str:  # Ray prefixes forwarded output with this: "(rollout-0 pid=...)"
         return self.spec.name
@@ -132,8 +135,12 @@ class RoleActor:
         if self.stopping or (code == 0 and self.spec.member.finishes):
             self.code = code
             return
-        print(f"[ray] {self.spec.name}: role process exited with {code}; "
-              "failing the actor so Ray restarts it", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[ray] {self.spec.name}: role process exited with {code}; "
+            "failing the actor so Ray restarts it",
+            file=sys.stderr,
+            flush=True,
+        )
         time.sleep(0.5)  # let the output pump flush the role's last lines
         os._exit(1)
 

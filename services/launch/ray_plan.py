@@ -32,8 +32,9 @@ def role_spec(
     ``dashboard.host`` as configured (loopback by default: the page shows prompts and answers),
     not its node's address like the servers."""
     extra = (*extra, *ANY_PORT.get(member.verb, ()))
-    return RoleSpec(member, port if member.fixed_port else None, extra,
-                    node_host=member.verb != "dashboard")  # fmt: skip
+    return RoleSpec(
+        member, port if member.fixed_port else None, extra, node_host=member.verb != "dashboard"
+    )
 
 
 def scaled_spec(role: str, index: int) -> RoleSpec:

@@ -129,8 +129,11 @@ class RayFleet:
         }
         if not waiting:
             return {}
-        ready, _ = ray.wait(list(waiting.values()), num_returns=len(waiting),
-                            timeout=self.config.ray.start_timeout_s)  # fmt: skip
+        ready, _ = ray.wait(
+            list(waiting.values()),
+            num_returns=len(waiting),
+            timeout=self.config.ray.start_timeout_s,
+        )
         stuck = [name for name, ref in waiting.items() if ref not in ready]
         if stuck:
             raise PlacementError(self.placement_failure(stuck))
@@ -147,8 +150,9 @@ class RayFleet:
 
         totals = [n["Resources"] for n in ray.nodes() if n["Alive"]]
         wanted = {name: role_demand(self.config.ray, self.roles[name]) for name in stuck}
-        unplaceable = [name for name in stuck
-                       if not any(fits(wanted[name], node) for node in totals)]  # fmt: skip
+        unplaceable = [
+            name for name in stuck if not any(fits(wanted[name], node) for node in totals)
+        ]
         why = f"Ray did not place {stuck} within {self.config.ray.start_timeout_s:.0f} s"
         if unplaceable:
             asks = {name: demand(wanted[name]) for name in unplaceable}
@@ -168,9 +172,11 @@ class RayFleet:
                 where = f"(node {info['node_ip']}){key if name == 'dashboard' else ''}"
                 say(self.config, f"rlfleet up: {describe(name, addresses)} {where}")
         write_endpoints(run_dir, "redis", {"url": safe_url(self.launch.redis_url)})
-        ray_entry = {"address": self.address,
-                     "namespace": self.config.ray.namespace,
-                     "control": control_name(self.config.cluster)}  # fmt: skip
+        ray_entry = {
+            "address": self.address,
+            "namespace": self.config.ray.namespace,
+            "control": control_name(self.config.cluster),
+        }
         write_endpoints(run_dir, "ray", ray_entry)
         self.write_placement()
 
@@ -229,9 +235,12 @@ class RayFleet:
         log = Path(self.launch.log_dir) / f"{name}.log"
         lines = log.read_text(errors="replace").splitlines()[-10:] if log.is_file() else []
         tail = "\n".join(f"    {line}" for line in lines)
-        print(f"\nrlfleet up: service '{name}' died and Ray will not restart it "
-              f"(ray.max_restarts); stopping the fleet. {type(exc).__name__}. Last output:\n"
-              f"{tail}\n(full log: {log})", file=sys.stderr)  # fmt: skip
+        print(
+            f"\nrlfleet up: service '{name}' died and Ray will not restart it "
+            f"(ray.max_restarts); stopping the fleet. {type(exc).__name__}. Last output:\n"
+            f"{tail}\n(full log: {log})",
+            file=sys.stderr,
+        )
 
     def follow_scale(self) -> None:
         """Start or stop actors until each scalable role has what ``rlfleet scale`` asked for."""
@@ -305,8 +314,10 @@ def run_on_ray(config: RlfleetConfig, args) -> int:
             say(config, f"rlfleet up: {what} Ray cluster at {cluster.address}")
             host = "127.0.0.1" if one_machine() else None
             if host is None and not config.redis_url:
-                raise SystemExit("rlfleet up --ray: the cluster spans several machines; set "
-                                 "redis_url (RLFLEET_REDIS_URL) to a Redis every node reaches")  # fmt: skip
+                raise SystemExit(
+                    "rlfleet up --ray: the cluster spans several machines; set "
+                    "redis_url (RLFLEET_REDIS_URL) to a Redis every node reaches"
+                )
             groups = reserve_pools(config.ray, config.cluster, config.ray.start_timeout_s)
             run_dir = Path(config.run_dir)
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -44,15 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     entry = read_endpoints(config.run_dir).get("ray", {})
     address = args.address or entry.get("address")
     if not address:
-        print(f"rlfleet scale: no `rlfleet up --ray` recorded in {config.run_dir}/endpoints.json;"
-              " pass --address or the run's run_dir=...", file=sys.stderr)  # fmt: skip
+        print(
+            f"rlfleet scale: no `rlfleet up --ray` recorded in {config.run_dir}/endpoints.json;"
+            " pass --address or the run's run_dir=...",
+            file=sys.stderr,
+        )
         return 2
     for name, value in QUIET_RAY.items():
         os.environ.setdefault(name, value)
     import ray
 
-    ray.init(address=address, namespace=entry.get("namespace", config.ray.namespace),
-             log_to_driver=False)  # fmt: skip
+    ray.init(
+        address=address, namespace=entry.get("namespace", config.ray.namespace), log_to_driver=False
+    )
     try:
         control = ray.get_actor(entry.get("control", control_name(config.cluster)))
         before = ray.get(control.scale.remote(args.role, args.count))

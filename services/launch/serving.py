@@ -56,8 +56,12 @@ def serving_fleet(
     (on SIGTERM too). Without a ``run_dir`` override the fleet's logs go to a scratch
     directory, removed at the end unless a role died or timed out (the error names its log)."""
     scratch = tempfile.mkdtemp(prefix="rlfleet-serving-")
-    own = [f"run_dir={scratch}", "log_level=WARNING", f"cluster=serving-{uuid.uuid4().hex[:8]}",
-           "dashboard.enabled=false"]  # fmt: skip
+    own = [
+        f"run_dir={scratch}",
+        "log_level=WARNING",
+        f"cluster=serving-{uuid.uuid4().hex[:8]}",
+        "dashboard.enabled=false",
+    ]
     overrides = [*own, *overrides]  # the user's settings win, run_dir and cluster included
     config = load_config(config_path, overrides)
     keep = False  # the logs of a fleet that did not start or answer, in the scratch directory
@@ -88,8 +92,7 @@ def _running(
         for child in children:
             child.start()
         found = read_endpoints(config.run_dir)  # what plan_children recorded
-        addresses = FleetAddresses(found["router"]["grpc"], found["reward"]["grpc"],
-                                   config.run_dir)  # fmt: skip
+        addresses = FleetAddresses(found["router"]["grpc"], found["reward"]["grpc"], config.run_dir)
         asyncio.run(_wait_ready(config, addresses, children, replicas, wait_s))
         yield addresses
     finally:
@@ -105,8 +108,13 @@ def _interrupt(*_: object) -> None:
 
 
 def _plan(config: RlfleetConfig, config_path, overrides, replicas: int, redis) -> list[Child]:
-    args = Namespace(config=config_path, overrides=overrides, rollout_replicas=replicas,
-                     no_trainer=True, env_processes=1)  # fmt: skip
+    args = Namespace(
+        config=config_path,
+        overrides=overrides,
+        rollout_replicas=replicas,
+        no_trainer=True,
+        env_processes=1,
+    )
     log_dir = Path(config.run_dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     children = plan_children(config, args, redis.url if redis else config.redis_url, log_dir)
@@ -125,8 +133,10 @@ async def _wait_ready(
         while await _serving(router) < replicas:
             _check_alive(children)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{replicas} rollout replicas did not serve in {wait_s:g} s "
-                                   f"(logs: {at.run_dir}/logs)")  # fmt: skip
+                raise TimeoutError(
+                    f"{replicas} rollout replicas did not serve in {wait_s:g} s "
+                    f"(logs: {at.run_dir}/logs)"
+                )
             await asyncio.sleep(READY_POLL_S)
     async with RewardClient(at.reward, config.api_key) as reward:
         await reward.wait_ready(max(1.0, deadline - time.monotonic()))
@@ -147,5 +157,7 @@ def _check_alive(children: list[Child]) -> None:
     for child in children:
         if (code := child.exited()) is not None:
             report_failure(child, code)
-            raise FleetDied(f"the fleet's {child.name} exited with code {code} while starting "
-                            f"(its log: {child.log_path})")  # fmt: skip
+            raise FleetDied(
+                f"the fleet's {child.name} exited with code {code} while starting "
+                f"(its log: {child.log_path})"
+            )

@@ -16,20 +16,36 @@ def parse_args(argv):
     parser.add_argument("--config", help="YAML config shared by every role")
     parser.add_argument("--rollout-replicas", type=int, default=2, help="replicas (default 2)")
     parser.add_argument("--no-trainer", action="store_true", help="serve only, until Ctrl-C")
-    parser.add_argument("--env-processes", type=int, default=1, metavar="N",
-                        help="agent mode: env processes, the front door and N-1 worker-only "
-                             "ones (default 1)")  # fmt: skip
-    parser.add_argument("--dashboard-port", type=int, metavar="PORT",
-                        help="port of the live page (dashboard.port; default: a free one)")  # fmt: skip
     parser.add_argument(
-        "--ray", nargs="?", const="", metavar="ADDRESS",
+        "--env-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="agent mode: env processes, the front door and N-1 worker-only ones (default 1)",
+    )
+    parser.add_argument(
+        "--dashboard-port",
+        type=int,
+        metavar="PORT",
+        help="port of the live page (dashboard.port; default: a free one)",
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
         help="run the roles as Ray actors, on the cluster at ADDRESS or a local one",
-    )  # fmt: skip
+    )
     loudness = parser.add_mutually_exclusive_group()
-    loudness.add_argument("-v", "--verbose", action="store_true",
-                          help="DEBUG logs from every role (log_level=DEBUG)")  # fmt: skip
-    loudness.add_argument("-q", "--quiet", action="store_true",
-                          help="warnings and the end summary only (log_level=WARNING)")  # fmt: skip
+    loudness.add_argument(
+        "-v", "--verbose", action="store_true", help="DEBUG logs from every role (log_level=DEBUG)"
+    )
+    loudness.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="warnings and the end summary only (log_level=WARNING)",
+    )
     parser.add_argument("overrides", nargs="*", help="dotted overrides for every role")
     args = parser.parse_args(argv)
     if args.ray and "=" in args.ray:  # `--ray a.b=c`: an override, not an address

@@ -149,10 +149,17 @@ def save_peft_adapter(
         raise InvalidArgument(f"LoRA update mixes ranks {sorted(ranks)}")
     rank = ranks.pop()
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
-        "target_modules": sorted(modules), "lora_dropout": 0.0, "bias": "none",
-        "fan_in_fan_out": False, "use_rslora": False, "modules_to_save": None,
-    }  # fmt: skip
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": rank,
+        "lora_alpha": rank,
+        "target_modules": sorted(modules),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "modules_to_save": None,
+    }
     (path / "adapter_config.json").write_text(json.dumps(config, indent=2))
     safetensors.torch.save_file(tensors, str(path / "adapter_model.safetensors"))
     return path

@@ -42,8 +42,12 @@ class ToolCallError:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ToolCallError:
-        return cls(str(raw.get("id", "")), int(raw.get("index", 0)), str(raw.get("raw", "")),
-                   str(raw.get("reason", "malformed tool call")))  # fmt: skip
+        return cls(
+            str(raw.get("id", "")),
+            int(raw.get("index", 0)),
+            str(raw.get("raw", "")),
+            str(raw.get("reason", "malformed tool call")),
+        )
 
 
 @dataclass

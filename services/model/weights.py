@@ -69,9 +69,12 @@ class WeightHeader:
 
 
 def encode(
-    state_dict: Mapping[str, torch.Tensor], version: int, flush_cache: bool = True,
-    force: bool = False, allocate: Callable[[int], torch.Tensor] | None = None,
-) -> tuple[WeightHeader, memoryview]:  # fmt: skip
+    state_dict: Mapping[str, torch.Tensor],
+    version: int,
+    flush_cache: bool = True,
+    force: bool = False,
+    allocate: Callable[[int], torch.Tensor] | None = None,
+) -> tuple[WeightHeader, memoryview]:
     """Copy every tensor once into one payload and describe it in a header (one checksum).
     ``allocate(nbytes)`` gives the payload's uint8 buffer (default: ``empty_bytes``; a
     shared-memory file's pages for replicas on this machine)."""

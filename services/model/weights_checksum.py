@@ -55,8 +55,9 @@ class Hasher:
             try:
                 import xxhash
             except ImportError as exc:
-                raise InvalidArgument(f"weight update: checksum {algorithm} unavailable "
-                                      f"here") from exc  # fmt: skip
+                raise InvalidArgument(
+                    f"weight update: checksum {algorithm} unavailable here"
+                ) from exc
             self._hash = xxhash.xxh3_128()
         elif algorithm == "sha256":
             self._hash = hashlib.sha256()

@@ -124,8 +124,10 @@ def apply(
     unknown = sorted(set(changed) - set(meta["names"]))
     missing = sorted(set(meta["names"]) - set(changed) - set(base))
     if unknown or missing:
-        raise FailedPrecondition(f"weight delta does not fit the weights held here: "
-                                 f"unknown={unknown[:3]} missing={missing[:3]}")  # fmt: skip
+        raise FailedPrecondition(
+            f"weight delta does not fit the weights held here: "
+            f"unknown={unknown[:3]} missing={missing[:3]}"
+        )
     full = {name: changed.get(name, base.get(name)) for name in meta["names"]}
     verify_full_checksum(meta["checksum"], full.values())
     return full

@@ -85,13 +85,16 @@ def open_shared(name: str, total_bytes: int) -> memoryview:
     try:
         fd = os.open(SHM_DIR / name, os.O_RDONLY)
     except FileNotFoundError:
-        raise NotFound(f"shared-memory weights {name!r} are not on this machine "
-                       f"(the replica is not on the trainer's host)") from None  # fmt: skip
+        raise NotFound(
+            f"shared-memory weights {name!r} are not on this machine "
+            f"(the replica is not on the trainer's host)"
+        ) from None
     try:
         size = os.fstat(fd).st_size
         if size != total_bytes:
-            raise InvalidArgument(f"shared-memory weights hold {size} bytes, the header "
-                                  f"announced {total_bytes}")  # fmt: skip
+            raise InvalidArgument(
+                f"shared-memory weights hold {size} bytes, the header announced {total_bytes}"
+            )
         if not size:
             return memoryview(bytearray())
         return memoryview(mmap.mmap(fd, size, access=mmap.ACCESS_COPY))

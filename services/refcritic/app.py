@@ -85,9 +85,12 @@ class QueuePath:
 
 
 async def start_queue(
-    config: RlfleetConfig, models: Models, lock: threading.Lock, stop: asyncio.Event,
+    config: RlfleetConfig,
+    models: Models,
+    lock: threading.Lock,
+    stop: asyncio.Event,
     worker_only: bool = False,
-) -> QueuePath:  # fmt: skip
+) -> QueuePath:
     settings, keys = config.refcritic, Keys(config.cluster)
     redis = connect(config.redis_url, 4 * settings.workers + 64)
     compute = QueuedCompute(redis, keys, settings.micro_batch_size, settings.request_timeout_s)

@@ -68,9 +68,11 @@ class RefCriticServicer(refcritic_pb2_grpc.RefCriticServicer):
         return self._critic
 
     async def _read(
-        self, kind: Kind, compute: Callable[[list[list[int]], list[list[int]]], Rows],
+        self,
+        kind: Kind,
+        compute: Callable[[list[list[int]], list[list[int]]], Rows],
         request: refcritic_pb2.SequenceBatch,
-    ) -> common_pb2.FloatRows:  # fmt: skip
+    ) -> common_pb2.FloatRows:
         """Rows through the queue path (local first) or computed directly."""
         prompts, responses = sequences_from_proto(request)
         if self._queued is None:

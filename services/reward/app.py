@@ -135,9 +135,13 @@ def redis_client(url: str, max_connections: int) -> Redis:
 
 
 def start_workers(
-    redis: Redis, keys: Keys, registry: ScorerRegistry, options: Options,
-    shared: tuple[WorkerSlots, ScoringLanes], on_crash: Callable[[], None],
-) -> JobWorkerPool:  # fmt: skip
+    redis: Redis,
+    keys: Keys,
+    registry: ScorerRegistry,
+    options: Options,
+    shared: tuple[WorkerSlots, ScoringLanes],
+    on_crash: Callable[[], None],
+) -> JobWorkerPool:
     """``slots.count`` RewardWorker tasks in this process, each its own consumer of the stream,
     all on the process's ``lanes``."""
     slots, lanes = shared
@@ -185,9 +189,12 @@ class FrontDoors:
 
 
 async def start_front_doors(
-    config: RlfleetConfig, keys: Keys, registry: ScorerRegistry,
-    shared: tuple[WorkerSlots | None, ScoringLanes], options: Options,
-) -> FrontDoors:  # fmt: skip
+    config: RlfleetConfig,
+    keys: Keys,
+    registry: ScorerRegistry,
+    shared: tuple[WorkerSlots | None, ScoringLanes],
+    options: Options,
+) -> FrontDoors:
     redis = redis_client(config.redis_url, REDIS_CONCURRENCY + 8)
     slots, lanes = shared
     service = RewardService(

@@ -57,9 +57,12 @@ class BatchScorer:
     """Scores lists of requests with ``registry`` on ``lanes`` (its own when None)."""
 
     def __init__(
-        self, registry: ScorerRegistry, item_timeout_s: float = 10.0, name: str = "score",
+        self,
+        registry: ScorerRegistry,
+        item_timeout_s: float = 10.0,
+        name: str = "score",
         lanes: ScoringLanes | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.registry, self.item_timeout_s, self.name = registry, item_timeout_s, name
         self.lanes = lanes or ScoringLanes()
         self.scored = 0

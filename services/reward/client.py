@@ -113,8 +113,9 @@ def as_request(item: Any, where: str) -> ScoreRequest:
     if isinstance(item, dict):
         item = ScoreRequest.from_dict(item)
     if not isinstance(item, ScoreRequest):
-        raise TypeError(f"{where} takes a ScoreRequest (or a dict of its fields), "
-                        f"got {type(item).__name__}")  # fmt: skip
+        raise TypeError(
+            f"{where} takes a ScoreRequest (or a dict of its fields), got {type(item).__name__}"
+        )
     try:
         check_types(item)
     except InvalidArgument as exc:

@@ -77,8 +77,12 @@ def fill_template(template: str, request: ScoreRequest) -> str:
 def _fields(request: ScoreRequest) -> dict[str, Any]:
     extra = request.extra_info
     prompt = request.prompt or extra.get("question") or extra.get("prompt") or ""
-    return {"prompt": prompt, "response": request.solution_str,
-            "ground_truth": request.ground_truth, "data_source": request.data_source}  # fmt: skip
+    return {
+        "prompt": prompt,
+        "response": request.solution_str,
+        "ground_truth": request.ground_truth,
+        "data_source": request.data_source,
+    }
 
 
 def _text(value: Any) -> str:
@@ -122,8 +126,10 @@ def parse_score(config: JudgeConfig, pattern: re.Pattern, text: str) -> tuple[fl
     except (TypeError, ValueError) as exc:
         raise JudgeError(f"judge's score {found!r} is not a number") from exc
     if not math.isfinite(raw) or not config.min_score <= raw <= config.max_score:
-        raise JudgeError(f"judge's score {raw:g} is outside [{config.min_score:g}, "
-                         f"{config.max_score:g}]: {_shown(text)}")  # fmt: skip
+        raise JudgeError(
+            f"judge's score {raw:g} is outside [{config.min_score:g}, "
+            f"{config.max_score:g}]: {_shown(text)}"
+        )
     if not config.normalize:
         return raw, raw
     return (raw - config.min_score) / (config.max_score - config.min_score), raw
@@ -153,8 +159,10 @@ class Judge:
         self, config: JudgeConfig, transport: httpx.AsyncBaseTransport | None = None
     ) -> None:
         if config.max_score <= config.min_score:
-            raise ValueError(f"reward.judge: max_score ({config.max_score:g}) must be above "
-                             f"min_score ({config.min_score:g})")  # fmt: skip
+            raise ValueError(
+                f"reward.judge: max_score ({config.max_score:g}) must be above "
+                f"min_score ({config.min_score:g})"
+            )
         self.config, self.transport = config, transport
         self.pattern = re.compile(config.score_regex)
         self.attempts = self.retried = self.failed = 0
@@ -172,8 +180,13 @@ class Judge:
         results = list(await asyncio.gather(*(self.score_item(r) for r in requests)))
         failed = [r for r in results if r.error]
         if failed:
-            log.warning("judge: %d of %d items failed (first: %s: %s)", len(failed),
-                        len(results), failed[0].id, failed[0].error)  # fmt: skip
+            log.warning(
+                "judge: %d of %d items failed (first: %s: %s)",
+                len(failed),
+                len(results),
+                failed[0].id,
+                failed[0].error,
+            )
         return results
 
     async def score_item(self, request: ScoreRequest) -> ScoreResult:
@@ -194,12 +207,18 @@ class Judge:
         return result
 
     async def compute_score(
-        self, data_source: str, solution_str: str, ground_truth: Any = "",
-        extra_info: dict | None = None, prompt: str = "", **_: Any,
-    ) -> float:  # fmt: skip
+        self,
+        data_source: str,
+        solution_str: str,
+        ground_truth: Any = "",
+        extra_info: dict | None = None,
+        prompt: str = "",
+        **_: Any,
+    ) -> float:
         """verl's ``compute_score`` shape: the normalised score, or JudgeError."""
-        request = ScoreRequest("judge", data_source, solution_str, ground_truth,
-                               dict(extra_info or {}), prompt=prompt)  # fmt: skip
+        request = ScoreRequest(
+            "judge", data_source, solution_str, ground_truth, dict(extra_info or {}), prompt=prompt
+        )
         result = await self.score_item(request)
         if result.error:
             raise JudgeError(result.error, retryable=False)
@@ -264,9 +283,12 @@ class Judge:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(max_connections=c.max_concurrency)
         return httpx.AsyncClient(
-            base_url=c.base_url.rstrip("/"), headers=headers, timeout=c.timeout_s,
-            limits=limits, transport=self.transport,
-        )  # fmt: skip
+            base_url=c.base_url.rstrip("/"),
+            headers=headers,
+            timeout=c.timeout_s,
+            limits=limits,
+            transport=self.transport,
+        )
 
     async def aclose(self) -> None:
         """Close this loop's client (a process that exits needs not)."""
@@ -289,7 +311,14 @@ class JudgeScorer(Scorer):
 def judge_scorer(config: JudgeConfig, transport: httpx.AsyncBaseTransport | None = None) -> Scorer:
     judge = Judge(config, transport)
     return JudgeScorer(
-        name="judge", kind="model", fn=judge.compute_score, judge=judge, is_async=True,
-        blocking=False, self_timed=True, takes_prompt=True, data_sources=list(config.data_sources),
+        name="judge",
+        kind="model",
+        fn=judge.compute_score,
+        judge=judge,
+        is_async=True,
+        blocking=False,
+        self_timed=True,
+        takes_prompt=True,
+        data_sources=list(config.data_sources),
         description=f"an LLM at {config.base_url} grades the response ({config.api} API)",
-    )  # fmt: skip
+    )

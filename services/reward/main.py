@@ -14,10 +14,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = base_parser("reward", "Score responses: gRPC + HTTP front doors and workers.")
     parser.add_argument("--port", type=int, help="gRPC port (overrides reward.port)")
     parser.add_argument("--worker-only", action="store_true", help="run only reward workers")
-    parser.add_argument("--item-timeout-s", type=float, default=10.0,
-                        help="longest a user scoring function may run on one item")  # fmt: skip
-    parser.add_argument("--reclaim-idle-s", type=float, default=10.0, help="a job pending this "
-                        "long on another worker is taken over (that worker died)")  # fmt: skip
+    parser.add_argument(
+        "--item-timeout-s",
+        type=float,
+        default=10.0,
+        help="longest a user scoring function may run on one item",
+    )
+    parser.add_argument(
+        "--reclaim-idle-s",
+        type=float,
+        default=10.0,
+        help="a job pending this long on another worker is taken over (that worker died)",
+    )
     config, args = resolve(parser, "reward", argv)
     if args.worker_only and not config.redis_url:
         parser.error("--worker-only needs the service's Redis: redis_url=... or RLFLEET_REDIS_URL")

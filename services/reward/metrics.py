@@ -22,17 +22,28 @@ class RewardMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("rlfleet_reward_requests", "Score/ScoreBatch calls", ["path"],
-                                registry=r)  # fmt: skip
+        self.requests = Counter(
+            "rlfleet_reward_requests", "Score/ScoreBatch calls", ["path"], registry=r
+        )
         self.items = Counter("rlfleet_reward_items", "Items scored", ["path"], registry=r)
-        self.errors = Counter("rlfleet_reward_item_errors", "Items answered with an error",
-                              registry=r)  # fmt: skip
-        self.cancelled = Counter("rlfleet_reward_cancelled", "Calls whose caller gave up",
-                                 registry=r)  # fmt: skip
-        self.latency = Histogram("rlfleet_reward_request_seconds", "Time to answer a call",
-                                 ["path"], buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
-        self.score_mean = Gauge("rlfleet_reward_last_batch_mean_score",
-                                "Mean score of the last answered call", registry=r)  # fmt: skip
+        self.errors = Counter(
+            "rlfleet_reward_item_errors", "Items answered with an error", registry=r
+        )
+        self.cancelled = Counter(
+            "rlfleet_reward_cancelled", "Calls whose caller gave up", registry=r
+        )
+        self.latency = Histogram(
+            "rlfleet_reward_request_seconds",
+            "Time to answer a call",
+            ["path"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.score_mean = Gauge(
+            "rlfleet_reward_last_batch_mean_score",
+            "Mean score of the last answered call",
+            registry=r,
+        )
 
     def observe(self, path: str, results: Sequence[ScoreResult], seconds: float) -> None:
         self.requests.labels(path).inc()

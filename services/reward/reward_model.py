@@ -79,14 +79,20 @@ class RewardModel:
             model.config.pad_token_id = tokenizer.pad_token_id
         labels, label = model.config.num_labels, self.config.label
         if label is not None and not 0 <= label < labels:
-            raise ValueError(f"reward.reward_model.label {label} is not a label of a "
-                             f"{labels}-label model")  # fmt: skip
+            raise ValueError(
+                f"reward.reward_model.label {label} is not a label of a {labels}-label model"
+            )
         context = getattr(model.config, "max_position_embeddings", None)
         limit, name = self.config.max_length, "reward.reward_model.max_length"
         if context is not None and context < limit:
             limit, name = context, "the model's context (max_position_embeddings)"
-        log.info("reward model %s loaded: %d labels, %s, limit %d tokens",
-                 self.directory, model.config.num_labels, self.config.dtype, limit)  # fmt: skip
+        log.info(
+            "reward model %s loaded: %d labels, %s, limit %d tokens",
+            self.directory,
+            model.config.num_labels,
+            self.config.dtype,
+            limit,
+        )
         return _Loaded(tokenizer, model, limit, name)
 
     def text(self, tokenizer: Any, request: ScoreRequest) -> str:
@@ -94,8 +100,10 @@ class RewardModel:
         prompt = request.prompt or request.extra_info.get("question") or ""
         prompt = prompt if isinstance(prompt, str) else str(prompt)
         if self.config.chat_template and prompt and getattr(tokenizer, "chat_template", None):
-            messages = [{"role": "user", "content": prompt},
-                        {"role": "assistant", "content": request.solution_str}]  # fmt: skip
+            messages = [
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": request.solution_str},
+            ]
             return tokenizer.apply_chat_template(messages, tokenize=False)
         return prompt + request.solution_str
 
@@ -107,16 +115,20 @@ class RewardModel:
         for index, request in enumerate(requests):
             ids = loaded.tokenizer(self.text(loaded.tokenizer, request))["input_ids"]
             if len(ids) > loaded.limit:
-                results[index] = error_result(request.id, f"reward model input is {len(ids)} "
-                                              f"tokens, more than {loaded.limit} "
-                                              f"({loaded.limit_name})")  # fmt: skip
+                results[index] = error_result(
+                    request.id,
+                    f"reward model input is {len(ids)} "
+                    f"tokens, more than {loaded.limit} "
+                    f"({loaded.limit_name})",
+                )
             else:
                 rows.append((index, ids))
         size = self.config.batch_size
         for start in range(0, len(rows), size):
             chunk = rows[start : start + size]
-            for (index, _), score in zip(chunk, self._scores(loaded, [ids for _, ids in chunk]),
-                                         strict=True):  # fmt: skip
+            for (index, _), score in zip(
+                chunk, self._scores(loaded, [ids for _, ids in chunk]), strict=True
+            ):
                 results[index] = ScoreResult(id=requests[index].id, score=score)
         return [r for r in results if r is not None]
 
@@ -158,7 +170,13 @@ def reward_model_scorer(config: RewardModelConfig) -> Scorer:
     model = RewardModel(config)
     label = "the logit (one label) or label probability"
     return RewardModelScorer(
-        name="reward_model", kind="model", fn=model.score_items, reward_model=model,
-        blocking=True, batched=True, takes_prompt=True, data_sources=list(config.data_sources),
+        name="reward_model",
+        kind="model",
+        fn=model.score_items,
+        reward_model=model,
+        blocking=True,
+        batched=True,
+        takes_prompt=True,
+        data_sources=list(config.data_sources),
         description=f"sequence-classification model {config.path}: {label}",
-    )  # fmt: skip
+    )

@@ -36,9 +36,12 @@ class SandboxPool:
     """``limits.workers`` children serving one user function."""
 
     def __init__(self, user: UserScorerConfig, limits: SandboxLimits) -> None:
-        self.user = {"path": user.path, "name": user.name,
-                     "reward_kwargs": dict(user.reward_kwargs),
-                     "data_sources": list(user.data_sources)}  # fmt: skip
+        self.user = {
+            "path": user.path,
+            "name": user.name,
+            "reward_kwargs": dict(user.reward_kwargs),
+            "data_sources": list(user.data_sources),
+        }
         self.limits = limits
         self.about: dict[str, Any] = {}
         self.replaced = self.calls = 0
@@ -58,8 +61,12 @@ class SandboxPool:
             raise failure
         self.about = outcomes[0].ready  # type: ignore[union-attr]
         spaces = self.about.get("isolation", {}).get("namespaces") or ["none"]
-        log.info("%d sandboxed worker(s) for %s (namespaces: %s)",
-                 len(outcomes), self.user["name"], "+".join(spaces))  # fmt: skip
+        log.info(
+            "%d sandboxed worker(s) for %s (namespaces: %s)",
+            len(outcomes),
+            self.user["name"],
+            "+".join(spaces),
+        )
 
     async def score(self, requests: Sequence[ScoreRequest]) -> list[ScoreResult]:
         """Results for ``requests`` (one call of the function, or one per item inside)."""
@@ -70,8 +77,9 @@ class SandboxPool:
         child = await self._idle.get()  # at once, unless a child is being replaced
         self.calls += 1
         try:
-            reply = await child.call({"requests": [r.to_dict() for r in requests]},
-                                     self.limits.timeout_s)  # fmt: skip
+            reply = await child.call(
+                {"requests": [r.to_dict() for r in requests]}, self.limits.timeout_s
+            )
         except SandboxError as exc:
             self._replace(child)
             message = f"sandbox: {self.user['name']} {exc}; its process was replaced"
@@ -146,11 +154,17 @@ async def sandboxed_user_scorer(config: UserScorerConfig, limits: SandboxLimits)
     await pool.start()
     about = pool.about
     return SandboxedScorer(
-        name=config.name, kind="user", fn=_never_called, data_sources=list(config.data_sources),
-        kwargs=dict(config.reward_kwargs), blocking=True, batched=bool(about.get("batched")),
+        name=config.name,
+        kind="user",
+        fn=_never_called,
+        data_sources=list(config.data_sources),
+        kwargs=dict(config.reward_kwargs),
+        blocking=True,
+        batched=bool(about.get("batched")),
         description=about.get("description") or f"{config.name} from {config.path}",
-        sandboxed=True, pool=pool,
-    )  # fmt: skip
+        sandboxed=True,
+        pool=pool,
+    )
 
 
 def _never_called(**_: Any) -> float:

@@ -59,8 +59,7 @@ class Summary:
 
     def describe(self) -> str:
         t = self.total
-        return (f"{t.rows} rows: mean score {t.mean:.4f} over {t.scored} scored, "
-                f"{t.failed} errors")  # fmt: skip
+        return f"{t.rows} rows: mean score {t.mean:.4f} over {t.scored} scored, {t.failed} errors"
 
     def table(self) -> str:
         width = max([len("data_source"), *map(len, self.by_source)])
@@ -80,22 +79,27 @@ def main(argv: list[str] | None = None) -> int:
     print(summary.table())
     print(f"{summary.describe()} -> {args.output}")
     if summary.total.failed:
-        print(f"rlfleet score: {summary.total.failed} rows failed (see score_error in "
-              f"{args.output})", file=sys.stderr)  # fmt: skip
+        print(
+            f"rlfleet score: {summary.total.failed} rows failed (see score_error in {args.output})",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, RlfleetConfig]:
-    parser = base_parser("score", "Score a verl-schema JSONL/Parquet file through the reward "
-                         "service.")  # fmt: skip
+    parser = base_parser(
+        "score", "Score a verl-schema JSONL/Parquet file through the reward service."
+    )
     parser.add_argument("--input", required=True, help="JSONL or .parquet rows with responses")
     parser.add_argument("--output", required=True, help="JSONL (or .parquet) with scores added")
     parser.add_argument("--address", help="reward gRPC address (default endpoints.reward)")
     parser.add_argument("--api-key", help="API key (default: api_key / RLFLEET_API_KEY)")
-    parser.add_argument("--response-field",
-                        help="field holding the text, or a list of texts (default: responses "
-                             "if the row has it, else response)")  # fmt: skip
+    parser.add_argument(
+        "--response-field",
+        help="field holding the text, or a list of texts (default: responses "
+        "if the row has it, else response)",
+    )
     parser.add_argument("--scorer", help="score every row with this scorer, ignoring data_source")
     parser.add_argument("--batch-size", type=int, default=256, help="items per ScoreBatch call")
     parser.add_argument("--concurrency", type=int, default=4, help="ScoreBatch calls in flight")
@@ -133,8 +137,9 @@ async def score_file(args: argparse.Namespace, config: RlfleetConfig) -> Summary
     return summary
 
 
-async def score_rows(client: Any, rows: list[tuple[int, dict]], args: argparse.Namespace
-                     ) -> list[ScoredRow]:  # fmt: skip
+async def score_rows(
+    client: Any, rows: list[tuple[int, dict]], args: argparse.Namespace
+) -> list[ScoredRow]:
     """Every row with its results, in order; a row that cannot form requests gets an error."""
     out, items = [], []
     for number, row in rows:

@@ -81,20 +81,29 @@ class RewardService:
     ``slots`` are this process's reward workers (None: none here, or local-first off)."""
 
     def __init__(
-        self, redis: Redis, keys: Keys, config: RewardConfig, registry: ScorerRegistry,
-        slots: WorkerSlots | None = None, item_timeout_s: float = 10.0,
+        self,
+        redis: Redis,
+        keys: Keys,
+        config: RewardConfig,
+        registry: ScorerRegistry,
+        slots: WorkerSlots | None = None,
+        item_timeout_s: float = 10.0,
         lanes: ScoringLanes | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.queue = reward_queue(redis, keys, Producer)
         self.registry, self.default_scorer = registry, config.default_scorer
         self.default_score = config.default_score
         self.timeout_s = timeout_s = config.request_timeout_s
         self.inline = config.local_first
-        self.jobs = ScatterGather(self.queue, timeout_s, "reward workers", REDIS_CONCURRENCY,
-                                  withdraw=True)  # fmt: skip
+        self.jobs = ScatterGather(
+            self.queue, timeout_s, "reward workers", REDIS_CONCURRENCY, withdraw=True
+        )
         self.metrics = RewardMetrics()
-        self.metrics.gauge("rlfleet_reward_withdrawn_jobs", "Queued jobs withdrawn (caller gone)",
-                           lambda: self.jobs.withdrawn)  # fmt: skip
+        self.metrics.gauge(
+            "rlfleet_reward_withdrawn_jobs",
+            "Queued jobs withdrawn (caller gone)",
+            lambda: self.jobs.withdrawn,
+        )
         self.idle_workers = IdleWorkers(self.queue)
         self.route = LocalFirst(slots if config.local_first else None, timeout_s)
         self.engine = BatchScorer(registry, item_timeout_s, "score-local", lanes)

@@ -136,9 +136,11 @@ def reinforce_plus_plus_advantage(
 
 
 def reinforce_plus_plus_baseline_advantage(
-    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: GroupIndex,
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    group_index: GroupIndex,
     weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline: score minus its group's mean, then whitened over the whole batch.
 
     The group mean removes the prompt's difficulty (as in GRPO) without dividing by a group std
@@ -235,14 +237,20 @@ def _weights(x: AdvantageInputs) -> torch.Tensor | None:
 
 def _grpo(p: AdvantageParams, x: AdvantageInputs):
     groups = _require(x.group_index, "group_index", p.estimator)
-    return grpo_outcome_advantage(x.token_level_rewards, x.response_mask, groups,
-                                  norm_by_std=p.norm_by_std, weights=_weights(x))  # fmt: skip
+    return grpo_outcome_advantage(
+        x.token_level_rewards,
+        x.response_mask,
+        groups,
+        norm_by_std=p.norm_by_std,
+        weights=_weights(x),
+    )
 
 
 def _rloo(p: AdvantageParams, x: AdvantageInputs):
     groups = _require(x.group_index, "group_index", p.estimator)
-    return rloo_outcome_advantage(x.token_level_rewards, x.response_mask, groups,
-                                  weights=_weights(x))  # fmt: skip
+    return rloo_outcome_advantage(
+        x.token_level_rewards, x.response_mask, groups, weights=_weights(x)
+    )
 
 
 def _reinforce_pp(p: AdvantageParams, x: AdvantageInputs):
@@ -251,8 +259,9 @@ def _reinforce_pp(p: AdvantageParams, x: AdvantageInputs):
 
 def _reinforce_pp_baseline(p: AdvantageParams, x: AdvantageInputs):
     groups = _require(x.group_index, "group_index", p.estimator)
-    return reinforce_plus_plus_baseline_advantage(x.token_level_rewards, x.response_mask, groups,
-                                                  _weights(x))  # fmt: skip
+    return reinforce_plus_plus_baseline_advantage(
+        x.token_level_rewards, x.response_mask, groups, _weights(x)
+    )
 
 
 def _remax(p: AdvantageParams, x: AdvantageInputs):

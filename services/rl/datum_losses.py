@@ -47,9 +47,12 @@ def importance_sampling(
 
 
 def ppo(
-    logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
-    clip_low: float = 0.8, clip_high: float = 1.2,
-) -> torch.Tensor:  # fmt: skip
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.8,
+    clip_high: float = 1.2,
+) -> torch.Tensor:
     """``[N]`` inputs as ``importance_sampling`` -> ``[N]`` loss
     ``-min(r * A, clamp(r, clip_low, clip_high) * A)`` with ``r = exp(logprobs - sampling)``."""
     ratio = torch.exp(logprobs - sampling_logprobs)
@@ -58,9 +61,12 @@ def ppo(
 
 
 def cispo(
-    logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
-    clip_low: float = 0.0, clip_high: float = 4.0,
-) -> torch.Tensor:  # fmt: skip
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float = 0.0,
+    clip_high: float = 4.0,
+) -> torch.Tensor:
     """``[N]`` inputs as ``importance_sampling`` -> ``[N]`` loss
     ``-detach(clamp(r, clip_low, clip_high)) * logprobs * A``."""
     ratio = torch.exp(logprobs - sampling_logprobs).detach()
@@ -94,14 +100,16 @@ def _is(lp: torch.Tensor, x: Inputs, c: Mapping[str, float]) -> torch.Tensor:
 
 
 def _ppo(lp: torch.Tensor, x: Inputs, c: Mapping[str, float]) -> torch.Tensor:
-    loss = ppo(lp, x["logprobs"], x["advantages"], c["clip_low_threshold"],
-               c["clip_high_threshold"])  # fmt: skip
+    loss = ppo(
+        lp, x["logprobs"], x["advantages"], c["clip_low_threshold"], c["clip_high_threshold"]
+    )
     return loss * _weights(x, lp)
 
 
 def _cispo(lp: torch.Tensor, x: Inputs, c: Mapping[str, float]) -> torch.Tensor:
-    loss = cispo(lp, x["logprobs"], x["advantages"], c["clip_low_threshold"],
-                 c["clip_high_threshold"])  # fmt: skip
+    loss = cispo(
+        lp, x["logprobs"], x["advantages"], c["clip_low_threshold"], c["clip_high_threshold"]
+    )
     return loss * _weights(x, lp)
 
 
@@ -109,9 +117,11 @@ RL_INPUTS = ("logprobs", "advantages")
 LOSSES: dict[str, DatumLoss] = {
     "cross_entropy": DatumLoss(("weights",), (), {}, _ce),
     "importance_sampling": DatumLoss(RL_INPUTS, ("weights",), {}, _is),
-    "ppo": DatumLoss(RL_INPUTS, ("weights",),
-                     {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, _ppo),
-    "cispo": DatumLoss(RL_INPUTS, ("weights",),
-                       {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}, _cispo),
-}  # fmt: skip
+    "ppo": DatumLoss(
+        RL_INPUTS, ("weights",), {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}, _ppo
+    ),
+    "cispo": DatumLoss(
+        RL_INPUTS, ("weights",), {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0}, _cispo
+    ),
+}
 """The losses ``forward_backward`` accepts, by the SDK's names."""

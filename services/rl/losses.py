@@ -205,9 +205,14 @@ def bypass_policy_loss(
     if corr.loss_type != "reinforce":
         raise ValueError(f"unknown loss_type {corr.loss_type!r}; valid: ppo_clip, reinforce")
     loss, ppo_kl = reinforce_loss(
-        x.logprob, x.rollout_logprob, x.advantages, fix.mask, params.effective_agg_mode,
-        fix.weights, params.loss_scale_factor,
-    )  # fmt: skip
+        x.logprob,
+        x.rollout_logprob,
+        x.advantages,
+        fix.mask,
+        params.effective_agg_mode,
+        fix.weights,
+        params.loss_scale_factor,
+    )
     return core_algos.PolicyLossOutput(loss, torch.zeros(()), ppo_kl), fix.metrics
 
 

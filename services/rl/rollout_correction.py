@@ -221,14 +221,18 @@ def correct(
     weights = None
     if params.rollout_is is not None:
         weights, is_metrics = is_weights(
-            log_ratio, mask, params.rollout_is, params.rollout_is_threshold,
+            log_ratio,
+            mask,
+            params.rollout_is,
+            params.rollout_is_threshold,
             params.rollout_is_batch_normalize,
-        )  # fmt: skip
+        )
         metrics.update(is_metrics)
     kept = mask.clone()
     if params.rollout_rs is not None:
-        kept, rs_metrics = rejection_mask(log_ratio, mask, params.rollout_rs,
-                                          params.rollout_rs_threshold)  # fmt: skip
+        kept, rs_metrics = rejection_mask(
+            log_ratio, mask, params.rollout_rs, params.rollout_rs_threshold
+        )
         metrics.update(rs_metrics)
     metrics.update(mismatch_metrics(old_logprob, rollout_logprob, mask))
     return Correction(weights, kept, prefixed(metrics))

@@ -47,10 +47,12 @@ async def serve(config: RlfleetConfig) -> None:
     rollout = config.rollout
     redis = connect(config.redis_url)
     replica_id = rollout.replica_id or default_replica_id()  # the CLI resolved it already
-    replica = MeteredReplica(config, make_engine(config), redis, Keys(config.cluster),
-                             replica_id, "")  # fmt: skip
-    server = GrpcServer([registration(replica)], rollout.host, rollout.port,
-                        config.max_message_mb, config.api_key)  # fmt: skip
+    replica = MeteredReplica(
+        config, make_engine(config), redis, Keys(config.cluster), replica_id, ""
+    )
+    server = GrpcServer(
+        [registration(replica)], rollout.host, rollout.port, config.max_message_mb, config.api_key
+    )
     stop = asyncio.Event()
     install_stop_signals(stop)
     port = await server.start()

@@ -30,9 +30,10 @@ class RolloutClient:
         self._stub = rollout_pb2_grpc.RolloutStub(self._channel)
         self._router = rollout_pb2_grpc.RouterStub(self._channel)
         self._update_raw = self._channel.stream_unary(  # messages arrive serialized
-            UPDATE_WEIGHTS_METHOD, request_serializer=None,
+            UPDATE_WEIGHTS_METHOD,
+            request_serializer=None,
             response_deserializer=rollout_pb2.UpdateWeightsResponse.FromString,
-        )  # fmt: skip
+        )
         self._metadata = auth_metadata(api_key)
 
     async def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -43,8 +44,9 @@ class RolloutClient:
     ) -> GenerateResult:
         """Completions for one prompt; ``timeout_s`` defaults to the request's own (0 = none)."""
         timeout = timeout_s if timeout_s is not None else (request.timeout_s or None)
-        call = self._stub.Generate(convert.request_to_proto(request), timeout=timeout,
-                                   metadata=self._metadata)  # fmt: skip
+        call = self._stub.Generate(
+            convert.request_to_proto(request), timeout=timeout, metadata=self._metadata
+        )
         return convert.result_from_proto(await checked(call))
 
     async def generate_batch(
@@ -57,9 +59,11 @@ class RolloutClient:
         if not requests:
             return []
         own = max(r.timeout_s for r in requests) or None
-        call = self._stub.GenerateBatch(convert.batch_to_proto(requests),
-                                        timeout=own if timeout_s is None else timeout_s,
-                                        metadata=self._metadata)  # fmt: skip
+        call = self._stub.GenerateBatch(
+            convert.batch_to_proto(requests),
+            timeout=own if timeout_s is None else timeout_s,
+            metadata=self._metadata,
+        )
         return convert.batch_results_from_proto(await checked(call))
 
     async def status(self) -> ReplicaStatus:
@@ -79,9 +83,12 @@ class RolloutClient:
         return convert.status_from_proto(await checked(call))
 
     async def push_weights(
-        self, header: weights.WeightHeader, payload: weights.BytesLike,
-        chunk_bytes: int = weights.DEFAULT_CHUNK_BYTES, timeout_s: float | None = None,
-    ) -> UpdateOutcome:  # fmt: skip
+        self,
+        header: weights.WeightHeader,
+        payload: weights.BytesLike,
+        chunk_bytes: int = weights.DEFAULT_CHUNK_BYTES,
+        timeout_s: float | None = None,
+    ) -> UpdateOutcome:
         """Stream the header, then the payload in chunks; the replica answers once loaded,
         with the version it now serves."""
         return await self.push_prepared(PreparedUpdate.of(header, payload, chunk_bytes), timeout_s)
@@ -104,8 +111,9 @@ class RolloutClient:
 
     async def list_replicas(self, timeout_s: float | None = 10.0) -> list[ReplicaStatus]:
         """Every replica a router knows, with its state as routing sees it (router only)."""
-        call = self._router.ListReplicas(common_pb2.Empty(), timeout=timeout_s,
-                                         metadata=self._metadata)  # fmt: skip
+        call = self._router.ListReplicas(
+            common_pb2.Empty(), timeout=timeout_s, metadata=self._metadata
+        )
         return [convert.status_from_proto(r) for r in (await checked(call)).replicas]
 
     async def drain_replica(self, replica_id: str) -> ReplicaStatus:

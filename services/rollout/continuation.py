@@ -109,25 +109,38 @@ class UpdateGate:
 
 
 async def generate(
-    gate: UpdateGate, engine: Engine, key: str, prompt: list[int], sampling: SamplingParams,
+    gate: UpdateGate,
+    engine: Engine,
+    key: str,
+    prompt: list[int],
+    sampling: SamplingParams,
     version: Callable[[], int],
-) -> list[Completion]:  # fmt: skip
+) -> list[Completion]:
     """``sampling.n`` completions of ``prompt``, every token stamped with its weight version,
     continued across updates as the module docstring says."""
     completions, interrupted = await _segment(gate, engine, key, prompt, sampling, version)
     if not interrupted:
         return completions
     _restart_unless_kept(gate, completions)
-    return list(await asyncio.gather(*(
-        _continue(gate, engine, f"{key}+{i}", prompt, sampling, version, c)
-        for i, c in enumerate(completions)
-    )))  # fmt: skip
+    return list(
+        await asyncio.gather(
+            *(
+                _continue(gate, engine, f"{key}+{i}", prompt, sampling, version, c)
+                for i, c in enumerate(completions)
+            )
+        )
+    )
 
 
 async def _continue(
-    gate: UpdateGate, engine: Engine, key: str, prompt: list[int], sampling: SamplingParams,
-    version: Callable[[], int], done: Completion,
-) -> Completion:  # fmt: skip
+    gate: UpdateGate,
+    engine: Engine,
+    key: str,
+    prompt: list[int],
+    sampling: SamplingParams,
+    version: Callable[[], int],
+    done: Completion,
+) -> Completion:
     """One interrupted sample, continued until it finishes (it may cross several updates)."""
     part, interrupted = 0, True
     while interrupted and done.finish_reason == "abort":
@@ -148,9 +161,13 @@ async def _continue(
 
 
 async def _segment(
-    gate: UpdateGate, engine: Engine, key: str, prompt: list[int], sampling: SamplingParams,
+    gate: UpdateGate,
+    engine: Engine,
+    key: str,
+    prompt: list[int],
+    sampling: SamplingParams,
     version: Callable[[], int],
-) -> tuple[list[Completion], bool]:  # fmt: skip
+) -> tuple[list[Completion], bool]:
     """One engine call under one version: (completions stamped with it, interrupted?)."""
     epoch = await gate.enter()
     try:

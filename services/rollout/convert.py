@@ -29,11 +29,15 @@ from rlfleet.rollout.types import (
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(
-        n=msg.n, temperature=msg.temperature, top_p=msg.top_p or 1.0,
-        top_k=max(0, msg.top_k), max_tokens=msg.max_tokens,
-        stop=list(msg.stop), seed=msg.seed if msg.HasField("seed") else None,
+        n=msg.n,
+        temperature=msg.temperature,
+        top_p=msg.top_p or 1.0,
+        top_k=max(0, msg.top_k),
+        max_tokens=msg.max_tokens,
+        stop=list(msg.stop),
+        seed=msg.seed if msg.HasField("seed") else None,
         logprobs=msg.logprobs,
-    )  # fmt: skip
+    )
 
 
 def sampling_to_proto(sampling: SamplingParams) -> common_pb2.SamplingParams:
@@ -51,17 +55,20 @@ def request_from_proto(msg: rollout_pb2.GenerateRequest) -> GenerateRequest:
         sampling=sampling_from_proto(msg.sampling) if sent else SamplingParams(),
         prompt_token_ids=list(msg.prompt_token_ids.ids) if which == "prompt_token_ids" else None,
         prompt_text=msg.prompt_text if which == "prompt_text" else None,
-        session_id=msg.session_id, min_weight_version=msg.min_weight_version,
+        session_id=msg.session_id,
+        min_weight_version=msg.min_weight_version,
         timeout_s=msg.timeout_s,
-    )  # fmt: skip
+    )
 
 
 def request_to_proto(request: GenerateRequest) -> rollout_pb2.GenerateRequest:
     msg = rollout_pb2.GenerateRequest(
-        request_id=request.request_id, session_id=request.session_id,
+        request_id=request.request_id,
+        session_id=request.session_id,
         sampling=sampling_to_proto(request.sampling),
-        min_weight_version=request.min_weight_version, timeout_s=request.timeout_s,
-    )  # fmt: skip
+        min_weight_version=request.min_weight_version,
+        timeout_s=request.timeout_s,
+    )
     if request.prompt_token_ids:
         msg.prompt_token_ids.ids.extend(request.prompt_token_ids)
     elif request.prompt_text is not None:
@@ -72,15 +79,22 @@ def request_to_proto(request: GenerateRequest) -> rollout_pb2.GenerateRequest:
 def result_to_proto(result: GenerateResult) -> rollout_pb2.GenerateResponse:
     # Fields by name rather than asdict(), which would deep-copy every token list first.
     completions = [
-        common_pb2.Completion(token_ids=c.token_ids, logprobs=c.logprobs, text=c.text,
-                              finish_reason=c.finish_reason, weight_versions=c.weight_versions)
+        common_pb2.Completion(
+            token_ids=c.token_ids,
+            logprobs=c.logprobs,
+            text=c.text,
+            finish_reason=c.finish_reason,
+            weight_versions=c.weight_versions,
+        )
         for c in result.completions
-    ]  # fmt: skip
+    ]
     return rollout_pb2.GenerateResponse(
-        request_id=result.request_id, completions=completions,
-        weight_version=result.weight_version, replica_id=result.replica_id,
+        request_id=result.request_id,
+        completions=completions,
+        weight_version=result.weight_version,
+        replica_id=result.replica_id,
         prompt_token_ids=result.prompt_token_ids,
-    )  # fmt: skip
+    )
 
 
 def result_from_proto(msg: rollout_pb2.GenerateResponse) -> GenerateResult:
@@ -90,8 +104,9 @@ def result_from_proto(msg: rollout_pb2.GenerateResponse) -> GenerateResult:
         )
         for c in msg.completions
     ]
-    return GenerateResult(msg.request_id, completions, msg.weight_version, msg.replica_id,
-                          list(msg.prompt_token_ids))  # fmt: skip
+    return GenerateResult(
+        msg.request_id, completions, msg.weight_version, msg.replica_id, list(msg.prompt_token_ids)
+    )
 
 
 def batch_from_proto(msg: rollout_pb2.GenerateBatchRequest) -> list[GenerateRequest]:
@@ -111,22 +126,37 @@ def batch_results_from_proto(msg: rollout_pb2.GenerateBatchResponse) -> list[Gen
 
 
 def header_from_proto(msg: rollout_pb2.WeightUpdateHeader) -> WeightHeader:
-    tensors = [TensorEntry(t.name, t.dtype, tuple(t.shape), t.offset, t.nbytes)
-               for t in msg.tensors]  # fmt: skip
+    tensors = [
+        TensorEntry(t.name, t.dtype, tuple(t.shape), t.offset, t.nbytes) for t in msg.tensors
+    ]
     checksum = msg.checksum or (f"sha256:{msg.sha256}" if msg.sha256 else "")
-    return WeightHeader(msg.version, tensors, msg.total_bytes, checksum, msg.flush_cache,
-                        msg.force, msg.shared_memory)  # fmt: skip
+    return WeightHeader(
+        msg.version,
+        tensors,
+        msg.total_bytes,
+        checksum,
+        msg.flush_cache,
+        msg.force,
+        msg.shared_memory,
+    )
 
 
 def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
-    tensors = [common_pb2.TensorSpec(name=t.name, dtype=t.dtype, shape=list(t.shape),
-                                     offset=t.offset, nbytes=t.nbytes)
-               for t in header.tensors]  # fmt: skip
+    tensors = [
+        common_pb2.TensorSpec(
+            name=t.name, dtype=t.dtype, shape=list(t.shape), offset=t.offset, nbytes=t.nbytes
+        )
+        for t in header.tensors
+    ]
     return rollout_pb2.WeightUpdateHeader(
-        version=header.version, tensors=tensors, total_bytes=header.total_bytes,
-        checksum=header.checksum, flush_cache=header.flush_cache, force=header.force,
+        version=header.version,
+        tensors=tensors,
+        total_bytes=header.total_bytes,
+        checksum=header.checksum,
+        flush_cache=header.flush_cache,
+        force=header.force,
         shared_memory=header.shared_memory,
-    )  # fmt: skip
+    )
 
 
 def status_to_proto(status: ReplicaStatus) -> rollout_pb2.ReplicaStatus:

@@ -40,9 +40,14 @@ class HeartbeatThread:
     """Renews one lease every ``interval_s`` from a daemon thread; see the module docstring."""
 
     def __init__(
-        self, redis: Redis, keys: Keys, ttl_s: float, interval_s: float, stall_s: float,
+        self,
+        redis: Redis,
+        keys: Keys,
+        ttl_s: float,
+        interval_s: float,
+        stall_s: float,
         describe: Callable[[], ReplicaInfo],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._pool_kwargs = _pool_settings(redis, interval_s)  # a connection of our own
         self._keys, self._ttl_s, self._interval_s = keys, ttl_s, interval_s
         self._stall_s, self._describe = stall_s, describe
@@ -115,8 +120,12 @@ class HeartbeatThread:
         silent = time.monotonic() - self._tick
         hung = self._guarded and silent > self._stall_s
         if hung and not self.stalled:
-            log.error("the event loop has not answered for %.0f s (rollout.loop_stall_s %.0f): "
-                      "no more heartbeats, the lease will lapse", silent, self._stall_s)  # fmt: skip
+            log.error(
+                "the event loop has not answered for %.0f s (rollout.loop_stall_s %.0f): "
+                "no more heartbeats, the lease will lapse",
+                silent,
+                self._stall_s,
+            )
         self.stalled = hung
         return hung
 

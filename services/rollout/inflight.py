@@ -114,8 +114,11 @@ class InFlight:
         idle = await self.gate.wait_idle(max(timeout_s, STOP_WAIT_S))
         if policy != "keep" or not idle:
             if not idle:
-                log.warning("the engine did not stop %d requests in %.0f s: restarting them",
-                            self.gate.running, max(timeout_s, STOP_WAIT_S))  # fmt: skip
+                log.warning(
+                    "the engine did not stop %d requests in %.0f s: restarting them",
+                    self.gate.running,
+                    max(timeout_s, STOP_WAIT_S),
+                )
                 self.gate.stats.requests_restarted += len(self._running)
             await self.finish_or_cancel(0)
 

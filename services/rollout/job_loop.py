@@ -54,8 +54,12 @@ class Backlog:
         return [self._retry.popleft() for _ in range(min(count, len(self._retry)))]
 
     def park(self, job: Job, needed: int, version: int) -> None:
-        log.debug("request %s needs weights v%d (serving v%d): parked until they arrive",
-                  job.request_id, needed, version)  # fmt: skip
+        log.debug(
+            "request %s needs weights v%d (serving v%d): parked until they arrive",
+            job.request_id,
+            needed,
+            version,
+        )
         self._parked.append((needed, job))
 
     def unpark(self, version: int) -> None:
@@ -85,9 +89,16 @@ class JobLoop:
     """Reads jobs and starts them (``consume``); cancels abandoned ones (``watch_cancelled``)."""
 
     def __init__(
-        self, config: RlfleetConfig, queue: WorkQueue, replica_id: str, phase: Phase,
-        inflight: InFlight, backlog: Backlog, runner: JobRunner, version: Callable[[], int],
-    ) -> None:  # fmt: skip
+        self,
+        config: RlfleetConfig,
+        queue: WorkQueue,
+        replica_id: str,
+        phase: Phase,
+        inflight: InFlight,
+        backlog: Backlog,
+        runner: JobRunner,
+        version: Callable[[], int],
+    ) -> None:
         self.config, self.queue, self.replica_id = config, queue, replica_id
         self._phase, self._inflight, self._backlog = phase, inflight, backlog
         self._runner, self._version = runner, version

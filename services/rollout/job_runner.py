@@ -40,9 +40,15 @@ class JobRunner:
     """Generates for one request or one queue job; counts what it served and discarded."""
 
     def __init__(
-        self, config: RlfleetConfig, engine: Engine, queue: WorkQueue, replica_id: str,
-        inflight: InFlight, version: Callable[[], int], requeue: Callable[[Job], None],
-    ) -> None:  # fmt: skip
+        self,
+        config: RlfleetConfig,
+        engine: Engine,
+        queue: WorkQueue,
+        replica_id: str,
+        inflight: InFlight,
+        version: Callable[[], int],
+        requeue: Callable[[Job], None],
+    ) -> None:
         self.config, self.engine, self.queue, self.replica_id = config, engine, queue, replica_id
         self._inflight, self._version, self._requeue = inflight, version, requeue
         self._limits = PromptLimits.of(config.rollout)  # text bounded before it is tokenized
@@ -58,8 +64,9 @@ class JobRunner:
             self.engine, request.prompt_text or "", self._limits
         )  # off the event loop: the lease, the stream and other jobs go on meanwhile
         self._check_request(request, prompt)
-        completions = await continuation.generate(self._inflight.gate, self.engine, key, prompt,
-                                                  request.sampling, self._version)  # fmt: skip
+        completions = await continuation.generate(
+            self._inflight.gate, self.engine, key, prompt, request.sampling, self._version
+        )
         version = continuation.oldest_version(completions, self._version())
         self.generated_tokens += sum(len(c.token_ids) for c in completions)
         return GenerateResult(request.request_id, completions, version, self.replica_id, prompt)
@@ -67,8 +74,10 @@ class JobRunner:
     def _check_request(self, request: GenerateRequest, prompt: list[int]) -> None:
         self.engine.check_prompt(prompt, request.sampling.max_tokens)
         if request.min_weight_version > self._version():
-            raise FailedPrecondition(f"needs weight version >= {request.min_weight_version}, "
-                                     f"replica has {self._version()}")  # fmt: skip
+            raise FailedPrecondition(
+                f"needs weight version >= {request.min_weight_version}, "
+                f"replica has {self._version()}"
+            )
 
     async def run(self, job: Job, key: str) -> None:
         """Run a queue job and answer it (a packed one member by member)."""
@@ -134,8 +143,10 @@ class JobRunner:
     ) -> Finish | None:
         """Members' answers and the entry's in one fenced step (the first answer per id wins);
         the entry's completion wakes the router, which then reads the members' answers."""
-        mine = {request.request_id: encode_result(payload, failure)
-                for request, (payload, failure) in zip(members, answers, strict=True)}  # fmt: skip
+        mine = {
+            request.request_id: encode_result(payload, failure)
+            for request, (payload, failure) in zip(members, answers, strict=True)
+        }
         return await self._finish(job, encode_result(b""), mine)
 
     async def _complete(self, job: Job, payload: bytes, error: Failure | None) -> Finish | None:
@@ -145,8 +156,9 @@ class JobRunner:
         self, job: Job, answer: bytes, members: dict[str, bytes] | None = None
     ) -> Finish | None:
         """Store an answer through the fence; a discarded one is counted and logged."""
-        outcome = await with_retries(job.request_id,
-                                     lambda: self.queue.finish(job, answer, members))  # fmt: skip
+        outcome = await with_retries(
+            job.request_id, lambda: self.queue.finish(job, answer, members)
+        )
         if outcome in (Finish.FENCED, Finish.GONE):
             self.discarded += 1
             why = "our lease lapsed" if outcome is Finish.FENCED else "it was moved away"

@@ -43,10 +43,15 @@ class Lease:
     """Registers, renews and re-takes the replica's lease; watches for death and drain."""
 
     def __init__(
-        self, registry: ReplicaRegistry, queue: WorkQueue, replica_id: str,
-        inflight: InFlight, backlog: Backlog, describe: Callable[[], ReplicaInfo],
+        self,
+        registry: ReplicaRegistry,
+        queue: WorkQueue,
+        replica_id: str,
+        inflight: InFlight,
+        backlog: Backlog,
+        describe: Callable[[], ReplicaInfo],
         pulse: HeartbeatThread,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.registry, self.queue, self.replica_id = registry, queue, replica_id
         self._inflight, self._backlog, self._describe = inflight, backlog, describe
         self._pulse = pulse  # renews the lease from its own thread once we hold one
@@ -89,9 +94,14 @@ class Lease:
         (jobs read meanwhile would be fenced)."""
         if self._token:  # expected while the engine started (no beats then): not a warning
             level = logging.WARNING if self._renewed else logging.DEBUG
-            log.log(level, "replica %s lost its lease (no heartbeat for %.1f s): dropping %d jobs "
-                    "and registering again", self.replica_id, time.time() - self.last_beat,
-                    len(self._inflight.jobs()))  # fmt: skip
+            log.log(
+                level,
+                "replica %s lost its lease (no heartbeat for %.1f s): dropping %d jobs "
+                "and registering again",
+                self.replica_id,
+                time.time() - self.last_beat,
+                len(self._inflight.jobs()),
+            )
             self._token, self._relapsed = "", True  # cancelled jobs are not queued for a retry
         if self._relapsed:
             await self._drop_held()

@@ -51,23 +51,29 @@ class PromptLimits:
             return
         size = len(text.encode("utf-8", "surrogatepass"))
         if size > self.max_bytes:
-            raise InvalidField(field, f"is {size} bytes > rollout.max_prompt_bytes "
-                                      f"{self.max_bytes}")  # fmt: skip
+            raise InvalidField(
+                field, f"is {size} bytes > rollout.max_prompt_bytes {self.max_bytes}"
+            )
 
     def check_messages(self, contents: Sequence[str], field: str = "messages") -> None:
         """Chat messages count together (they become one prompt)."""
         size = sum(len(c.encode("utf-8", "surrogatepass")) for c in contents)
         if size > self.max_bytes:
-            raise InvalidField(field, f"hold {size} bytes of text > rollout.max_prompt_bytes "
-                                      f"{self.max_bytes}")  # fmt: skip
+            raise InvalidField(
+                field, f"hold {size} bytes of text > rollout.max_prompt_bytes {self.max_bytes}"
+            )
 
     def check_tokens(self, count: int, max_tokens: int, field: str = "prompt_token_ids") -> None:
         if count > self.max_tokens:
-            raise InvalidField(field, f"has {count} tokens > rollout.max_prompt_tokens "
-                                      f"{self.max_tokens}")  # fmt: skip
+            raise InvalidField(
+                field, f"has {count} tokens > rollout.max_prompt_tokens {self.max_tokens}"
+            )
         if count + max_tokens > self.max_model_len:
-            raise InvalidField(field, f"has {count} tokens + sampling.max_tokens {max_tokens} "
-                                      f"> rollout.max_model_len {self.max_model_len}")  # fmt: skip
+            raise InvalidField(
+                field,
+                f"has {count} tokens + sampling.max_tokens {max_tokens} "
+                f"> rollout.max_model_len {self.max_model_len}",
+            )
 
 
 def _problem(error: InvalidField) -> str:

@@ -21,8 +21,8 @@ def parse(argv: list[str] | None) -> RlfleetConfig:
     parser = base_parser("rollout", "Run one rollout replica (an inference engine).")
     parser.add_argument("--replica-id", help="stable replica id (overrides rollout.replica_id)")
     parser.add_argument("--port", type=int, help="gRPC port (overrides rollout.port; 0 = free)")
-    config, _ = resolve(parser, "rollout", [*(argv if argv is not None else sys.argv[1:]),
-                                            *_flag_overrides(argv)], with_replica_id)  # fmt: skip
+    args = [*(argv if argv is not None else sys.argv[1:]), *_flag_overrides(argv)]
+    config, _ = resolve(parser, "rollout", args, with_replica_id)
     if not config.redis_url:
         parser.error("rlfleet rollout needs Redis: set RLFLEET_REDIS_URL or redis_url=redis://...")
     try:

@@ -76,19 +76,34 @@ class ReplicaCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         r, status = self.replica, self.replica.status()
         rid = [r.replica_id]
-        yield _gauge("rlfleet_rollout_weight_version", "Weight version served", rid,
-                     status.weight_version)  # fmt: skip
-        yield _gauge("rlfleet_rollout_queue_depth", "Requests in this replica's stream (waiting "
-                     "or running)", rid, self.queue_depth)  # fmt: skip
-        yield _gauge("rlfleet_rollout_inflight", "Requests the engine works on", rid,
-                     status.in_flight)  # fmt: skip
-        yield _gauge("rlfleet_rollout_tokens_per_second", f"Generated tokens per second over "
-                     f"the last {RATE_WINDOW_S:g} s", rid, self.tokens_per_s)  # fmt: skip
-        yield _counter("rlfleet_rollout_generated_tokens", "Completion tokens generated", rid,
-                       r.generated_tokens)  # fmt: skip
+        yield _gauge(
+            "rlfleet_rollout_weight_version", "Weight version served", rid, status.weight_version
+        )
+        yield _gauge(
+            "rlfleet_rollout_queue_depth",
+            "Requests in this replica's stream (waiting or running)",
+            rid,
+            self.queue_depth,
+        )
+        yield _gauge(
+            "rlfleet_rollout_inflight", "Requests the engine works on", rid, status.in_flight
+        )
+        yield _gauge(
+            "rlfleet_rollout_tokens_per_second",
+            f"Generated tokens per second over the last {RATE_WINDOW_S:g} s",
+            rid,
+            self.tokens_per_s,
+        )
+        yield _counter(
+            "rlfleet_rollout_generated_tokens",
+            "Completion tokens generated",
+            rid,
+            r.generated_tokens,
+        )
         yield _counter("rlfleet_rollout_requests", "Requests answered", rid, status.served)
-        state = GaugeMetricFamily("rlfleet_rollout_state", "1 for the current state",
-                                  labels=["replica", "state"])  # fmt: skip
+        state = GaugeMetricFamily(
+            "rlfleet_rollout_state", "1 for the current state", labels=["replica", "state"]
+        )
         for s in ReplicaState:
             state.add_metric([*rid, s.value], float(status.state is s))
         yield state
@@ -111,28 +126,57 @@ def _update_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
     if not isinstance(r, MeteredReplica):
         return
     yield _counter("rlfleet_rollout_weight_updates", "Weight updates applied", rid, r.updates_ok)
-    yield _counter("rlfleet_rollout_weight_update_failures", "Weight updates refused or failed",
-                   rid, r.updates_failed)  # fmt: skip
-    yield _gauge("rlfleet_rollout_last_update_seconds", "Last weight update, receipt to serving "
-                 "(verify, drain, load, flush)", rid, r.last_update_s)  # fmt: skip
-    yield _gauge("rlfleet_rollout_last_load_seconds", "Last weight update's load and flush",
-                 rid, r.last_load_s)  # fmt: skip
-    yield _counter("rlfleet_rollout_update_seconds", "Time spent in weight updates", rid,
-                   r.total_update_s)  # fmt: skip
+    yield _counter(
+        "rlfleet_rollout_weight_update_failures",
+        "Weight updates refused or failed",
+        rid,
+        r.updates_failed,
+    )
+    yield _gauge(
+        "rlfleet_rollout_last_update_seconds",
+        "Last weight update, receipt to serving (verify, drain, load, flush)",
+        rid,
+        r.last_update_s,
+    )
+    yield _gauge(
+        "rlfleet_rollout_last_load_seconds",
+        "Last weight update's load and flush",
+        rid,
+        r.last_load_s,
+    )
+    yield _counter(
+        "rlfleet_rollout_update_seconds", "Time spent in weight updates", rid, r.total_update_s
+    )
 
 
 def _in_flight_update_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
     """What weight updates did to requests in flight (``rollout.update_policy``)."""
     stats = r.inflight.gate.stats
-    yield _counter("rlfleet_rollout_update_discarded_tokens", "Decoded tokens thrown away by "
-                   "weight updates (requests restarted from scratch; 0 under keep)", rid,
-                   stats.tokens_discarded)  # fmt: skip
-    yield _counter("rlfleet_rollout_update_restarted_requests", "Requests a weight update "
-                   "restarted from scratch", rid, stats.requests_restarted)  # fmt: skip
-    yield _counter("rlfleet_rollout_update_resumed_requests", "Samples continued under new "
-                   "weights after an update (keep)", rid, stats.requests_resumed)  # fmt: skip
-    yield _counter("rlfleet_rollout_update_kept_tokens", "Decoded tokens carried across weight "
-                   "updates instead of being sampled again", rid, stats.tokens_kept)  # fmt: skip
+    yield _counter(
+        "rlfleet_rollout_update_discarded_tokens",
+        "Decoded tokens thrown away by "
+        "weight updates (requests restarted from scratch; 0 under keep)",
+        rid,
+        stats.tokens_discarded,
+    )
+    yield _counter(
+        "rlfleet_rollout_update_restarted_requests",
+        "Requests a weight update restarted from scratch",
+        rid,
+        stats.requests_restarted,
+    )
+    yield _counter(
+        "rlfleet_rollout_update_resumed_requests",
+        "Samples continued under new weights after an update (keep)",
+        rid,
+        stats.requests_resumed,
+    )
+    yield _counter(
+        "rlfleet_rollout_update_kept_tokens",
+        "Decoded tokens carried across weight updates instead of being sampled again",
+        rid,
+        stats.tokens_kept,
+    )
 
 
 def _prefix_cache_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
@@ -142,10 +186,18 @@ def _prefix_cache_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
     if counts is None:
         return
     queried, hit = counts
-    yield _counter("rlfleet_rollout_prefix_cache_queried_tokens", "Prompt tokens of finished "
-                   "requests, looked up in the engine's prefix cache", rid, queried)  # fmt: skip
-    yield _counter("rlfleet_rollout_prefix_cache_hit_tokens", "Prompt tokens served from the "
-                   "prefix cache (KV not recomputed)", rid, hit)  # fmt: skip
+    yield _counter(
+        "rlfleet_rollout_prefix_cache_queried_tokens",
+        "Prompt tokens of finished requests, looked up in the engine's prefix cache",
+        rid,
+        queried,
+    )
+    yield _counter(
+        "rlfleet_rollout_prefix_cache_hit_tokens",
+        "Prompt tokens served from the prefix cache (KV not recomputed)",
+        rid,
+        hit,
+    )
 
 
 def _gauge(name: str, doc: str, labels: list[str], value: float) -> GaugeMetricFamily:

@@ -306,8 +306,14 @@ class ReplicaRegistry:
         """Delete everything left of a replica (entry, marks, counts, stream) unless it is
         alive again; True when it was removed."""
         k = self._keys
-        keys = [k.heartbeat(replica_id), k.replicas, k.draining, k.inflight,
-                k.replica(replica_id), k.rollout_stream(replica_id)]  # fmt: skip
+        keys = [
+            k.heartbeat(replica_id),
+            k.replicas,
+            k.draining,
+            k.inflight,
+            k.replica(replica_id),
+            k.rollout_stream(replica_id),
+        ]
         return bool(await self._remove(keys=keys, args=[replica_id]))
 
     async def lock_janitor(self, token: str, ttl_ms: int) -> bool:

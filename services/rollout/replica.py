@@ -76,9 +76,14 @@ class Replica:
     """The replica core; see the module docstring."""
 
     def __init__(
-        self, config: RlfleetConfig, engine: Engine, redis: Redis, keys: Keys,
-        replica_id: str, address: str,
-    ) -> None:  # fmt: skip
+        self,
+        config: RlfleetConfig,
+        engine: Engine,
+        redis: Redis,
+        keys: Keys,
+        replica_id: str,
+        address: str,
+    ) -> None:
         self.config, self.engine, self.keys = config, engine, keys
         self.replica_id, self.address = replica_id, address
         self.registry = ReplicaRegistry(redis, keys, config.rollout.heartbeat_ttl_s)
@@ -88,14 +93,30 @@ class Replica:
         self.backlog = Backlog()
         self.weights = WeightUpdater(config, engine, self.backlog.unpark)
         rollout = config.rollout
-        pulse = HeartbeatThread(redis, keys, rollout.heartbeat_ttl_s,
-                                rollout.heartbeat_interval_s, rollout.loop_stall_s, self._info)  # fmt: skip
-        self.lease = Lease(self.registry, self.queue, replica_id, self.inflight, self.backlog,
-                           self._info, pulse)  # fmt: skip
-        self.runner = JobRunner(config, engine, self.queue, replica_id, self.inflight,
-                                self._version, self._requeue)  # fmt: skip
-        self.jobs = JobLoop(config, self.queue, replica_id, self.phase, self.inflight,
-                            self.backlog, self.runner, self._version)  # fmt: skip
+        pulse = HeartbeatThread(
+            redis,
+            keys,
+            rollout.heartbeat_ttl_s,
+            rollout.heartbeat_interval_s,
+            rollout.loop_stall_s,
+            self._info,
+        )
+        self.lease = Lease(
+            self.registry, self.queue, replica_id, self.inflight, self.backlog, self._info, pulse
+        )
+        self.runner = JobRunner(
+            config, engine, self.queue, replica_id, self.inflight, self._version, self._requeue
+        )
+        self.jobs = JobLoop(
+            config,
+            self.queue,
+            replica_id,
+            self.phase,
+            self.inflight,
+            self.backlog,
+            self.runner,
+            self._version,
+        )
         self.failed = self.lease.failed  # the engine died: stop, let the heartbeat TTL lapse
         self.drained = self.lease.drained  # a router drained us and our work is done: exit
         self._tasks: list[asyncio.Task] = []
@@ -134,11 +155,18 @@ class Replica:
         self.phase.set(S.PAUSED if self.phase.paused else S.SERVING)
         await self.lease.beat()
         beats = self.lease.run(self.engine, self.config.rollout.heartbeat_interval_s)
-        self._tasks = [asyncio.create_task(beats, name="heartbeat"),
-                       asyncio.create_task(self.jobs.consume(), name="consume"),
-                       asyncio.create_task(self.jobs.watch_cancelled(), name="cancel")]  # fmt: skip
-        log.info("replica %s serving at %s (%s engine started in %.1f s)", self.replica_id,
-                 self.address, self.engine.name, engine_s)  # fmt: skip
+        self._tasks = [
+            asyncio.create_task(beats, name="heartbeat"),
+            asyncio.create_task(self.jobs.consume(), name="consume"),
+            asyncio.create_task(self.jobs.watch_cancelled(), name="cancel"),
+        ]
+        log.info(
+            "replica %s serving at %s (%s engine started in %.1f s)",
+            self.replica_id,
+            self.address,
+            self.engine.name,
+            engine_s,
+        )
 
     async def shutdown(self, grace_s: float = 10.0) -> None:
         """Stop consuming, give in-flight work ``grace_s`` to finish, deregister. Routers see
@@ -189,8 +217,9 @@ class Replica:
             await self.lease.beat()
             try:
                 rollout = self.config.rollout
-                await self.inflight.make_way(self.engine, rollout.update_policy,
-                                             rollout.drain_timeout_s)  # fmt: skip
+                await self.inflight.make_way(
+                    self.engine, rollout.update_policy, rollout.drain_timeout_s
+                )
                 return await self.weights.load(header, state_dict)
             finally:
                 self.inflight.reopen()  # requests stopped for the update go on
@@ -217,13 +246,22 @@ class Replica:
     def status(self) -> ReplicaStatus:
         last_beat = self.lease.last_beat
         age = time.time() - last_beat if last_beat else -1.0
-        return ReplicaStatus(self.replica_id, self.address, self.version, self.state,
-                             len(self.inflight), self.engine.name, self.served, age)  # fmt: skip
+        return ReplicaStatus(
+            self.replica_id,
+            self.address,
+            self.version,
+            self.state,
+            len(self.inflight),
+            self.engine.name,
+            self.served,
+            age,
+        )
 
     def _info(self) -> ReplicaInfo:
         """Our registry entry as of now (the lease writes it at every beat)."""
-        return ReplicaInfo(self.replica_id, self.address, self.version, self.state,
-                           self.engine.name, self.served)  # fmt: skip
+        return ReplicaInfo(
+            self.replica_id, self.address, self.version, self.state, self.engine.name, self.served
+        )
 
     def _verified(self, header: weights.WeightHeader, payload: weights.BytesLike) -> dict:
         """The update's tensors once intact, finite and of sane magnitude (a worker thread)."""

@@ -122,8 +122,9 @@ async def _shared_payload(
     follow such a header."""
     async for _ in messages:
         raise InvalidArgument("UpdateWeights: a shared-memory header takes no data chunks")
-    return await asyncio.to_thread(weights_shm.open_shared, header.shared_memory,
-                                   header.total_bytes)  # fmt: skip
+    return await asyncio.to_thread(
+        weights_shm.open_shared, header.shared_memory, header.total_bytes
+    )
 
 
 def parse_update_message(raw: bytes) -> UpdateMessage:
@@ -149,9 +150,10 @@ class _RawUpdateServer:
     def __init__(self, server: grpc.aio.Server, servicer: RolloutServicer) -> None:
         self._server = server
         self._handler = grpc.stream_unary_rpc_method_handler(
-            servicer.UpdateWeights, request_deserializer=parse_update_message,
+            servicer.UpdateWeights,
+            request_deserializer=parse_update_message,
             response_serializer=rollout_pb2.UpdateWeightsResponse.SerializeToString,
-        )  # fmt: skip
+        )
 
     def add_generic_rpc_handlers(self, handlers) -> None:
         mine = grpc.method_handlers_generic_handler(SERVICE_NAME, {UPDATE_WEIGHTS: self._handler})

@@ -197,13 +197,26 @@ class GenerateResult:
         then each completion's), float32 log-probs and int64 per-token weight versions (the
         engine's log-probs are float32 already, so nothing is lost)."""
         cs = self.completions
-        head = [self.request_id, self.weight_version, self.replica_id, len(self.prompt_token_ids),
-                [[c.text, c.finish_reason, len(c.token_ids), len(c.logprobs),
-                  len(c.weight_versions)] for c in cs]]  # fmt: skip
+        head = [
+            self.request_id,
+            self.weight_version,
+            self.replica_id,
+            len(self.prompt_token_ids),
+            [
+                [c.text, c.finish_reason, len(c.token_ids), len(c.logprobs), len(c.weight_versions)]
+                for c in cs
+            ],
+        ]
         ids = self.prompt_token_ids + [t for c in cs for t in c.token_ids]
-        return packed.pack(PACKED_MAGIC, head, [
-            ("i", ids), ("f", [lp for c in cs for lp in c.logprobs]),
-            ("q", [v for c in cs for v in c.weight_versions])])  # fmt: skip
+        return packed.pack(
+            PACKED_MAGIC,
+            head,
+            [
+                ("i", ids),
+                ("f", [lp for c in cs for lp in c.logprobs]),
+                ("q", [v for c in cs for v in c.weight_versions]),
+            ],
+        )
 
     @classmethod
     def decode(cls, data: bytes) -> GenerateResult:
@@ -215,12 +228,20 @@ class GenerateResult:
         request_id, version, replica_id, n_prompt, heads = head
         heads = [[*h, 0][:5] for h in heads]
         n_ids = n_prompt + sum(h[2] for h in heads)
-        ids, logprobs, versions = packed.read_arrays(body, [
-            ("i", n_ids), ("f", sum(h[3] for h in heads)), ("q", sum(h[4] for h in heads))])  # fmt: skip
+        ids, logprobs, versions = packed.read_arrays(
+            body, [("i", n_ids), ("f", sum(h[3] for h in heads)), ("q", sum(h[4] for h in heads))]
+        )
         completions, i, j, k = [], n_prompt, 0, 0
         for text, reason, n_tokens, n_logprobs, n_versions in heads:
-            completions.append(Completion(ids[i : i + n_tokens], logprobs[j : j + n_logprobs],
-                                          text, reason, versions[k : k + n_versions]))  # fmt: skip
+            completions.append(
+                Completion(
+                    ids[i : i + n_tokens],
+                    logprobs[j : j + n_logprobs],
+                    text,
+                    reason,
+                    versions[k : k + n_versions],
+                )
+            )
             i, j, k = i + n_tokens, j + n_logprobs, k + n_versions
         return cls(request_id, completions, version, replica_id, ids[:n_prompt])
 

@@ -29,9 +29,11 @@ def check_magnitude(
         known = largest.get(name) if largest is not None else None
         value = _largest_magnitude(tensor) if known is None else known
         if value > limit:
-            raise InvalidArgument(f"weight update refused: tensor {name!r} holds a value of "
-                                  f"magnitude {value:.3g} > rollout.max_weight_abs "
-                                  f"{limit:g}; the old weights keep serving")  # fmt: skip
+            raise InvalidArgument(
+                f"weight update refused: tensor {name!r} holds a value of "
+                f"magnitude {value:.3g} > rollout.max_weight_abs "
+                f"{limit:g}; the old weights keep serving"
+            )
 
 
 def _largest_magnitude(tensor: Any) -> float:

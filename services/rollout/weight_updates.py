@@ -62,16 +62,20 @@ class WeightUpdater:
         than this model can take (InvalidArgument; checked before anything is allocated)."""
         weights.validate_header(header)
         if header.version <= self.version and not header.force:
-            raise FailedPrecondition(f"weight version {header.version} is not newer than "
-                                     f"{self.version} (set force to roll back)")  # fmt: skip
+            raise FailedPrecondition(
+                f"weight version {header.version} is not newer than "
+                f"{self.version} (set force to roll back)"
+            )
         if self.config.rollout.dtype is None:  # a set rollout.dtype casts on purpose
             check_no_narrowing(header, self.config.model.dtype)
         if weights_delta.is_delta(header):
             self._check_delta(header)
         numel = self.engine.weight_numel()
         if numel and header.total_bytes > weights.max_bytes_for(numel):
-            raise InvalidArgument(f"weight update of {header.total_bytes} bytes is larger than "
-                                  f"this model ({numel} parameters) can take")  # fmt: skip
+            raise InvalidArgument(
+                f"weight update of {header.total_bytes} bytes is larger than "
+                f"this model ({numel} parameters) can take"
+            )
 
     def _check_delta(self, header: weights.WeightHeader) -> None:
         """FailedPrecondition unless a delta applies here: we keep a base, it is intact, and it
@@ -80,12 +84,16 @@ class WeightUpdater:
             raise InvalidArgument("a weight delta cannot be forced (it needs its base)")
         base = weights_delta.base_version(header)
         if self.base is None or not self.intact:
-            raise FailedPrecondition(f"weight delta on v{base} refused: this replica keeps no "
-                                     f"base weights (trainer.weight_delta is never here, or no "
-                                     f"full update landed yet); a full push is needed")  # fmt: skip
+            raise FailedPrecondition(
+                f"weight delta on v{base} refused: this replica keeps no "
+                f"base weights (trainer.weight_delta is never here, or no "
+                f"full update landed yet); a full push is needed"
+            )
         if base != self.version:
-            raise FailedPrecondition(f"weight delta on v{base} refused: this replica serves "
-                                     f"v{self.version}; a full push is needed")  # fmt: skip
+            raise FailedPrecondition(
+                f"weight delta on v{base} refused: this replica serves "
+                f"v{self.version}; a full push is needed"
+            )
 
     async def load(self, header: weights.WeightHeader, state_dict: dict) -> UpdateOutcome:
         """Load in one step, bump the version, flush the cache (nothing may be running). A
@@ -113,8 +121,14 @@ class WeightUpdater:
             flushed = await self.engine.flush_cache()
         seconds = time.perf_counter() - started
         level = logging.INFO if old == 0 else logging.DEBUG  # a replica's first weights only
-        log.log(level, "weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
-                old, self.version, seconds, flushed)  # fmt: skip
+        log.log(
+            level,
+            "weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
+            old,
+            self.version,
+            seconds,
+            flushed,
+        )
         return UpdateOutcome(self.version, seconds, flushed)
 
     async def _keep_base(self, header: weights.WeightHeader, state_dict: dict) -> None:

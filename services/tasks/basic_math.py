@@ -27,15 +27,26 @@ INSTRUCTION = " Reply with the final answer as a number on the last line, as 'An
 """Appended to every question: asks for the answer last, in one checkable form."""
 
 FAMILIES: dict[str, dict[str, Any]] = {
-    "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
-                         "operators": ("+", "-", "*"), "allow_parentheses": False,
-                         "allow_negation": False},
-    "chain_sum": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1,
-                  "allow_negation": False},
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 2,
+        "min_digits": 1,
+        "max_digits": 2,
+        "operators": ("+", "-", "*"),
+        "allow_parentheses": False,
+        "allow_negation": False,
+    },
+    "chain_sum": {
+        "min_terms": 3,
+        "max_terms": 3,
+        "min_digits": 1,
+        "max_digits": 1,
+        "allow_negation": False,
+    },
     "leg_counting": {"min_animals": 1, "max_animals": 2, "max_instances": 3},
     "letter_counting": {"min_words": 3, "max_words": 6},
     "number_comparison": {"min_value": 1, "max_value": 99},
-}  # fmt: skip
+}
 """Each family's difficulty: reasoning-gym's generator settings (``number_comparison``: the
 range of the two numbers). Easier than reasoning-gym's defaults, so that the model starts
 between the floor and the ceiling."""

@@ -29,8 +29,12 @@ DATA_SOURCE = "countdown"
 MAX_EXPRESSION_CHARS = 256  # longer runs are not read: a countdown answer is short
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _RUN = re.compile(r"[\d\s+\-*/().×÷]+")
-_OPS = {ast.Add: Fraction.__add__, ast.Sub: Fraction.__sub__,
-        ast.Mult: Fraction.__mul__, ast.Div: Fraction.__truediv__}  # fmt: skip
+_OPS = {
+    ast.Add: Fraction.__add__,
+    ast.Sub: Fraction.__sub__,
+    ast.Mult: Fraction.__mul__,
+    ast.Div: Fraction.__truediv__,
+}
 INSTRUCTION = (
     "Use the numbers {numbers} to make {target}. Use each number exactly once, with + - * / "
     "and parentheses. Show your work briefly, then give only the expression inside "
@@ -109,9 +113,11 @@ def find_expression(response: str) -> tuple[str, Fraction, list[int]] | None:
     left side, not the target after the ``=``."""
     found = [
         (candidate, *value)
-        for candidate in (run.strip().rstrip(".").strip() for run in _RUN.findall(answer_text(response)))
+        for candidate in (
+            run.strip().rstrip(".").strip() for run in _RUN.findall(answer_text(response))
+        )
         if any(ch.isdigit() for ch in candidate) and (value := evaluate(candidate)) is not None
-    ]  # fmt: skip
+    ]
     compound = [item for item in found if len(item[2]) > 1]
     return (compound or found or [None])[-1]
 

@@ -154,9 +154,12 @@ class Progress(Protocol):
 
 
 async def measure(
-    items: Sequence[Any], judge: Judge, batch_size: int, correct_at: float = 1.0,
+    items: Sequence[Any],
+    judge: Judge,
+    batch_size: int,
+    correct_at: float = 1.0,
     progress: Progress | None = None,
-) -> list[float]:  # fmt: skip
+) -> list[float]:
     """Every item's pass rate, ``batch_size`` items per ``judge`` call (never one per item)."""
     rates: list[float] = []
     for start in range(0, len(items), batch_size):
@@ -192,8 +195,10 @@ def write_kept(table: Any, kept: Sequence[int], rates: Sequence[float], k: int, 
     import pyarrow.parquet as pq
 
     chosen = table.take(pa.array(kept, type=pa.int64()))
-    extras = [with_pass_rate({"extra_info": extra}, rate, k)["extra_info"]
-              for extra, rate in zip(_extra_infos(chosen), rates, strict=True)]  # fmt: skip
+    extras = [
+        with_pass_rate({"extra_info": extra}, rate, k)["extra_info"]
+        for extra, rate in zip(_extra_infos(chosen), rates, strict=True)
+    ]
     column = pa.array(extras)
     if "extra_info" in chosen.column_names:
         chosen = chosen.set_column(chosen.column_names.index("extra_info"), "extra_info", column)

@@ -48,8 +48,11 @@ class TrainingClock:
 
     def state(self) -> dict:
         """What a checkpoint keeps of the clock."""
-        return {"training_s": self.elapsed(), "time_to_target_s": self.time_to_target_s,
-                "val_before": dict(self.val_before)}  # fmt: skip
+        return {
+            "training_s": self.elapsed(),
+            "time_to_target_s": self.time_to_target_s,
+            "val_before": dict(self.val_before),
+        }
 
     def restore(self, state: dict) -> None:
         self.training_s = float(state["training_s"])

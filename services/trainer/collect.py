@@ -148,8 +148,12 @@ class Collector:
         batch.agent_metrics = episode_metrics(results)
         failed = [r for r in results if r.error]
         if failed:
-            log.warning("%d of %d episodes failed (reward 0; those with no sampled token are "
-                        "left out): %s", len(failed), len(results), failed[0].error)  # fmt: skip
+            log.warning(
+                "%d of %d episodes failed (reward 0; those with no sampled token are left out): %s",
+                len(failed),
+                len(results),
+                failed[0].error,
+            )
         if not len(batch):
             raise FailedPrecondition(
                 f"every episode of {prefix} failed before sampling a token: {failed[0].error}"

@@ -41,9 +41,12 @@ class EpisodeSource(Protocol):
     """The env service as the trainer sees it (``rlfleet.env.client.EnvClient``)."""
 
     async def run_episodes(
-        self, jobs: Sequence[EpisodeJob | dict[str, Any]], sampling: SamplingParams | None = None,
-        max_turns: int = 0, max_episode_tokens: int = 0,
-    ) -> list[EpisodeResult]: ...  # fmt: skip
+        self,
+        jobs: Sequence[EpisodeJob | dict[str, Any]],
+        sampling: SamplingParams | None = None,
+        max_turns: int = 0,
+        max_episode_tokens: int = 0,
+    ) -> list[EpisodeResult]: ...
 
     async def wait_ready(self, timeout_s: float) -> None: ...
 

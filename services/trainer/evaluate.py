@@ -45,9 +45,13 @@ class Validation:
 
 
 async def generate_all(
-    rollout, records: list[PromptRecord], sampling: SamplingParams, min_version: int,
-    chunk: int = 256, versions: set[int] | None = None,
-) -> list[list[list[int]]]:  # fmt: skip
+    rollout,
+    records: list[PromptRecord],
+    sampling: SamplingParams,
+    min_version: int,
+    chunk: int = 256,
+    versions: set[int] | None = None,
+) -> list[list[list[int]]]:
     """Token ids of every completion (``sampling.n`` per record), ``chunk`` prompts per call;
     the weight version of each result goes into ``versions`` when given."""
     tag = uuid.uuid4().hex[:8]
@@ -71,9 +75,13 @@ async def generate_all(
 
 
 async def greedy_responses(
-    rollout, records: list[PromptRecord], max_tokens: int, min_version: int, chunk: int = 256,
+    rollout,
+    records: list[PromptRecord],
+    max_tokens: int,
+    min_version: int,
+    chunk: int = 256,
     versions: set[int] | None = None,
-) -> list[list[int]]:  # fmt: skip
+) -> list[list[int]]:
     """Token ids of the greedy completion of every record."""
     sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
     completions = await generate_all(rollout, records, sampling, min_version, chunk, versions)

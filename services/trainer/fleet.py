@@ -73,8 +73,9 @@ class WeightSnapshot(Protocol):
 class ClonedSnapshot:
     """A snapshot by cloning every tensor (the default of publishers that encode nothing)."""
 
-    def __init__(self, publisher: WeightPublisher, state_dict: dict, version: int,
-                 flush_cache: bool) -> None:  # fmt: skip
+    def __init__(
+        self, publisher: WeightPublisher, state_dict: dict, version: int, flush_cache: bool
+    ) -> None:
         self._publisher, self._version, self._flush = publisher, version, flush_cache
         self._state = {name: tensor.clone() for name, tensor in state_dict.items()}
 
@@ -158,7 +159,7 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
             mb,
             config.trainer.weight_shared_memory,
             config.trainer.weight_delta,
-        ),  # fmt: skip
+        ),
         env=EnvClient(
             config.agent.address,
             api_key=key,
@@ -166,5 +167,5 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
             max_message_mb=mb,
         )
         if config.agent.env
-        else None,  # fmt: skip
+        else None,
     )

@@ -86,8 +86,17 @@ class Trace:
 
     def __init__(self, config: HealthConfig) -> None:
         self.config = config
-        keep = max(config.window, config.flat_steps, config.flat_validations,
-                   2 * config.throughput_window, STALL_HISTORY, THROUGHPUT_HISTORY) + 1  # fmt: skip
+        keep = (
+            max(
+                config.window,
+                config.flat_steps,
+                config.flat_validations,
+                2 * config.throughput_window,
+                STALL_HISTORY,
+                THROUGHPUT_HISTORY,
+            )
+            + 1
+        )
         self.series: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=keep))
         self.first: dict[str, float] = {}
         self.steps = 0
@@ -143,8 +152,9 @@ def zero_variance_share(row: Mapping[str, float]) -> float | None:
 
 def heldout_accuracy(row: Mapping[str, float]) -> float | None:
     """The greedy held-out accuracy, averaged over data sources (None: no validation here)."""
-    values = [float(v) for k, v in row.items()
-              if k.startswith("val-core/") and k.endswith("/mean@1")]  # fmt: skip
+    values = [
+        float(v) for k, v in row.items() if k.startswith("val-core/") and k.endswith("/mean@1")
+    ]
     return sum(values) / len(values) if values else None
 
 
@@ -155,8 +165,10 @@ def entropy_collapse(trace: Trace, cfg: HealthConfig) -> str | None:
     mean = sum(values) / len(values)
     if mean >= cfg.entropy_min_fraction * first:
         return None
-    return (f"{ENTROPY} {mean:.4g} (mean of the last {len(values)} steps) fell below "
-            f"{cfg.entropy_min_fraction:g} x its first value {first:.4g}")  # fmt: skip
+    return (
+        f"{ENTROPY} {mean:.4g} (mean of the last {len(values)} steps) fell below "
+        f"{cfg.entropy_min_fraction:g} x its first value {first:.4g}"
+    )
 
 
 def _median_above(trace: Trace, name: str, bound: float, window: int) -> str | None:
@@ -196,8 +208,10 @@ def heldout_flat(trace: Trace, cfg: HealthConfig) -> str | None:
         return None
     if max(values) > first + cfg.flat_tolerance:
         return None
-    return (f"held-out accuracy (val-core/*/mean@1) {max(values):.4g} at best over the last "
-            f"{count} validations, no better than the first {first:.4g}")  # fmt: skip
+    return (
+        f"held-out accuracy (val-core/*/mean@1) {max(values):.4g} at best over the last "
+        f"{count} validations, no better than the first {first:.4g}"
+    )
 
 
 def zero_variance(trace: Trace, cfg: HealthConfig) -> str | None:
@@ -205,8 +219,10 @@ def zero_variance(trace: Trace, cfg: HealthConfig) -> str | None:
     bound = cfg.max_zero_variance_fraction
     if not values or not bound or sum(values) / len(values) <= bound:
         return None
-    return (f"{sum(values) / len(values):.0%} of the groups scored all alike (mean of the "
-            f"last {len(values)} steps) > {bound:.0%}: their advantage is 0")  # fmt: skip
+    return (
+        f"{sum(values) / len(values):.0%} of the groups scored all alike (mean of the "
+        f"last {len(values)} steps) > {bound:.0%}: their advantage is 0"
+    )
 
 
 def stalled(trace: Trace, cfg: HealthConfig) -> str | None:
@@ -243,9 +259,11 @@ def throughput_drop(trace: Trace, cfg: HealthConfig) -> str | None:
     recent, usual = statistics.median(values[-window:]), statistics.median(values)
     if recent >= cfg.min_throughput_fraction * usual:
         return None
-    return (f"{recent:.4g} tokens/s (median of the last {window} steps) < "
-            f"{cfg.min_throughput_fraction:g} x the run's median {usual:.4g} "
-            f"(last {len(values)} steps)")  # fmt: skip
+    return (
+        f"{recent:.4g} tokens/s (median of the last {window} steps) < "
+        f"{cfg.min_throughput_fraction:g} x the run's median {usual:.4g} "
+        f"(last {len(values)} steps)"
+    )
 
 
 Rule = Callable[[Trace, HealthConfig], "str | None"]

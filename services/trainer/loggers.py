@@ -258,8 +258,9 @@ class Tracker:
             return
         standing = jsonl.resume(step)
         self.segment = jsonl.segment
-        self.history = [{k: v if k == "step" else float(v) for k, v in row.items()}
-                        for row in standing]  # numbers only, as ``log`` keeps them  # fmt: skip
+        self.history = [
+            {k: v if k == "step" else float(v) for k, v in row.items()} for row in standing
+        ]  # numbers only, as ``log`` keeps them
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         values = {key: float(value) for key, value in metrics.items()}

@@ -135,6 +135,11 @@ def build_lora_actor(config: RlfleetConfig, pad_id: int, resumed: Path | None) -
     model = wrap(base, config.model, adapter)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    log.info("LoRA r=%d on %s: %d of %d parameters train", config.model.lora_rank,
-             config.model.target_modules, trainable, total)  # fmt: skip
+    log.info(
+        "LoRA r=%d on %s: %d of %d parameters train",
+        config.model.lora_rank,
+        config.model.target_modules,
+        trainable,
+        total,
+    )
     return LoraActor(config, model, pad_id)

@@ -85,15 +85,20 @@ def rollout_probs_diff(
     diffs = []
     for row, (engine_row, actor_row) in enumerate(zip(engine, actor, strict=True)):
         keep = masks[row] if masks is not None else [1] * len(actor_row)
-        diffs += [abs(math.exp(e) - math.exp(a))
-                  for e, a, k in zip(engine_row, actor_row, keep, strict=True) if k]  # fmt: skip
+        diffs += [
+            abs(math.exp(e) - math.exp(a))
+            for e, a, k in zip(engine_row, actor_row, keep, strict=True)
+            if k
+        ]
     if not diffs:
         return {}
     mean = sum(diffs) / len(diffs)
     std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / len(diffs))
-    return {"training/rollout_probs_diff_max": max(diffs),
-            "training/rollout_probs_diff_mean": mean,
-            "training/rollout_probs_diff_std": std}  # fmt: skip
+    return {
+        "training/rollout_probs_diff_max": max(diffs),
+        "training/rollout_probs_diff_mean": mean,
+        "training/rollout_probs_diff_std": std,
+    }
 
 
 class Timer:
@@ -156,8 +161,10 @@ class MetricsWriter:
     def _marks(self, step: int) -> dict:
         if not self.segment:
             return {}
-        return {"segment": self.segment, **({"retrained": True} if step <= self.logged_through
-                                             else {})}  # fmt: skip
+        return {
+            "segment": self.segment,
+            **({"retrained": True} if step <= self.logged_through else {}),
+        }
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """The ``jsonl`` backend of ``rlfleet.trainer.loggers.Tracker``."""
@@ -200,5 +207,8 @@ def standing_rows(rows: list[dict], through: int | None = None) -> list[dict]:
     for row in rows:
         if through is None or row["step"] <= through:
             latest[row["step"]] = max(latest.get(row["step"], 0), int(row.get("segment", 0)))
-    return [row for row in rows
-            if row["step"] in latest and int(row.get("segment", 0)) == latest[row["step"]]]  # fmt: skip
+    return [
+        row
+        for row in rows
+        if row["step"] in latest and int(row.get("segment", 0)) == latest[row["step"]]
+    ]

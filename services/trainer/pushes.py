@@ -146,8 +146,11 @@ class WeightPushes:
             log.warning("could not bring stale replicas to version %d: %s", version, exc)
             return
         if pushed.get("weight_sync/replicas"):
-            log.debug("rollout running late: brought %d stale replica(s) to version %d",
-                      int(pushed["weight_sync/replicas"]), version)  # fmt: skip
+            log.debug(
+                "rollout running late: brought %d stale replica(s) to version %d",
+                int(pushed["weight_sync/replicas"]),
+                version,
+            )
 
 
 def cast_weights(state: dict, dtype_name: str) -> dict:

@@ -89,8 +89,9 @@ def curve_series(
                 if points and points[-1][0] == step:
                     points.pop()  # the same step validated again (the final validation)
                 points.append((step, float(value)))
-    return CurveSeries([int(r["step"]) for r in rows], scores, moving_average(scores, window),
-                       window, val, target)  # fmt: skip
+    return CurveSeries(
+        [int(r["step"]) for r in rows], scores, moving_average(scores, window), window, val, target
+    )
 
 
 def _validations(history, before, after, final_step):
@@ -107,8 +108,10 @@ def phase_means(history: list[dict]) -> dict[str, float]:
     steps = [r for r in history if is_step_row(r)]
     if not steps:
         return {}
-    return {name: sum(sum(float(r.get(k, 0.0)) for k in keys) for r in steps) / len(steps)
-            for name, keys in PHASES.items()}  # fmt: skip
+    return {
+        name: sum(sum(float(r.get(k, 0.0)) for k in keys) for r in steps) / len(steps)
+        for name, keys in PHASES.items()
+    }
 
 
 # ---- reward_curve.png -------------------------------------------------------------------
@@ -128,11 +131,17 @@ def plot_reward_curve(series: CurveSeries, path: Path) -> Path | None:
     ax.plot(series.steps, series.scores, alpha=0.3, label="sampled reward (critic/score/mean)")
     ax.plot(series.steps, series.smooth, label=f"moving average ({series.window})")
     for name, points in series.val.items():
-        ax.plot([s for s, _ in points], [v for _, v in points], marker="o",
-                label=f"held-out {name}")  # fmt: skip
+        ax.plot(
+            [s for s, _ in points], [v for _, v in points], marker="o", label=f"held-out {name}"
+        )
     if series.target is not None:
-        ax.axhline(series.target, color="tab:red", linestyle="--", linewidth=1,
-                   label=f"target {series.target:g}")  # fmt: skip
+        ax.axhline(
+            series.target,
+            color="tab:red",
+            linestyle="--",
+            linewidth=1,
+            label=f"target {series.target:g}",
+        )
     ax.set(xlabel="step", ylabel="reward / accuracy", title="rlfleet: reward and held-out accuracy")
     ax.legend(fontsize="small")
     fig.tight_layout()
@@ -147,9 +156,12 @@ COLORS = ("#2f6fdb", "#e8710a", "#12a37f", "#9334e6", "#d01884", "#7f7f7f")
 WIDTH, HEIGHT, PAD = 560, 220, 46
 
 
-def svg_chart(lines: Sequence[tuple[str, Sequence[tuple[float, float]], str]],
-              hlines: Sequence[tuple[str, float, str]] = (), width: int = WIDTH,
-              height: int = HEIGHT) -> str:  # fmt: skip
+def svg_chart(
+    lines: Sequence[tuple[str, Sequence[tuple[float, float]], str]],
+    hlines: Sequence[tuple[str, float, str]] = (),
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> str:
     """An SVG line chart: ``lines`` are ``(label, points, color)``, ``hlines`` dashed
     horizontal ``(label, y, color)``; axes carry the x and y ranges."""
     xs = [x for _, pts, _ in lines for x, _ in pts]
@@ -176,9 +188,11 @@ def svg_chart(lines: Sequence[tuple[str, Sequence[tuple[float, float]], str]],
         _text(width - PAD, height - PAD + 14, f"step {x1:g}", "end"),
     ]
     for label, y, color in hlines:
-        parts.append(f'<polyline points="{at(x0, y)} {at(x1, y)}" stroke="{color}" '
-                     f'stroke-dasharray="5,4" fill="none"><title>{html.escape(label)}</title>'
-                     "</polyline>")  # fmt: skip
+        parts.append(
+            f'<polyline points="{at(x0, y)} {at(x1, y)}" stroke="{color}" '
+            f'stroke-dasharray="5,4" fill="none"><title>{html.escape(label)}</title>'
+            "</polyline>"
+        )
     for label, points, color in lines:
         coords = " ".join(at(x, y) for x, y in points)
         parts.append(
@@ -191,20 +205,28 @@ def svg_chart(lines: Sequence[tuple[str, Sequence[tuple[float, float]], str]],
                 parts.append(f'<circle cx="{cx}" cy="{cy}" r="2.5" fill="{color}"/>')
     parts.append("</svg>")
     legend = [(label, color) for label, _, color in lines] + [(label, c) for label, _, c in hlines]
-    keys = " ".join(f'<span style="color:{c}">&#9632;</span> {html.escape(label)}'
-                    for label, c in legend)  # fmt: skip
+    keys = " ".join(
+        f'<span style="color:{c}">&#9632;</span> {html.escape(label)}' for label, c in legend
+    )
     return "".join(parts) + f'<div class="legend">{keys}</div>'
 
 
 def _text(x: float, y: float, text: str, anchor: str) -> str:
-    return (f'<text x="{x}" y="{y}" font-size="11" fill="#555" text-anchor="{anchor}">'
-            f"{html.escape(text)}</text>")  # fmt: skip
+    return (
+        f'<text x="{x}" y="{y}" font-size="11" fill="#555" text-anchor="{anchor}">'
+        f"{html.escape(text)}</text>"
+    )
 
 
 def reward_chart(series: CurveSeries) -> str:
-    lines = [("sampled reward", list(zip(series.steps, series.scores, strict=True)), "#9db8ee"),
-             (f"moving average ({series.window})",
-              list(zip(series.steps, series.smooth, strict=True)), COLORS[0])]  # fmt: skip
+    lines = [
+        ("sampled reward", list(zip(series.steps, series.scores, strict=True)), "#9db8ee"),
+        (
+            f"moving average ({series.window})",
+            list(zip(series.steps, series.smooth, strict=True)),
+            COLORS[0],
+        ),
+    ]
     for i, (name, points) in enumerate(series.val.items()):
         lines.append((f"held-out {name}", points, COLORS[1 + i % (len(COLORS) - 1)]))
     if series.target is None:
@@ -218,8 +240,10 @@ def small_charts(history: list[dict]) -> str:
     for title, key in SMALL_CURVES.items():
         points = [(r["step"], float(r[key])) for r in steps if isinstance(r.get(key), int | float)]
         if points:
-            out.append(f'<div class="chart"><h3>{html.escape(title)}</h3>'
-                       f"{svg_chart([(key, points, COLORS[0])], width=400, height=170)}</div>")  # fmt: skip
+            out.append(
+                f'<div class="chart"><h3>{html.escape(title)}</h3>'
+                f"{svg_chart([(key, points, COLORS[0])], width=400, height=170)}</div>"
+            )
     return "".join(out)
 
 
@@ -231,17 +255,23 @@ def phase_section(means: dict[str, float]) -> str:
     bar, x = [], 0.0
     for i, (name, seconds) in enumerate(means.items()):
         width = seconds / total * WIDTH
-        bar.append(f'<rect x="{x:.1f}" y="0" width="{width:.1f}" height="18" '
-                   f'fill="{COLORS[i % len(COLORS)]}"><title>{name}</title></rect>')  # fmt: skip
+        bar.append(
+            f'<rect x="{x:.1f}" y="0" width="{width:.1f}" height="18" '
+            f'fill="{COLORS[i % len(COLORS)]}"><title>{name}</title></rect>'
+        )
         x += width
-    rows = "".join(f'<tr><td><span style="color:{COLORS[i % len(COLORS)]}">&#9632;</span> '
-                   f"{name}</td><td>{seconds:.3f} s</td><td>{seconds / total:.0%}</td></tr>"
-                   for i, (name, seconds) in enumerate(means.items()))  # fmt: skip
-    return (f'<svg width="{WIDTH}" height="18">'
-            f'{"".join(bar)}</svg><table class="phases"><tr><th>phase</th><th>mean per step'
-            f"</th><th>share</th></tr>{rows}<tr><td>sum</td><td>{total:.3f} s</td><td></td>"
-            "</tr></table><p>In async mode generation overlaps the update: the phases add "
-            "up to more than the step.</p>")  # fmt: skip
+    rows = "".join(
+        f'<tr><td><span style="color:{COLORS[i % len(COLORS)]}">&#9632;</span> '
+        f"{name}</td><td>{seconds:.3f} s</td><td>{seconds / total:.0%}</td></tr>"
+        for i, (name, seconds) in enumerate(means.items())
+    )
+    return (
+        f'<svg width="{WIDTH}" height="18">'
+        f'{"".join(bar)}</svg><table class="phases"><tr><th>phase</th><th>mean per step'
+        f"</th><th>share</th></tr>{rows}<tr><td>sum</td><td>{total:.3f} s</td><td></td>"
+        "</tr></table><p>In async mode generation overlaps the update: the phases add "
+        "up to more than the step.</p>"
+    )
 
 
 def summary_table(summary: dict[str, Any]) -> str:
@@ -262,8 +292,10 @@ def headline(summary: dict[str, Any]) -> str:
     reached = summary.get("time_to_target_s")
     target = summary.get("target_accuracy")
     lines.append(f"time to {target}: {'never' if reached is None else f'{reached} s'}")
-    lines.append(f"steps {summary.get('steps')}, training {summary.get('training_time_s')} s, "
-                 f"wall {summary.get('wall_time_s')} s")  # fmt: skip
+    lines.append(
+        f"steps {summary.get('steps')}, training {summary.get('training_time_s')} s, "
+        f"wall {summary.get('wall_time_s')} s"
+    )
     return "".join(f"<li>{line}</li>" for line in lines)
 
 
@@ -277,16 +309,19 @@ table{border-collapse:collapse;font-size:13px}td,th{padding:3px 10px;border-bott
 def report_html(series: CurveSeries, history: list[dict], summary: dict[str, Any]) -> str:
     """The whole page: one file, no external assets."""
     title = f"rlfleet run: {html.escape(str(summary.get('run_dir', '')))}"
-    return (f"<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"<style>{STYLE}</style></head><body><h1>{title}</h1><ul>{headline(summary)}</ul>"
-            "<h2>Sampled reward and held-out accuracy</h2>"
-            f'<div class="chart" id="reward">{reward_chart(series)}</div>'
-            f"<h2>Training</h2>{small_charts(history)}"
-            f"<h2>Step time by phase</h2>{phase_section(phase_means(history))}"
-            f"<h2>Summary</h2>{summary_table(summary)}</body></html>")  # fmt: skip
+    return (
+        f'<!doctype html><html><head><meta charset="utf-8"><title>{title}</title>'
+        f"<style>{STYLE}</style></head><body><h1>{title}</h1><ul>{headline(summary)}</ul>"
+        "<h2>Sampled reward and held-out accuracy</h2>"
+        f'<div class="chart" id="reward">{reward_chart(series)}</div>'
+        f"<h2>Training</h2>{small_charts(history)}"
+        f"<h2>Step time by phase</h2>{phase_section(phase_means(history))}"
+        f"<h2>Summary</h2>{summary_table(summary)}</body></html>"
+    )
 
 
-def write_report(series: CurveSeries, history: list[dict], summary: dict[str, Any],
-                 path: Path) -> Path:  # fmt: skip
+def write_report(
+    series: CurveSeries, history: list[dict], summary: dict[str, Any], path: Path
+) -> Path:
     path.write_text(report_html(series, history, summary), encoding="utf-8")
     return path

@@ -41,8 +41,14 @@ async def retry_transient(attempt: Callable[[int], Awaitable[T]], budget_s: floa
         except TRANSIENT as exc:
             if n > 0 and time.monotonic() + pause > deadline:
                 raise
-            log.warning("%s failed (%s: %s); retry %d in %.1f s",
-                        what, type(exc).__name__, exc, n + 1, pause)  # fmt: skip
+            log.warning(
+                "%s failed (%s: %s); retry %d in %.1f s",
+                what,
+                type(exc).__name__,
+                exc,
+                n + 1,
+                pause,
+            )
         await asyncio.sleep(pause)
         pause = min(MAX_PAUSE_S, pause * 2)
     raise AssertionError("unreachable")  # itertools.count never ends; for type checkers

@@ -104,8 +104,9 @@ class RolloutBatch:
             for branch in branches:
                 self._add_branch(record, group_id, result, branch)
 
-    def _add_branch(self, record: PromptRecord, group_id: int, result: EpisodeResult,
-                    branch: Trajectory) -> None:  # fmt: skip
+    def _add_branch(
+        self, record: PromptRecord, group_id: int, result: EpisodeResult, branch: Trajectory
+    ) -> None:
         episode = result.episode
         self.records.append(record)
         self.prompts.append(list(branch.prompt_ids))

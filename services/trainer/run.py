@@ -366,8 +366,9 @@ async def _run(trainer: Trainer, train, val, writer, run_dir: Path, clock: Train
         "checkpoint": str(checkpoint),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    write_report(series, writer.history, {"run_dir": str(run_dir), **summary},
-                 run_dir / "report.html")  # fmt: skip
+    write_report(
+        series, writer.history, {"run_dir": str(run_dir), **summary}, run_dir / "report.html"
+    )
     return summary
 
 

@@ -201,14 +201,23 @@ async def warm_up(
         return
     data_cfg = cfg.data
     records = await asyncio.to_thread(
-        load_sft_records, data_cfg.sft_files, trainer.tokenizer, data_cfg.max_prompt_length,
-        cfg.rollout.max_tokens, data_cfg.apply_chat_template,
-    )  # fmt: skip
+        load_sft_records,
+        data_cfg.sft_files,
+        trainer.tokenizer,
+        data_cfg.max_prompt_length,
+        cfg.rollout.max_tokens,
+        data_cfg.apply_chat_template,
+    )
     data = batches(records, data_cfg.sft_batch_size, data_cfg.seed)
     for _ in range(trainer.step):  # resumed inside the warm-up
         next(data)
-    log.info("SFT warm-up: %d steps of %d conversations (%d in %s)", steps - trainer.step,
-             data_cfg.sft_batch_size, len(records), data_cfg.sft_files)  # fmt: skip
+    log.info(
+        "SFT warm-up: %d steps of %d conversations (%d in %s)",
+        steps - trainer.step,
+        data_cfg.sft_batch_size,
+        len(records),
+        data_cfg.sft_files,
+    )
     rl_position = trainer.batches_consumed
     while trainer.step < steps and not should_stop():
         await trainer.wait_if_paused()

@@ -33,9 +33,11 @@ StaleTokens = Literal["drop_sample", "mask"]
 
 
 def drop_stale(
-    batch: RolloutBatch, oldest: int, stale_tokens: StaleTokens = "drop_sample",
+    batch: RolloutBatch,
+    oldest: int,
+    stale_tokens: StaleTokens = "drop_sample",
     mask_pre_update: bool = False,
-) -> tuple[RolloutBatch, int]:  # fmt: skip
+) -> tuple[RolloutBatch, int]:
     """Drop (or mask) what is older than version ``oldest``; returns (kept, dropped rows).
     Tokens masked here are added to ``batch.stale_masked_tokens``."""
     if stale_tokens not in ("drop_sample", "mask"):
@@ -44,8 +46,9 @@ def drop_stale(
         keep = [i for i, version in enumerate(row_oldest(batch)) if version >= oldest]
         batch, dropped = _only(batch, keep)
         return (_masked(batch, _newest) if mask_pre_update else batch), dropped
-    batch = _masked(batch, lambda versions: max(_newest(versions) if mask_pre_update else 0,
-                                                 oldest))  # fmt: skip
+    batch = _masked(
+        batch, lambda versions: max(_newest(versions) if mask_pre_update else 0, oldest)
+    )
     return _only(batch, [i for i, mask in enumerate(_loss_masks(batch)) if any(mask)])
 
 
@@ -67,8 +70,10 @@ def row_oldest(batch: RolloutBatch) -> list[int]:
     """Each row's oldest sampled token's version (its ``weight_versions`` entry when the
     batch carries no per-token versions)."""
     rows = batch_token_versions(batch)
-    return [min((v for v in row if v >= 0), default=version)
-            for row, version in zip(rows, batch.weight_versions, strict=True)]  # fmt: skip
+    return [
+        min((v for v in row if v >= 0), default=version)
+        for row, version in zip(rows, batch.weight_versions, strict=True)
+    ]
 
 
 def batch_token_versions(batch: RolloutBatch) -> list[list[int]]:
@@ -123,9 +128,12 @@ def split_lag(batch: RolloutBatch, version: int) -> tuple[list[int], list[int]]:
 
 
 def bound_lag(
-    batch: RolloutBatch, version: int, max_in_flight: int, max_in_queue: int,
+    batch: RolloutBatch,
+    version: int,
+    max_in_flight: int,
+    max_in_queue: int,
     stale_tokens: StaleTokens = "drop_sample",
-) -> tuple[RolloutBatch, int]:  # fmt: skip
+) -> tuple[RolloutBatch, int]:
     """Apply the two bounds (-1 = none): a row whose in-queue lag is over its bound goes
     (every token of it is at least that old); a row whose in-flight lag is over its bound goes
     (``drop_sample``) or keeps only the tokens sampled within ``max_in_flight`` versions of

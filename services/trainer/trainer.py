@@ -163,8 +163,9 @@ class Trainer:
         corr = self.config.algorithm.rollout_correction
         if corr.bypass_mode:  # verl's bypass: the engine's log-probs are the old policy
             if not batch.use_engine_logprobs_as_old():
-                raise FailedPrecondition("rollout_correction.bypass_mode needs every token's "
-                                         "engine log-prob")  # fmt: skip
+                raise FailedPrecondition(
+                    "rollout_correction.bypass_mode needs every token's engine log-prob"
+                )
             return {}
         if self.single_update_per_batch() and not needs_actor_old_logprobs(self.config):
             return {}
@@ -184,9 +185,10 @@ class Trainer:
         rows = [i for i, v in enumerate(batch.weight_versions) if v == self.version]
         masks = batch.row_loss_masks()
         return rollout_probs_diff(
-            [batch.engine_logprobs[i] for i in rows], [batch.old_logprobs[i] for i in rows],
+            [batch.engine_logprobs[i] for i in rows],
+            [batch.old_logprobs[i] for i in rows],
             [masks[i] for i in rows] if masks is not None else None,
-        )  # fmt: skip
+        )
 
     def advantages(self, batch: RolloutBatch):
         """``(advantages, returns, mask)`` as ``[B, R]`` tensors."""
@@ -284,17 +286,26 @@ class Trainer:
             oldest = self.version - self.config.trainer.max_staleness
             trainer = self.config.trainer
             arrived = split_lag_metrics(batch, self.version, 0)
-            batch, dropped = drop_stale(batch, oldest, trainer.stale_tokens,
-                                        trainer.mask_pre_update_segments)  # fmt: skip
-            batch, over = bound_lag(batch, self.version, trainer.max_in_flight_lag,
-                                    trainer.max_in_queue_lag, trainer.stale_tokens)  # fmt: skip
+            batch, dropped = drop_stale(
+                batch, oldest, trainer.stale_tokens, trainer.mask_pre_update_segments
+            )
+            batch, over = bound_lag(
+                batch,
+                self.version,
+                trainer.max_in_flight_lag,
+                trainer.max_in_queue_lag,
+                trainer.stale_tokens,
+            )
             if not len(batch):
                 raise FailedPrecondition(
                     f"all {dropped + over} responses were older than weight version {oldest} "
                     "or over trainer.max_in_flight_lag / max_in_queue_lag"
                 )
-            lag = {**staleness_metrics(batch, self.version, dropped), **arrived,
-                   "off_policy/dropped": float(dropped + over)}  # fmt: skip
+            lag = {
+                **staleness_metrics(batch, self.version, dropped),
+                **arrived,
+                "off_policy/dropped": float(dropped + over),
+            }
             if self.corrects_staleness(batch):
                 batch.use_engine_logprobs_as_behaviour()
             metrics = await self.learn(batch, timer)

@@ -62,9 +62,13 @@ class WeightSync:
         self._forced_once = False
 
     async def push(
-        self, state_dict: StateDict, version: int, flush_cache: bool = True,
-        only_stale: bool = False, force: bool | None = None,
-    ) -> dict[str, float]:  # fmt: skip
+        self,
+        state_dict: StateDict,
+        version: int,
+        flush_cache: bool = True,
+        only_stale: bool = False,
+        force: bool | None = None,
+    ) -> dict[str, float]:
         """Push ``version`` to live replicas (only those behind it, or failed, if
         ``only_stale``). ``force`` defaults to True for this object's first push only."""
         started = time.perf_counter()
@@ -124,8 +128,12 @@ class WeightSync:
             if not result.ok:
                 log.warning("weight push to %s failed: %s", result.replica_id, result.error)
             elif result.version != version:
-                log.warning("replica %s answered version %d to a push of %d",
-                            result.replica_id, result.version, version)  # fmt: skip
+                log.warning(
+                    "replica %s answered version %d to a push of %d",
+                    result.replica_id,
+                    result.version,
+                    version,
+                )
 
     async def _live(self) -> list[ReplicaStatus]:
         """Alive, not drained, and serving (or waiting for a retry after a failed load)."""
@@ -156,9 +164,12 @@ class WeightSync:
 
 
 def grpc_weight_sync(
-    router_address: str, api_key: str | None, max_message_mb: int, shared_memory: bool = True,
+    router_address: str,
+    api_key: str | None,
+    max_message_mb: int,
+    shared_memory: bool = True,
     delta: DeltaMode = "never",
-) -> WeightSync:  # fmt: skip
+) -> WeightSync:
     """Weight sync over gRPC: the router lists replicas, each gets its own stream (or, on this
     machine and with ``shared_memory``, a header naming one shared payload file); ``delta`` is
     ``trainer.weight_delta``."""

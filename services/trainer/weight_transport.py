@@ -59,9 +59,13 @@ class WeightTransport(Protocol):
     frees it; ``push`` is the three in one."""
 
     async def prepare(
-        self, state_dict: StateDict, version: int, flush_cache: bool, force: bool = False,
+        self,
+        state_dict: StateDict,
+        version: int,
+        flush_cache: bool,
+        force: bool = False,
         targets: Sequence[ReplicaStatus] | None = None,
-    ) -> Prepared: ...  # fmt: skip
+    ) -> Prepared: ...
 
     async def deliver(
         self, prepared: Prepared, targets: Sequence[ReplicaStatus]
@@ -70,9 +74,13 @@ class WeightTransport(Protocol):
     def release(self, prepared: Prepared, reusable: bool) -> None: ...
 
     async def push(
-        self, state_dict: StateDict, version: int, flush_cache: bool,
-        targets: Sequence[ReplicaStatus], force: bool = False,
-    ) -> list[PushResult]: ...  # fmt: skip
+        self,
+        state_dict: StateDict,
+        version: int,
+        flush_cache: bool,
+        targets: Sequence[ReplicaStatus],
+        force: bool = False,
+    ) -> list[PushResult]: ...
 
     async def close(self) -> None: ...
 
@@ -111,9 +119,12 @@ class GrpcWeightTransport:
     still be reading it)."""
 
     def __init__(
-        self, connect: Callable[[str], WeightReceiver], prepare: Prepare, chunk_bytes: int,
+        self,
+        connect: Callable[[str], WeightReceiver],
+        prepare: Prepare,
+        chunk_bytes: int,
         shared_memory: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._connect, self._prepare = connect, prepare
         self._clients: dict[str, WeightReceiver] = {}
         self._chunk_bytes = chunk_bytes
@@ -130,9 +141,13 @@ class GrpcWeightTransport:
         """(version, per-tensor digests) of the last push, the base of the next delta."""
 
     async def push(
-        self, state_dict: StateDict, version: int, flush_cache: bool,
-        targets: Sequence[ReplicaStatus], force: bool = False,
-    ) -> list[PushResult]:  # fmt: skip
+        self,
+        state_dict: StateDict,
+        version: int,
+        flush_cache: bool,
+        targets: Sequence[ReplicaStatus],
+        force: bool = False,
+    ) -> list[PushResult]:
         prepared = await self.prepare(state_dict, version, flush_cache, force, targets)
         results: list[PushResult] = []
         try:
@@ -142,16 +157,21 @@ class GrpcWeightTransport:
             self.release(prepared, reusable=bool(results) and all(r.ok for r in results))
 
     async def prepare(
-        self, state_dict: StateDict, version: int, flush_cache: bool, force: bool = False,
+        self,
+        state_dict: StateDict,
+        version: int,
+        flush_cache: bool,
+        force: bool = False,
         targets: Sequence[ReplicaStatus] | None = None,
-    ) -> Prepared:  # fmt: skip
+    ) -> Prepared:
         """Encode once (into shared memory unless every target, or every replica met so
         far when ``targets`` is None, needs the bytes streamed) and plan the delta."""
         addresses = [t.address for t in targets] if targets is not None else list(self._clients)
         streamed_only = bool(addresses) and all(a in self._streamed for a in addresses)
         shared = self._shared_memory and not streamed_only
-        encoded = await asyncio.to_thread(self._encode, state_dict, version, flush_cache, force,
-                                          shared)  # fmt: skip
+        encoded = await asyncio.to_thread(
+            self._encode, state_dict, version, flush_cache, force, shared
+        )
         try:
             delta = await asyncio.to_thread(self._plan_delta, state_dict, encoded, version, force)
         except BaseException:
@@ -163,9 +183,14 @@ class GrpcWeightTransport:
         self, prepared: Prepared, targets: Sequence[ReplicaStatus]
     ) -> list[PushResult]:
         """The prepared version to every target at once (the delta to those on its base)."""
-        return list(await asyncio.gather(*(
-            self._push_one(t, prepared.encoded, _delta_for(t, prepared.delta)) for t in targets
-        )))  # fmt: skip
+        return list(
+            await asyncio.gather(
+                *(
+                    self._push_one(t, prepared.encoded, _delta_for(t, prepared.delta))
+                    for t in targets
+                )
+            )
+        )
 
     def release(self, prepared: Prepared, reusable: bool) -> None:
         """Keep the shared file for the next push if every target took it, else remove it."""
@@ -204,14 +229,16 @@ class GrpcWeightTransport:
             try:
                 holder.append(self._take_spare(nbytes) or weights_shm.SharedPayload(nbytes))
             except OSError as exc:  # no room in /dev/shm: stream this push
-                log.warning("no shared memory for %d bytes of weights (%s): streaming them",
-                            nbytes, exc)  # fmt: skip
+                log.warning(
+                    "no shared memory for %d bytes of weights (%s): streaming them", nbytes, exc
+                )
                 return weights.empty_bytes(nbytes)
             return holder[0].tensor()
 
         try:
-            header, payload = weights.encode(state_dict, version, flush_cache, force,
-                                             allocate if shared else None)  # fmt: skip
+            header, payload = weights.encode(
+                state_dict, version, flush_cache, force, allocate if shared else None
+            )
         except BaseException:
             for unused in holder:  # never handed to a replica
                 unused.close()
@@ -250,8 +277,14 @@ class GrpcWeightTransport:
             seconds = time.perf_counter() - started
             return PushResult(target.replica_id, False, target.weight_version, seconds, 0, error)
         seconds = time.perf_counter() - started
-        return PushResult(target.replica_id, True, outcome.version, seconds,
-                          sent.header.total_bytes, delta=sent is delta)  # fmt: skip
+        return PushResult(
+            target.replica_id,
+            True,
+            outcome.version,
+            seconds,
+            sent.header.total_bytes,
+            delta=sent is delta,
+        )
 
     async def _deliver_delta_or_full(
         self, target: ReplicaStatus, encoded: _Encoded, delta: _Encoded | None
@@ -261,10 +294,14 @@ class GrpcWeightTransport:
         if delta is not None:
             try:
                 return await self._client(target.address).push_prepared(
-                    await delta.streamed()), delta  # fmt: skip
+                    await delta.streamed()
+                ), delta
             except (FailedPrecondition, InvalidArgument) as exc:
-                log.info("replica %s refused a weight delta (%s): pushing the full weights",
-                         target.replica_id, exc)  # fmt: skip
+                log.info(
+                    "replica %s refused a weight delta (%s): pushing the full weights",
+                    target.replica_id,
+                    exc,
+                )
         return await self._deliver(target, encoded), encoded
 
     async def _deliver(self, target: ReplicaStatus, encoded: _Encoded) -> UpdateOutcome:
@@ -274,8 +311,11 @@ class GrpcWeightTransport:
             try:
                 return await client.push_prepared(encoded.by_reference())
             except NotFound as exc:
-                log.info("replica %s cannot read shared memory (%s): streaming to it",
-                         target.replica_id, exc)  # fmt: skip
+                log.info(
+                    "replica %s cannot read shared memory (%s): streaming to it",
+                    target.replica_id,
+                    exc,
+                )
                 self._streamed.add(target.address)
         return await client.push_prepared(await encoded.streamed())
 
@@ -325,9 +365,13 @@ class _Encoded:
     streamed messages, serialized once (off the event loop) when a replica first needs them."""
 
     def __init__(
-        self, header: weights.WeightHeader, payload: memoryview, prepare: Prepare,
-        chunk_bytes: int, shared: weights_shm.SharedPayload | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        header: weights.WeightHeader,
+        payload: memoryview,
+        prepare: Prepare,
+        chunk_bytes: int,
+        shared: weights_shm.SharedPayload | None = None,
+    ) -> None:
         self.header, self.shared, self.payload = header, shared, payload
         self._payload, self._prepare, self._chunk_bytes = payload, prepare, chunk_bytes
         self._streamed: asyncio.Future | None = None
@@ -344,6 +388,7 @@ class _Encoded:
     async def streamed(self) -> PreparedUpdate:
         """Header and data chunks (serialized at most once per push, whoever asks first)."""
         if self._streamed is None:
-            self._streamed = asyncio.ensure_future(asyncio.to_thread(
-                self._prepare, self.header, self._payload, self._chunk_bytes))  # fmt: skip
+            self._streamed = asyncio.ensure_future(
+                asyncio.to_thread(self._prepare, self.header, self._payload, self._chunk_bytes)
+            )
         return await self._streamed

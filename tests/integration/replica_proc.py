@@ -39,9 +39,20 @@ def start_replica(
     redis_url: str, keys: Keys, replica_id: str, log_path: Path, *extra: str
 ) -> ReplicaProc:
     """Launch the replica and wait until the registry says it serves (address included)."""
-    command = [sys.executable, "-m", "rlfleet.rollout.main", "--replica-id", replica_id,
-               "--port", "0", f"redis_url={redis_url}", f"cluster={keys.cluster}",
-               f"model.path={MODEL}", "rollout.heartbeat_interval_s=0.5", *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.main",
+        "--replica-id",
+        replica_id,
+        "--port",
+        "0",
+        f"redis_url={redis_url}",
+        f"cluster={keys.cluster}",
+        f"model.path={MODEL}",
+        "rollout.heartbeat_interval_s=0.5",
+        *extra,
+    ]
     proc = ServiceProcess.start(command, log_path, name=f"replica {replica_id}")
     replica = ReplicaProc(proc, replica_id, keys, redis_url, log_path=log_path)
     try:

@@ -38,9 +38,16 @@ class Fleet:
 def start_router(redis_url: str, keys: Keys, log_path: Path) -> tuple[ServiceProcess, str]:
     """Launch ``python -m rlfleet.rollout.router.main`` and wait until it says it is ready."""
     port = free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-               f"redis_url={redis_url}", f"cluster={keys.cluster}",
-               "router.janitor_interval_s=0.3"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.router.main",
+        "--port",
+        str(port),
+        f"redis_url={redis_url}",
+        f"cluster={keys.cluster}",
+        "router.janitor_interval_s=0.3",
+    ]
     router = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 60))
     return router, f"127.0.0.1:{port}"
 

@@ -34,9 +34,18 @@ def start_http_router(
     redis_url: str, keys: Keys, log_path: Path, *extra: str, model: Path = MODEL
 ) -> RouterProc:
     port, http_port = free_port(), free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-               f"redis_url={redis_url}", f"cluster={keys.cluster}", f"model.path={model}",
-               f"router.http_port={http_port}", "router.janitor_interval_s=0.3",
-               *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.router.main",
+        "--port",
+        str(port),
+        f"redis_url={redis_url}",
+        f"cluster={keys.cluster}",
+        f"model.path={model}",
+        f"router.http_port={http_port}",
+        "router.janitor_interval_s=0.3",
+        *extra,
+    ]
     proc = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 60))
     return RouterProc(proc, f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}")

@@ -44,15 +44,26 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not (AGENT_MODEL / "model.safetensors").exists(), reason="tiny agent model not built"
-    ),  # fmt: skip
+    ),
 ]
 KEY = "gateway-test-key"
 LENGTH = "rollout.max_model_len=512"  # the agent model's context
-ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.",
-       "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                       "b": {"type": "integer"}}}}}  # fmt: skip
-TASK = {"prompt": [{"role": "user", "content": "12+34+56="}],
-        "reward_model": {"ground_truth": "102"}, "extra_info": {"numbers": [12, 34, 56]}}  # fmt: skip
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        },
+    },
+}
+TASK = {
+    "prompt": [{"role": "user", "content": "12+34+56="}],
+    "reward_model": {"ground_truth": "102"},
+    "extra_info": {"numbers": [12, 34, 56]},
+}
 ANSWERS = ["call the tool", "46", "102"]
 
 
@@ -68,13 +79,23 @@ class Fleet:
 def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     logs = tmp_path_factory.mktemp("agent_gateway")
     keys, url = Keys(f"t{uuid.uuid4().hex[:12]}"), redis_server.url
-    replica = start_replica(url, keys, "ga", logs / "ga.log", "rollout.backend=hf", LENGTH,
-                            f"model.path={AGENT_MODEL}")  # fmt: skip
+    replica = start_replica(
+        url, keys, "ga", logs / "ga.log", "rollout.backend=hf", LENGTH, f"model.path={AGENT_MODEL}"
+    )
     routers: list[RouterProc] = []
     try:
         routers.append(start_http_router(url, keys, logs / "a.log", LENGTH, model=AGENT_MODEL))
-        routers.append(start_http_router(url, keys, logs / "b.log", LENGTH, f"api_key={KEY}",
-                                         "agent.gateway_session_ttl_s=4", model=AGENT_MODEL))  # fmt: skip
+        routers.append(
+            start_http_router(
+                url,
+                keys,
+                logs / "b.log",
+                LENGTH,
+                f"api_key={KEY}",
+                "agent.gateway_session_ttl_s=4",
+                model=AGENT_MODEL,
+            )
+        )
         yield Fleet(keys, replica, *routers)
     finally:
         for router in routers:
@@ -90,22 +111,37 @@ def rl(router: RouterProc, path: str, body: dict | None = None, key: str | None 
 
 
 def chat(router: RouterProc, session: str, messages: list, key: str = "unused", **extra):
-    client = openai.OpenAI(base_url=router.base_url, api_key=key, max_retries=0,
-                           default_headers={"X-Session-ID": session} if session else {})  # fmt: skip
-    return client.chat.completions.create(model="any-name", messages=messages, tools=[ADD],
-                                          max_tokens=40, extra_body={"return_token_ids": True},
-                                          **extra)  # fmt: skip
+    client = openai.OpenAI(
+        base_url=router.base_url,
+        api_key=key,
+        max_retries=0,
+        default_headers={"X-Session-ID": session} if session else {},
+    )
+    return client.chat.completions.create(
+        model="any-name",
+        messages=messages,
+        tools=[ADD],
+        max_tokens=40,
+        extra_body={"return_token_ids": True},
+        **extra,
+    )
 
 
 def test_tools_come_back_as_tool_calls_with_token_ids(fleet: Fleet) -> None:
     client = openai.OpenAI(base_url=fleet.a.base_url, api_key="unused", max_retries=0)
     name = client.models.list().data[0].id
-    answer = client.chat.completions.create(model=name, messages=TASK["prompt"], tools=[ADD],
-                                            max_tokens=40, temperature=0,
-                                            extra_body={"return_token_ids": True})  # fmt: skip
+    answer = client.chat.completions.create(
+        model=name,
+        messages=TASK["prompt"],
+        tools=[ADD],
+        max_tokens=40,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
     tokenizer = load_tokenizer(str(AGENT_MODEL))
-    rendered = tokenizer.apply_chat_template(TASK["prompt"], tools=[ADD], tokenize=False,
-                                             add_generation_prompt=True)  # fmt: skip
+    rendered = tokenizer.apply_chat_template(
+        TASK["prompt"], tools=[ADD], tokenize=False, add_generation_prompt=True
+    )
     extra = answer.model_extra
     assert extra["prompt_token_ids"] == tokenizer(rendered, add_special_tokens=False).input_ids
     assert extra["weight_version"] == 0
@@ -133,15 +169,24 @@ def play_calc(router: RouterProc, session: str, key: str = "unused") -> list:
             break
         for call in message.tool_calls:
             args = json.loads(call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": str(int(args.get("a", 0)) + int(args.get("b", 0)))})  # fmt: skip
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "content": str(int(args.get("a", 0)) + int(args.get("b", 0))),
+                }
+            )
     return seen
 
 
 def masked(branches: list[dict], name: str) -> list:
     """The values of ``name`` at the sampled positions (mask 1), branch after branch."""
-    return [value for branch in branches
-            for value, mask in zip(branch[name], branch["response_mask"], strict=True) if mask]  # fmt: skip
+    return [
+        value
+        for branch in branches
+        for value, mask in zip(branch[name], branch["response_mask"], strict=True)
+        if mask
+    ]
 
 
 def test_a_session_records_the_sampled_tokens_across_routers(fleet: Fleet) -> None:
@@ -156,7 +201,8 @@ def test_a_session_records_the_sampled_tokens_across_routers(fleet: Fleet) -> No
         t for c in choices for t in c.model_extra["token_ids"]
     ]
     assert masked(segments, "response_logprobs") == pytest.approx(
-        [x.logprob for c in choices for x in c.logprobs.content])  # fmt: skip
+        [x.logprob for c in choices for x in c.logprobs.content]
+    )
     assert set(masked(segments, "response_versions")) == {0}
     assert episode["token_native"] == (len(segments) == 1)
     assert episode["num_branches"] == len(segments) and episode["multi_call"] == "merge_prefixes"
@@ -211,11 +257,22 @@ def test_a_session_that_never_ends_expires_and_is_counted(fleet: Fleet) -> None:
 # ---- the env worker's side: workflows and verifiers environments --------------------------
 
 
-def runner_for(fleet: Fleet, env: str, env_kwargs: dict | None = None,
-               timeout_s: float = 120.0, multi_call: str = "merge_prefixes") -> EpisodeRunner:  # fmt: skip
-    agent = AgentConfig(env=env, env_kwargs=env_kwargs or {}, gateway_url=fleet.a.base_url,
-                        episode_timeout_s=timeout_s, step_timeout_s=min(60.0, timeout_s),
-                        tool_timeout_s=min(10.0, timeout_s), multi_call=multi_call)  # fmt: skip
+def runner_for(
+    fleet: Fleet,
+    env: str,
+    env_kwargs: dict | None = None,
+    timeout_s: float = 120.0,
+    multi_call: str = "merge_prefixes",
+) -> EpisodeRunner:
+    agent = AgentConfig(
+        env=env,
+        env_kwargs=env_kwargs or {},
+        gateway_url=fleet.a.base_url,
+        episode_timeout_s=timeout_s,
+        step_timeout_s=min(60.0, timeout_s),
+        tool_timeout_s=min(10.0, timeout_s),
+        multi_call=multi_call,
+    )
     make_env = load_env_factory(agent.env, agent.env_kwargs)
     client = RolloutClient(fleet.a.address)
     return EpisodeRunner(make_env, load_renderer(str(AGENT_MODEL)), client, agent)
@@ -225,8 +282,9 @@ async def play(runner: EpisodeRunner, task: dict = TASK, max_tokens: int = 40):
     from rlfleet.agent.episode import Episode
 
     settings = EpisodeSettings(SamplingParams(temperature=1.0, max_tokens=max_tokens), 4, 400)
-    outcome = await runner.play(QueuedEpisode(EpisodeJob(f"ep-{uuid.uuid4().hex[:8]}", task),
-                                              settings))  # fmt: skip
+    outcome = await runner.play(
+        QueuedEpisode(EpisodeJob(f"ep-{uuid.uuid4().hex[:8]}", task), settings)
+    )
     await runner.client.close()
     return outcome, Episode.decode(outcome.episode)
 
@@ -271,8 +329,9 @@ async def test_a_verifiers_environment_runs_unchanged_through_the_gateway(
     fleet: Fleet, kind: str
 ) -> None:
     pytest.importorskip("verifiers")
-    runner = runner_for(fleet, "examples.agents.verifiers_calc:load_environment",
-                        {"kind": kind, "max_turns": 3})  # fmt: skip
+    runner = runner_for(
+        fleet, "examples.agents.verifiers_calc:load_environment", {"kind": kind, "max_turns": 3}
+    )
     outcome, episode = await play(runner, {"question": "12+34+56=", "answer": "102"})
     assert not outcome.error, outcome.error
     assert 1 <= episode.num_turns <= (1 if kind == "single" else 3)
@@ -330,8 +389,9 @@ async def test_a_verifiers_multi_turn_env_cut_by_max_tokens_trains_every_call(
     fleet: Fleet,
 ) -> None:
     pytest.importorskip("verifiers")
-    runner = runner_for(fleet, "examples.agents.verifiers_calc:load_environment",
-                        {"kind": "multi", "max_turns": 3})  # fmt: skip
+    runner = runner_for(
+        fleet, "examples.agents.verifiers_calc:load_environment", {"kind": "multi", "max_turns": 3}
+    )
     calls = rl(fleet.a, "stats").json()["calls"]
     outcome, episode = await play(runner, {"question": "12+34+56=", "answer": "102"}, 6)
     assert not outcome.error, outcome.error

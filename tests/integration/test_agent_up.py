@@ -19,8 +19,13 @@ from agent_train_rows import calc_train_rows, train_files_override
 from up_proc import failure_report, read_metrics, run_up
 
 TASKS, GROUP = 2, 2  # the smallest batch that still forms GRPO groups
-SMALL = ["data.val_size=4", "trainer.test_freq=2", f"data.train_batch_size={TASKS}",
-         f"rollout.n={GROUP}", "dashboard.enabled=false"]  # fmt: skip
+SMALL = [
+    "data.val_size=4",
+    "trainer.test_freq=2",
+    f"data.train_batch_size={TASKS}",
+    f"rollout.n={GROUP}",
+    "dashboard.enabled=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +51,14 @@ def trained_steps(run_dir) -> list[dict]:
 def test_episodes_train_through_the_whole_fleet(tmp_path, train_rows, env, multi_turn):
     run_dir = tmp_path / "run"
     started = time.monotonic()
-    result = run_up(run_dir, "hf", steps=2, config="agent_calc.yaml", replicas=1,
-                    extra=[*SMALL, train_rows, f"agent.env={env}",
-                           f"cluster=agent{abs(hash(env)) % 997}"])  # fmt: skip
+    result = run_up(
+        run_dir,
+        "hf",
+        steps=2,
+        config="agent_calc.yaml",
+        replicas=1,
+        extra=[*SMALL, train_rows, f"agent.env={env}", f"cluster=agent{abs(hash(env)) % 997}"],
+    )
     print(f"rlfleet up agent.env={env}: {time.monotonic() - started:.1f} s")
     assert result.returncode == 0, failure_report(result, run_dir)
     steps = trained_steps(run_dir)

@@ -26,8 +26,13 @@ from up_proc import failure_report, read_metrics, run_up
 pytestmark = pytest.mark.slow
 
 TASKS, GROUP = 2, 2
-SMALL = [f"data.train_batch_size={TASKS}", f"rollout.n={GROUP}", "data.val_size=4",
-         "trainer.val_before_train=false", "dashboard.enabled=false"]  # fmt: skip
+SMALL = [
+    f"data.train_batch_size={TASKS}",
+    f"rollout.n={GROUP}",
+    "data.val_size=4",
+    "trainer.val_before_train=false",
+    "dashboard.enabled=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +45,20 @@ def train(tmp_path: Path, train_rows: str, env: str, *extra: str) -> list[dict]:
     """Two steps of ``agent.env=env`` through ``rlfleet up``; the trained steps' rows."""
     run_dir = tmp_path / "run"
     started = time.monotonic()
-    result = run_up(run_dir, "hf", steps=2, config="agent_calc.yaml", replicas=1,
-                    extra=[*SMALL, train_rows, f"agent.env={env}",
-                           f"cluster=conv{abs(hash(env)) % 997}", *extra])  # fmt: skip
+    result = run_up(
+        run_dir,
+        "hf",
+        steps=2,
+        config="agent_calc.yaml",
+        replicas=1,
+        extra=[
+            *SMALL,
+            train_rows,
+            f"agent.env={env}",
+            f"cluster=conv{abs(hash(env)) % 997}",
+            *extra,
+        ],
+    )
     print(f"rlfleet up agent.env={env}: {time.monotonic() - started:.1f} s")
     assert result.returncode == 0, failure_report(result, run_dir)
     rows = [row for row in read_metrics(run_dir) if "agent/episodes" in row]
@@ -75,8 +91,12 @@ def test_a_verifiers_multi_turn_env_trains_every_call(tmp_path: Path, train_rows
     its calls re-render the conversation, and every one of them is trained (issue 28: this
     run once trained 0.95-1.0 turns per episode, the last call of each)."""
     pytest.importorskip("verifiers")
-    rows = train(tmp_path, train_rows, "examples.agents.verifiers_calc:load_environment",
-                 "agent.env_kwargs={kind: multi, max_turns: 3}")  # fmt: skip
+    rows = train(
+        tmp_path,
+        train_rows,
+        "examples.agents.verifiers_calc:load_environment",
+        "agent.env_kwargs={kind: multi, max_turns: 3}",
+    )
     report_turns("verifiers multi", rows)
     assert all(row["agent/turns/mean"] > 1 for row in rows)
 
@@ -89,17 +109,23 @@ def test_an_openai_agent_cut_by_max_tokens_trains_every_call(
     policy's template they do), branches where not: every call's tokens are trained, more than
     one 8-token call's worth per episode."""
     pytest.importorskip("openai")
-    rows = train(tmp_path, train_rows, "examples.agents.openai_agent:run",
-                 "agent.env_kwargs={max_tokens: 8, max_turns: 4}")  # fmt: skip
+    rows = train(
+        tmp_path,
+        train_rows,
+        "examples.agents.openai_agent:run",
+        "agent.env_kwargs={max_tokens: 8, max_turns: 4}",
+    )
     report_turns("openai agent, 8-token turns", rows)
     assert all(row["agent/turns/mean"] > 1 and row["agent/sampled_tokens/mean"] > 8 for row in rows)
 
 
 def report_turns(what: str, rows: list[dict]) -> None:
     for row in rows:
-        print(f"{what}: step {row['step']}: turns/mean {row['agent/turns/mean']:.2f}, "
-              f"branches/mean {row['agent/branches/mean']:.2f}, sampled_tokens/mean "
-              f"{row['agent/sampled_tokens/mean']:.1f}, failed {row['agent/failed']}")  # fmt: skip
+        print(
+            f"{what}: step {row['step']}: turns/mean {row['agent/turns/mean']:.2f}, "
+            f"branches/mean {row['agent/branches/mean']:.2f}, sampled_tokens/mean "
+            f"{row['agent/sampled_tokens/mean']:.1f}, failed {row['agent/failed']}"
+        )
 
 
 @pytest.fixture
@@ -131,6 +157,10 @@ def _healthy(url: str) -> bool:
 
 def test_an_openenv_server(tmp_path: Path, train_rows: str, openenv_server: str) -> None:
     """The typed ``EnvClient`` of a real OpenEnv server: one WebSocket session per episode."""
-    rows = train(tmp_path, train_rows, "examples.agents.openenv_guess:GuessClient",
-                 f'agent.env_kwargs={{base_url: "{openenv_server}"}}')  # fmt: skip
+    rows = train(
+        tmp_path,
+        train_rows,
+        "examples.agents.openenv_guess:GuessClient",
+        f'agent.env_kwargs={{base_url: "{openenv_server}"}}',
+    )
     assert all(row["agent/turns/mean"] > 1 for row in rows)

@@ -37,13 +37,17 @@ def _why_skip() -> str | None:
     except ImportError:
         return "playwright is not installed (scripts/setup_venv.sh installs it)"
     if chromium_path() is None:
-        return ("no Chromium binary (apt-get install chromium chromium-driver, as "
-                "scripts/setup_venv.sh does when run as root; or set RLFLEET_CHROMIUM)")  # fmt: skip
+        return (
+            "no Chromium binary (apt-get install chromium chromium-driver, as "
+            "scripts/setup_venv.sh does when run as root; or set RLFLEET_CHROMIUM)"
+        )
     return None
 
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_why_skip() is not None,
-                                                   reason=_why_skip() or "")]  # fmt: skip
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_why_skip() is not None, reason=_why_skip() or ""),
+]
 
 
 def dashboard_url(run_dir: Path) -> str | None:
@@ -62,8 +66,9 @@ def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dashboard")
     run_dir = tmp / "run"
     extra = ["trainer.test_freq=10", "dashboard.enabled=true", "dashboard.refresh_s=0.5"]
-    up = ServiceProcess.start(up_argv(run_dir, "hf", 100_000, extra), tmp / "up.log",
-                              name="rlfleet up")  # fmt: skip
+    up = ServiceProcess.start(
+        up_argv(run_dir, "hf", 100_000, extra), tmp / "up.log", name="rlfleet up"
+    )
     try:
         url = up.wait_until(lambda: dashboard_url(run_dir), 240, "the dashboard")
         yield up, run_dir, url, tmp
@@ -76,8 +81,11 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=chromium_path(), headless=True,
-                                     args=["--no-sandbox", "--disable-dev-shm-usage"])  # fmt: skip
+        chromium = p.chromium.launch(
+            executable_path=chromium_path(),
+            headless=True,
+            args=["--no-sandbox", "--disable-dev-shm-usage"],
+        )
         yield chromium
         chromium.close()
 
@@ -145,7 +153,8 @@ def test_a_killed_replica_is_marked_down_then_up_after_its_restart(fleet, browse
 def replica_pid(run_dir: Path, replica_id: str) -> int:
     found = subprocess.run(
         ["pgrep", "-f", f"run_dir={run_dir} .*rollout.replica_id={replica_id}"],
-        capture_output=True, text=True,
-    ).stdout.split()  # fmt: skip
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     assert len(found) == 1, f"expected one {replica_id} process, found {found}"
     return int(found[0])

@@ -13,10 +13,20 @@ from rlfleet.rollout.types import ReplicaState
 
 def dead_config(tmp_path, redis_url: str, cluster: str):
     """A config on ``redis_url`` whose every endpoint is a port nobody listens on."""
-    dead = [f"endpoints.{role}=127.0.0.1:{free_port()}"
-            for role in ("router", "reward", "refcritic", "trainer")]  # fmt: skip
-    return load_config(None, [f"run_dir={tmp_path}", f"redis_url={redis_url}",
-                              f"cluster={cluster}", "dashboard.probe_timeout_s=0.5", *dead])  # fmt: skip
+    dead = [
+        f"endpoints.{role}=127.0.0.1:{free_port()}"
+        for role in ("router", "reward", "refcritic", "trainer")
+    ]
+    return load_config(
+        None,
+        [
+            f"run_dir={tmp_path}",
+            f"redis_url={redis_url}",
+            f"cluster={cluster}",
+            "dashboard.probe_timeout_s=0.5",
+            *dead,
+        ],
+    )
 
 
 async def test_probe_falls_back_to_the_registry_and_shows_an_expired_replica_down(

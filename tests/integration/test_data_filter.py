@@ -33,19 +33,38 @@ def prompts(tmp_path: Path, rows: list[dict]) -> Path:
 
 
 def data_filter(src: Path, dst: Path, *extra: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "rlfleet.cli", "data", "filter", "--input", str(src),
-            "--output", str(dst), "--config", CONFIG, "--k", "4", "--batch-size", "4",
-            "--no-progress", *FLEET, *extra]  # fmt: skip
-    return subprocess.run(argv, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "data",
+        "filter",
+        "--input",
+        str(src),
+        "--output",
+        str(dst),
+        "--config",
+        CONFIG,
+        "--k",
+        "4",
+        "--batch-size",
+        "4",
+        "--no-progress",
+        *FLEET,
+        *extra,
+    ]
+    return subprocess.run(
+        argv, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=180
+    )
 
 
 @pytest.fixture(scope="module")
 def run_dir(redis_server, tmp_path_factory) -> Iterator[Path]:
     """A running fleet on the test session's Redis, recorded in its run directory."""
     path = tmp_path_factory.mktemp("fleet")
-    with serving_fleet(CONFIG, [*FLEET, f"redis_url={redis_server.url}", f"run_dir={path}"],
-                       wait_s=120):  # fmt: skip
+    with serving_fleet(
+        CONFIG, [*FLEET, f"redis_url={redis_server.url}", f"run_dir={path}"], wait_s=120
+    ):
         yield path
 
 
@@ -77,8 +96,16 @@ def test_a_data_source_without_a_scorer_is_refused(run_dir, tmp_path):
 def test_a_band_nothing_falls_in_names_the_band_and_the_histogram(run_dir, tmp_path):
     dst = tmp_path / "out.parquet"
     # no score reaches 2.0, so every pass rate is 0: outside [0.5, 1] whatever was sampled
-    done = data_filter(prompts(tmp_path, ROWS[:6]), dst, "--run-dir", str(run_dir),
-                       "--band", "0.5,1", "--correct-at", "2")  # fmt: skip
+    done = data_filter(
+        prompts(tmp_path, ROWS[:6]),
+        dst,
+        "--run-dir",
+        str(run_dir),
+        "--band",
+        "0.5,1",
+        "--correct-at",
+        "2",
+    )
     assert done.returncode == 2
     assert "no prompt has a pass rate in the band [0.5, 1]" in done.stderr
     assert "0/4: 6  1/4: 0  2/4: 0  3/4: 0  4/4: 0" in done.stderr

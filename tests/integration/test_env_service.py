@@ -51,8 +51,10 @@ pytestmark = [
     pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny model not built"),
 ]
 
-TEMPLATE = ("{%- for m in messages %}{%- if m.role == 'assistant' %}{{ m.content }}<eos>"
-            "{%- else %}<bos>{{ m.content }}{%- endif %}{%- endfor %}")  # fmt: skip
+TEMPLATE = (
+    "{%- for m in messages %}{%- if m.role == 'assistant' %}{{ m.content }}<eos>"
+    "{%- else %}<bos>{{ m.content }}{%- endif %}{%- endfor %}"
+)
 ENV_MODULE = '''
 import asyncio
 
@@ -119,11 +121,20 @@ def env_processes(fleet: Fleet, run_dir: Path) -> EnvFleet:
     """The command line every env process of this file shares, and its environment."""
     (run_dir / "two_turn_env.py").write_text(ENV_MODULE)
     port = free_port()
-    args = [sys.executable, "-m", "rlfleet.env.main", f"redis_url={fleet.redis_url}",
-            f"cluster={fleet.keys.cluster}", f"endpoints.router={fleet.address}",
-            f"model.path={chat_model(run_dir)}", "agent.env=two_turn_env:TwoTurnEnv",
-            "agent.env_kwargs={delay_s: 0.1}", "agent.max_episode_tokens=64",
-            "agent.reclaim_idle_s=1.0", f"agent.port={port}"]  # fmt: skip
+    args = [
+        sys.executable,
+        "-m",
+        "rlfleet.env.main",
+        f"redis_url={fleet.redis_url}",
+        f"cluster={fleet.keys.cluster}",
+        f"endpoints.router={fleet.address}",
+        f"model.path={chat_model(run_dir)}",
+        "agent.env=two_turn_env:TwoTurnEnv",
+        "agent.env_kwargs={delay_s: 0.1}",
+        "agent.max_episode_tokens=64",
+        "agent.reclaim_idle_s=1.0",
+        f"agent.port={port}",
+    ]
     env = clean_env(RLFLEET_RUN_DIR=str(run_dir), PYTHONPATH=str(run_dir))
     return EnvFleet(fleet, f"127.0.0.1:{port}", args, env, run_dir)
 
@@ -146,8 +157,9 @@ def env_fleet(redis_server: EmbeddedRedis, tmp_path_factory) -> Iterator[EnvFlee
 
 def start_env_fleet(envs: EnvFleet) -> EnvFleet:
     front_args = [*envs.args, "agent.workers=0"]
-    envs.front = ServiceProcess.start(front_args, envs.run_dir / "env-front.log", "env front",
-                                      env=envs.env)  # fmt: skip
+    envs.front = ServiceProcess.start(
+        front_args, envs.run_dir / "env-front.log", "env front", env=envs.env
+    )
     starting = [envs.start_worker(), envs.start_worker()]
     add_replica(envs.fleet, "ra")
     add_replica(envs.fleet, "rb")
@@ -184,8 +196,9 @@ def check_episode(result: EpisodeResult) -> None:
     between = episode.response_ids[first:second]
     closing = [] if episode.response_ids[first - 1] == EOS else [EOS]
     assert between == closing + OBSERVATION_IDS and all(episode.response_mask[second:])
-    for mask, logprob, version in zip(episode.response_mask, episode.response_logprobs,
-                                      episode.response_versions, strict=True):  # fmt: skip
+    for mask, logprob, version in zip(
+        episode.response_mask, episode.response_logprobs, episode.response_versions, strict=True
+    ):
         assert (logprob <= 0.0 and version == 0) if mask else (logprob, version) == (0, NO_VERSION)
     assert len(result.replica_ids) == 2 and len(set(result.replica_ids)) == 1
     assert result.replica_ids[0] in {"ra", "rb"}
@@ -217,12 +230,18 @@ async def test_bad_requests_are_refused_naming_the_field(env_fleet, client):
     stub = env_pb2_grpc.EnvStub(channel)
     bad = [
         (env_pb2.RunEpisodesRequest(jobs=[{"episode_id": ""}]), "jobs[0].episode_id"),
-        (env_pb2.RunEpisodesRequest(jobs=[{"episode_id": "a"}, {"episode_id": "a"}]),
-         "jobs[1].episode_id"),
-        (env_pb2.RunEpisodesRequest(jobs=[{"episode_id": "a"}], sampling={"n": 2, "max_tokens": 4}),
-         "sampling.n"),
+        (
+            env_pb2.RunEpisodesRequest(jobs=[{"episode_id": "a"}, {"episode_id": "a"}]),
+            "jobs[1].episode_id",
+        ),
+        (
+            env_pb2.RunEpisodesRequest(
+                jobs=[{"episode_id": "a"}], sampling={"n": 2, "max_tokens": 4}
+            ),
+            "sampling.n",
+        ),
         (env_pb2.RunEpisodesRequest(jobs=[{"episode_id": "a"}], max_turns=-1), "max_turns"),
-    ]  # fmt: skip
+    ]
     try:
         for request, name in bad:
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -280,9 +299,15 @@ def freeze_when_busy(env_fleet: EnvFleet, victim: ServiceProcess) -> set[str]:
 def held_by(client: redis.Redis, env_fleet: EnvFleet, pid: int) -> set[str]:
     """Episode ids pending on the consumers of process ``pid``."""
     stream = env_fleet.fleet.keys.env_stream
-    names = [c["name"] for c in client.xinfo_consumers(stream, ENV_GROUP)
-             if f"-{pid}-env-".encode() in c["name"] and int(c["pending"])]  # fmt: skip
-    entries = [p["message_id"] for name in names
-               for p in client.xpending_range(stream, ENV_GROUP, "-", "+", 100, consumername=name)]  # fmt: skip
+    names = [
+        c["name"]
+        for c in client.xinfo_consumers(stream, ENV_GROUP)
+        if f"-{pid}-env-".encode() in c["name"] and int(c["pending"])
+    ]
+    entries = [
+        p["message_id"]
+        for name in names
+        for p in client.xpending_range(stream, ENV_GROUP, "-", "+", 100, consumername=name)
+    ]
     payloads = [client.xrange(stream, eid, eid) for eid in entries]
     return {json.loads(found[0][1][b"payload"])["job"]["episode_id"] for found in payloads if found}

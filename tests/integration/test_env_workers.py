@@ -122,14 +122,17 @@ async def test_two_env_processes_share_a_batch_whoever_began_reading_first(
             clients.append(client)
             runner = EpisodeRunner(RaisingEnv, renderer, nowhere, config)
             turn = asyncio.Lock()
-            lanes = [EnvWorker(env_queue(client, keys), runner, f"{name}-{i}", 10.0, turn)
-                     for i in range(LANES)]  # fmt: skip
+            lanes = [
+                EnvWorker(env_queue(client, keys), runner, f"{name}-{i}", 10.0, turn)
+                for i in range(LANES)
+            ]
             for lane in lanes:
                 group.add(lane)
             processes.append(lanes)
             await wait_for(lambda name=name: _blocked_reading(redis_client, name))
-        outcomes = await service.run_episodes([EpisodeJob(f"e{i}", TASK) for i in range(8)],
-                                              SETTINGS)  # fmt: skip
+        outcomes = await service.run_episodes(
+            [EpisodeJob(f"e{i}", TASK) for i in range(8)], SETTINGS
+        )
     finally:
         await group.stop()
         for client in clients:
@@ -141,5 +144,7 @@ async def test_two_env_processes_share_a_batch_whoever_began_reading_first(
 
 async def _blocked_reading(redis: aioredis.Redis, name: str) -> bool:
     """True while a connection named ``name`` is blocked in XREADGROUP (``CLIENT LIST``)."""
-    return any(c.get("name") == name and c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
-               for c in await redis.client_list())  # fmt: skip
+    return any(
+        c.get("name") == name and c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
+        for c in await redis.client_list()
+    )

@@ -62,8 +62,14 @@ SETTINGS = [
     "trainer.replica_wait_s=300",
     "data.pass_rate_sampling.enable=true",
 ]
-NOT_COMPARED = ("timing_s/", "weight_sync/", "perf/", "training/weight_version", "segment",
-                "retrained")  # fmt: skip
+NOT_COMPARED = (
+    "timing_s/",
+    "weight_sync/",
+    "perf/",
+    "training/weight_version",
+    "segment",
+    "retrained",
+)
 """Wall-clock times and weight-push sizes and versions differ between runs by nature; the
 resumed run's rows are marked as such (``segment``, ``retrained``)."""
 
@@ -84,9 +90,17 @@ def _ready(run_dir: Path) -> dict | None:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     run_dir = tmp_path_factory.mktemp("resume-fleet")
     argv = [
-        sys.executable, "-m", "rlfleet.cli", "up", "--no-trainer", "--rollout-replicas", "1",
-        f"run_dir={run_dir}", f"cluster=resume{free_port()}", *SETTINGS,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "up",
+        "--no-trainer",
+        "--rollout-replicas",
+        "1",
+        f"run_dir={run_dir}",
+        f"cluster=resume{free_port()}",
+        *SETTINGS,
+    ]
     up = ServiceProcess.start(argv, run_dir / "up.log", name="rlfleet up")
     try:
         endpoints = up.wait_until(lambda: _ready(run_dir), 300, "writing endpoints")
@@ -104,9 +118,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 def start_trainer(fleet: Fleet, run_dir: Path, log_name: str) -> ServiceProcess:
     argv = [
-        sys.executable, "-m", "rlfleet.cli", "trainer", *SETTINGS, *fleet.addresses,
-        f"run_dir={run_dir}", f"trainer.port={free_port()}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "trainer",
+        *SETTINGS,
+        *fleet.addresses,
+        f"run_dir={run_dir}",
+        f"trainer.port={free_port()}",
+    ]
     return ServiceProcess.start(argv, run_dir / log_name, name="trainer")
 
 

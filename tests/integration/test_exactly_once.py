@@ -42,15 +42,26 @@ pytestmark = [
 ]
 DELAY_S = 1.0  # every queued request sleeps this long on its replica before generating
 TTL_S = 2.0  # heartbeat lease
-REPLICA_ARGS = ("rollout.backend=hf", f"rollout.heartbeat_ttl_s={TTL_S}",
-                f"rollout.debug_generate_delay_s={DELAY_S}")  # fmt: skip
+REPLICA_ARGS = (
+    "rollout.backend=hf",
+    f"rollout.heartbeat_ttl_s={TTL_S}",
+    f"rollout.debug_generate_delay_s={DELAY_S}",
+)
 
 
 def start_router(url: str, keys: Keys, log_path: Path, *extra: str) -> tuple[ServiceProcess, str]:
     port = free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-               f"redis_url={url}", f"cluster={keys.cluster}", "router.janitor_interval_s=0.3",
-               *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.router.main",
+        "--port",
+        str(port),
+        f"redis_url={url}",
+        f"cluster={keys.cluster}",
+        "router.janitor_interval_s=0.3",
+        *extra,
+    ]
     router = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 60))
     return router, f"127.0.0.1:{port}"
 
@@ -70,13 +81,18 @@ class Fleet:
 def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     log_dir = tmp_path_factory.mktemp("exactly_once")
     keys = Keys(f"t{uuid.uuid4().hex[:12]}")
-    router, address = start_router(redis_server.url, keys, log_dir / "router1.log",
-                                   "router.debug_move_delay_s=0.1")  # fmt: skip
+    router, address = start_router(
+        redis_server.url, keys, log_dir / "router1.log", "router.debug_move_delay_s=0.1"
+    )
     fleet = Fleet(keys, redis_server.url, log_dir, router, address, routers=[router])
     try:
         with ThreadPoolExecutor(2) as pool:  # both load their model at once
-            futures = [pool.submit(start_replica, fleet.url, keys, rid, log_dir / f"{rid}.log",
-                                   *REPLICA_ARGS) for rid in ("ea", "eb")]  # fmt: skip
+            futures = [
+                pool.submit(
+                    start_replica, fleet.url, keys, rid, log_dir / f"{rid}.log", *REPLICA_ARGS
+                )
+                for rid in ("ea", "eb")
+            ]
         for future in futures:  # a failed start stopped its own process; keep the others
             if future.exception() is None:
                 fleet.replicas[future.result().replica_id] = future.result()
@@ -107,8 +123,9 @@ async def redis(fleet: Fleet):
 
 
 def make_request(request_id: str, prompt: str = "12+34=", timeout_s: float = 60) -> GenerateRequest:
-    return GenerateRequest(request_id, SamplingParams(n=1, max_tokens=4), prompt_text=prompt,
-                           timeout_s=timeout_s)  # fmt: skip
+    return GenerateRequest(
+        request_id, SamplingParams(n=1, max_tokens=4), prompt_text=prompt, timeout_s=timeout_s
+    )
 
 
 async def generate(address: str, request: GenerateRequest, timeout_s: float = 90):
@@ -178,8 +195,10 @@ async def test_a_timed_out_call_is_aborted_and_its_retry_runs(fleet: Fleet, redi
         await generate(fleet.address, request)
     assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     logs = lambda: [r.proc.log() for r in fleet.replicas.values()]  # noqa: E731
-    await until(lambda: any(f"request {request.request_id} aborted" in log for log in logs()),
-                what="abort logged")  # fmt: skip
+    await until(
+        lambda: any(f"request {request.request_id} aborted" in log for log in logs()),
+        what="abort logged",
+    )
     await asyncio.sleep(DELAY_S)  # an execution that was not aborted would answer by now
     assert await served(fleet) == before
     assert await redis.get(fleet.keys.result(request.request_id)) is None

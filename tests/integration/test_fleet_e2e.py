@@ -121,9 +121,15 @@ def test_ctrl_c_stops_the_whole_fleet(tmp_path):
     (exec keeps the ignore; Python then installs no Ctrl-C handler of its own)."""
     marker = tmp_path / "interrupted-run"
     up_argv = [
-        "-m", "rlfleet.cli", "up", "--no-trainer", "--rollout-replicas", "2",
-        f"run_dir={marker}", "rollout.backend=hf",
-    ]  # fmt: skip
+        "-m",
+        "rlfleet.cli",
+        "up",
+        "--no-trainer",
+        "--rollout-replicas",
+        "2",
+        f"run_dir={marker}",
+        "rollout.backend=hf",
+    ]
     ignore_sigint_then_exec = (
         "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
         "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"

@@ -62,16 +62,25 @@ class Fleet:
 def launch_fleet(redis_url: str, log_dir: Path, replica_ids: list[str], *extra: str) -> Fleet:
     """A router and replicas of their own cluster; stopped by ``teardown``."""
     keys, port = Keys(f"t{uuid.uuid4().hex[:12]}"), free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-               f"redis_url={redis_url}", f"cluster={keys.cluster}",
-               "router.janitor_interval_s=0.3"]  # fmt: skip
-    router = start_and_wait(command, log_dir / "router.log",
-                            lambda p: p.wait_for_line("router ready", 60))  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.router.main",
+        "--port",
+        str(port),
+        f"redis_url={redis_url}",
+        f"cluster={keys.cluster}",
+        "router.janitor_interval_s=0.3",
+    ]
+    router = start_and_wait(
+        command, log_dir / "router.log", lambda p: p.wait_for_line("router ready", 60)
+    )
     fleet = Fleet(keys, redis_url, router, f"127.0.0.1:{port}", log_dir)
     try:
         for rid in replica_ids:
-            fleet.replicas[rid] = start_replica(redis_url, keys, rid, log_dir / f"{rid}.log",
-                                                *REPLICA_ARGS, *extra)  # fmt: skip
+            fleet.replicas[rid] = start_replica(
+                redis_url, keys, rid, log_dir / f"{rid}.log", *REPLICA_ARGS, *extra
+            )
     except BaseException:
         teardown(fleet)
         raise
@@ -101,8 +110,10 @@ async def client(fleet: Fleet) -> AsyncIterator[RolloutClient]:
 def batch(prompts: list[str], sessions: list[str] | None = None, n: int = 4, tokens: int = 8):
     sampling = SamplingParams(n=n, max_tokens=tokens, temperature=1.0)
     sessions = sessions or [f"s-{uuid.uuid4().hex[:8]}" for _ in prompts]
-    return [GenerateRequest(f"q-{uuid.uuid4().hex}", sampling, prompt_text=p, session_id=s)
-            for p, s in zip(prompts, sessions, strict=True)]  # fmt: skip
+    return [
+        GenerateRequest(f"q-{uuid.uuid4().hex}", sampling, prompt_text=p, session_id=s)
+        for p, s in zip(prompts, sessions, strict=True)
+    ]
 
 
 # ---- the real router and replicas ------------------------------------------------------------
@@ -214,8 +225,12 @@ async def test_a_replicas_share_runs_as_one_engine_batch(own_cluster, tmp_path: 
     from rlfleet.rollout.replica import Replica
 
     redis, keys = own_cluster
-    overrides = [f"cluster={keys.cluster}", f"model.path={MODEL}", "rollout.backend=hf",
-                 f"run_dir={tmp_path}"]  # fmt: skip
+    overrides = [
+        f"cluster={keys.cluster}",
+        f"model.path={MODEL}",
+        "rollout.backend=hf",
+        f"run_dir={tmp_path}",
+    ]
     config = load_config(overrides=overrides, env={})
     replica = Replica(config, HFEngine(config), redis, keys, "solo", "in-process:0")
     await replica.start()
@@ -236,8 +251,10 @@ async def test_an_entry_failing_as_a_whole_fails_every_member(own_cluster):
     queue = WorkQueue(redis, keys, keys.rollout_stream("fake"), "rollout")
     await queue.ensure_group()
     core = RouterCore(redis, keys, load_config(overrides=[], env={}))
-    for code, raised in ((ErrorCode.INVALID_ARGUMENT, InvalidArgument),
-                         (ErrorCode.INTERNAL, Unavailable)):  # fmt: skip
+    for code, raised in (
+        (ErrorCode.INVALID_ARGUMENT, InvalidArgument),
+        (ErrorCode.INTERNAL, Unavailable),
+    ):
         requests = batch(["1+2=", "3+4=", "5+6="], n=1)
         call = asyncio.ensure_future(core.generate_batch(requests))
         jobs = []
@@ -258,8 +275,9 @@ async def test_an_entry_failing_as_a_whole_fails_every_member(own_cluster):
 @pytest.fixture
 def slow_fleet(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Fleet]:
     """Two replicas that sleep 3 s inside every entry before generating."""
-    fleet = launch_fleet(redis_server.url, tmp_path, ["slow-a", "slow-b"],
-                         "rollout.debug_generate_delay_s=3")  # fmt: skip
+    fleet = launch_fleet(
+        redis_server.url, tmp_path, ["slow-a", "slow-b"], "rollout.debug_generate_delay_s=3"
+    )
     yield fleet
     teardown(fleet)
 

@@ -73,9 +73,17 @@ def test_router_without_a_key_keeps_them_open(redis_url, keys, tmp_path):
 
 def test_router_metrics_only_server_needs_the_key(redis_url, keys, tmp_path):
     port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-            f"redis_url={redis_url}", f"cluster={keys.cluster}", f"api_key={KEY}",
-            f"router.metrics_port={metrics_port}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.router.main",
+        "--port",
+        str(port),
+        f"redis_url={redis_url}",
+        f"cluster={keys.cluster}",
+        f"api_key={KEY}",
+        f"router.metrics_port={metrics_port}",
+    ]
     router = ServiceProcess.start(argv, tmp_path / "router.log", "router")
     try:
         router.wait_for_line("router ready", 60)
@@ -86,9 +94,17 @@ def test_router_metrics_only_server_needs_the_key(redis_url, keys, tmp_path):
 
 def test_reward_http_front_guards_metrics_and_docs_with_a_key(redis_url, keys, tmp_path: Path):
     http_port = free_port()
-    argv = [sys.executable, "-m", "rlfleet.reward.main", f"cluster={keys.cluster}",
-            f"redis_url={redis_url}", f"api_key={KEY}", f"reward.http_port={http_port}",
-            "--port", str(free_port())]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.reward.main",
+        f"cluster={keys.cluster}",
+        f"redis_url={redis_url}",
+        f"api_key={KEY}",
+        f"reward.http_port={http_port}",
+        "--port",
+        str(free_port()),
+    ]
     reward = ServiceProcess.start(argv, tmp_path / "reward.log", "reward")
     try:
         reward.wait_for_line("listening on port", 60)
@@ -101,8 +117,15 @@ def test_reward_http_front_guards_metrics_and_docs_with_a_key(redis_url, keys, t
 
 def test_replica_metrics_need_the_key(redis_url, keys, tmp_path):
     port = free_port()
-    replica = start_replica(redis_url, keys, "auth", tmp_path / "replica.log", "rollout.backend=hf",
-                            f"api_key={KEY}", f"rollout.metrics_port={port}")  # fmt: skip
+    replica = start_replica(
+        redis_url,
+        keys,
+        "auth",
+        tmp_path / "replica.log",
+        "rollout.backend=hf",
+        f"api_key={KEY}",
+        f"rollout.metrics_port={port}",
+    )
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         assert status(url)[0] == 401 and status(url, "wrong")[0] == 401

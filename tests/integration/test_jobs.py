@@ -109,8 +109,11 @@ async def test_answers_come_back_in_order_with_their_codes(queue, group, redis_c
     answers = await producer.run([b"a", b"missing", b"boom", b"b"])
     assert [a.payload for a in answers] == [b"A", b"", b"", b"B"]
     assert [a.code for a in answers] == [
-        ErrorCode.OK, ErrorCode.NOT_FOUND, ErrorCode.INTERNAL, ErrorCode.OK
-    ]  # fmt: skip
+        ErrorCode.OK,
+        ErrorCode.NOT_FOUND,
+        ErrorCode.INTERNAL,
+        ErrorCode.OK,
+    ]
     with pytest.raises(NotFound, match="no such thing"):
         answers[1].unwrap()
     assert "KeyError" in answers[2].message

@@ -54,8 +54,12 @@ COMPLETION_TEMPLATE = (
     "Question: What is 3+5?\nAnswer: 9\nGrade (0-10): 0\n\n"
     "Question: {prompt}\nAnswer: {response}\nGrade (0-10):"
 )
-ITEMS = [("What is 6+7?", "13", "13"), ("What is 9+9?", "18", "18"),
-         ("What is 5+4?", "20", "9"), ("What is 8+1?", "9", "9")]  # fmt: skip
+ITEMS = [
+    ("What is 6+7?", "13", "13"),
+    ("What is 9+9?", "18", "18"),
+    ("What is 5+4?", "20", "9"),
+    ("What is 8+1?", "9", "9"),
+]
 GENRM = '''
 import re
 import requests
@@ -91,13 +95,30 @@ def fleet(
     logs = tmp_path_factory.mktemp("judge_smollm2")
     keys, url = Keys(f"t{uuid.uuid4().hex[:12]}"), redis_server.url
     model, port, http_port = str(model_dir(SMOLLM2)), free_port(), free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-               f"redis_url={url}", f"cluster={keys.cluster}", f"model.path={model}",
-               f"router.http_port={http_port}", CONTEXT]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.router.main",
+        "--port",
+        str(port),
+        f"redis_url={url}",
+        f"cluster={keys.cluster}",
+        f"model.path={model}",
+        f"router.http_port={http_port}",
+        CONTEXT,
+    ]
     router = ServiceProcess.start(command, logs / "router.log", name="router")
     try:
-        replica = start_replica(url, keys, "judge", logs / "replica.log", f"model.path={model}",
-                                "model.dtype=bfloat16", "rollout.backend=hf", CONTEXT)  # fmt: skip
+        replica = start_replica(
+            url,
+            keys,
+            "judge",
+            logs / "replica.log",
+            f"model.path={model}",
+            "model.dtype=bfloat16",
+            "rollout.backend=hf",
+            CONTEXT,
+        )
         try:
             router.wait_for_line("router ready", 90)
             base_url = f"http://127.0.0.1:{http_port}/v1"
@@ -115,10 +136,13 @@ def warm_up(base_url: str) -> None:
     models = requests.get(f"{base_url}/models", timeout=30)
     models.raise_for_status()
     served = models.json()["data"][0]["id"]
-    for path, body in (("chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
-                       ("completions", {"prompt": "Hi"})):  # fmt: skip
-        reply = requests.post(f"{base_url}/{path}", json={"model": served, "max_tokens": 2, **body},
-                              timeout=180)  # fmt: skip
+    for path, body in (
+        ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+        ("completions", {"prompt": "Hi"}),
+    ):
+        reply = requests.post(
+            f"{base_url}/{path}", json={"model": served, "max_tokens": 2, **body}, timeout=180
+        )
         reply.raise_for_status()
 
 
@@ -130,15 +154,24 @@ async def redis(fleet: JudgeFleet) -> AsyncIterator[aioredis.Redis]:
 
 
 def requests_for(scorer: str) -> list[ScoreRequest]:
-    return [ScoreRequest(f"{scorer}-{i}", "arith_judged", response, truth,
-                         {"question": question}, scorer=scorer)
-            for i, (question, response, truth) in enumerate(ITEMS)]  # fmt: skip
+    return [
+        ScoreRequest(
+            f"{scorer}-{i}", "arith_judged", response, truth, {"question": question}, scorer=scorer
+        )
+        for i, (question, response, truth) in enumerate(ITEMS)
+    ]
 
 
 async def scored(redis: aioredis.Redis, reward: RewardConfig, scorer: str) -> list:
     registry = build_registry(reward)
-    service = RewardService(redis, Keys(f"t{uuid.uuid4().hex[:12]}"), reward, registry,
-                            WorkerSlots(4), item_timeout_s=ITEM_TIMEOUT_S)  # fmt: skip
+    service = RewardService(
+        redis,
+        Keys(f"t{uuid.uuid4().hex[:12]}"),
+        reward,
+        registry,
+        WorkerSlots(4),
+        item_timeout_s=ITEM_TIMEOUT_S,
+    )
     await service.start()
     return await service.score_batch(requests_for(scorer))
 
@@ -159,9 +192,15 @@ async def test_smollm2_judges_through_the_router(fleet: JudgeFleet, redis, api: 
     """Chat: SmolLM2 often answers in words (garbage to the parser, an item error each);
     completions, few-shot, ends the prompt where a grade goes: some item gets one."""
     template = CHAT_TEMPLATE if api == "chat" else COMPLETION_TEMPLATE
-    judge = JudgeConfig(base_url=fleet.base_url, api=api, template=template, max_tokens=8,
-                        timeout_s=ITEM_TIMEOUT_S, retries=0,
-                        score_regex=r"(?i)(?:score|grade)?\W{0,4}?(\d+(?:\.\d+)?)")  # fmt: skip
+    judge = JudgeConfig(
+        base_url=fleet.base_url,
+        api=api,
+        template=template,
+        max_tokens=8,
+        timeout_s=ITEM_TIMEOUT_S,
+        retries=0,
+        score_regex=r"(?i)(?:score|grade)?\W{0,4}?(\d+(?:\.\d+)?)",
+    )
     results = await scored(redis, RewardConfig(judge=judge, default_score=-1.0), "judge")
     assert_judged(results, some_scored=api == "completions")
 

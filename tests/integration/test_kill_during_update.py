@@ -87,9 +87,12 @@ def keep_args(model: Path) -> tuple[str, ...]:
 
 
 def request(tag: str) -> GenerateRequest:
-    return GenerateRequest(f"{tag}-{uuid.uuid4().hex[:8]}",
-                           SamplingParams(n=1, temperature=1.0, max_tokens=MAX_TOKENS),
-                           prompt_text="12+34=", timeout_s=DEADLINE_S)  # fmt: skip
+    return GenerateRequest(
+        f"{tag}-{uuid.uuid4().hex[:8]}",
+        SamplingParams(n=1, temperature=1.0, max_tokens=MAX_TOKENS),
+        prompt_text="12+34=",
+        timeout_s=DEADLINE_S,
+    )
 
 
 async def call(fleet: Fleet, req: GenerateRequest):
@@ -213,8 +216,9 @@ async def test_the_router_killed_while_an_update_holds_requests(
             version = await push_next(replica.address, long_model)
             assert trigger.fired.is_set(), "the update ended before the router was killed"
         fleet.router.wait(30)
-        fleet.router, fleet.address = start_router(fleet.redis_url, fleet.keys,
-                                                   fleet.log_dir / "router2.log")  # fmt: skip
+        fleet.router, fleet.address = start_router(
+            fleet.redis_url, fleet.keys, fleet.log_dir / "router2.log"
+        )
         results = await asyncio.gather(*calls)
         await asyncio.sleep(1.0)  # any late store lands before we count
         async with RolloutClient(replica.address) as status:
@@ -256,8 +260,14 @@ async def test_the_replica_killed_while_an_update_holds_requests(
         assert entry[b"state"] == b"updating", entry  # it died inside the update
         answered_by_dead = await stored(client, fleet, reqs)
         stop_replica(victim, signal.SIGKILL)  # reaps what the kill left in its group
-        successor = start_replica(fleet.redis_url, fleet.keys, REPLICA, victim.log_path,
-                                  *REPLICA_ARGS, *keep_args(long_model))  # fmt: skip
+        successor = start_replica(
+            fleet.redis_url,
+            fleet.keys,
+            REPLICA,
+            victim.log_path,
+            *REPLICA_ARGS,
+            *keep_args(long_model),
+        )
         fleet.replicas[REPLICA] = successor
         answers = [a for a, _ in await asyncio.gather(*calls)]
         await asyncio.sleep(1.0)  # any late store lands before we count

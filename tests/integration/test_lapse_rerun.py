@@ -80,11 +80,17 @@ class Cluster:
 
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self.redis, self.keys = redis, keys
-        self.config = load_config(overrides=[
-            f"cluster={keys.cluster}", "model.path=/nonexistent",
-            f"rollout.heartbeat_ttl_s={TTL_S}", "rollout.heartbeat_interval_s=0.2",
-            "router.janitor_interval_s=0.2", "router.request_timeout_s=30",
-        ], env={})  # fmt: skip
+        self.config = load_config(
+            overrides=[
+                f"cluster={keys.cluster}",
+                "model.path=/nonexistent",
+                f"rollout.heartbeat_ttl_s={TTL_S}",
+                "rollout.heartbeat_interval_s=0.2",
+                "router.janitor_interval_s=0.2",
+                "router.request_timeout_s=30",
+            ],
+            env={},
+        )
         self.router = RouterCore(redis, keys, self.config)
         self.replicas: dict[str, Replica] = {}
 
@@ -133,9 +139,15 @@ async def any_cluster(any_redis_url: str) -> AsyncIterator[Cluster]:  # noqa: F8
 
 
 def requests(tag: str, count: int) -> list[GenerateRequest]:
-    return [GenerateRequest(f"{tag}-{i}-{uuid.uuid4().hex[:6]}", SamplingParams(max_tokens=2),
-                            prompt_token_ids=[i + 1, 7], timeout_s=30)
-            for i in range(count)]  # fmt: skip
+    return [
+        GenerateRequest(
+            f"{tag}-{i}-{uuid.uuid4().hex[:6]}",
+            SamplingParams(max_tokens=2),
+            prompt_token_ids=[i + 1, 7],
+            timeout_s=30,
+        )
+        for i in range(count)
+    ]
 
 
 async def until(probe: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -199,12 +211,17 @@ async def test_a_lapse_past_the_ttl_moves_the_jobs_and_fences_the_late_answers(c
     results = await answered_once(cluster, batch, calls)
     assert {r.replica_id for r in results} == {"la", "lb"} or other.served == len(batch)
     assert stalled.discarded > 0  # it answered after its lease lapsed: fenced
-    await until(lambda: stalled.lease.held and stalled.lease.last_beat > time.time() - 1, 5,
-                "the stalled replica holds a lease again")  # fmt: skip
+    await until(
+        lambda: stalled.lease.held and stalled.lease.last_beat > time.time() - 1,
+        5,
+        "the stalled replica holds a lease again",
+    )
     more = requests("after", 4)
-    await answered_once(cluster, batch + more,
-                        [*(cluster.router.generate(r) for r in batch),
-                         *(cluster.router.generate(r) for r in more)])  # fmt: skip
+    await answered_once(
+        cluster,
+        batch + more,
+        [*(cluster.router.generate(r) for r in batch), *(cluster.router.generate(r) for r in more)],
+    )
 
 
 async def test_lapses_again_and_again_do_not_dead_letter_the_held_jobs(any_cluster):
@@ -217,8 +234,13 @@ async def test_lapses_again_and_again_do_not_dead_letter_the_held_jobs(any_clust
     batch = requests("again", 3)
     calls = [asyncio.ensure_future(cluster.router.generate(r)) for r in batch]
     for run in (1, 2, 3):
-        await until(lambda run=run: len(engine.started) == len(batch)
-                    and all(n == run for n in engine.started.values()), 10, f"run {run}")  # fmt: skip
+        await until(
+            lambda run=run: (
+                len(engine.started) == len(batch) and all(n == run for n in engine.started.values())
+            ),
+            10,
+            f"run {run}",
+        )
         await cluster.redis.delete(cluster.keys.heartbeat("solo"))
     await answered_once(cluster, batch, calls)
     assert all(n == 4 for n in engine.started.values()), engine.started

@@ -29,11 +29,20 @@ def test_a_lora_run_pushes_only_the_adapter_and_raises_held_out_accuracy(tmp_pat
     run_dir = tmp_path / "run"
     # sync with the KL loss (its reference is the base with the adapter off); 32 prompts a
     # batch and 128 held-out prompts so that the accuracy measured is not noise
-    extra = ["model.lora_rank=8", "trainer.mode=sync", "trainer.use_kl_loss=true",
-             "trainer.lr=2e-3", "data.train_batch_size=32", "data.val_size=128",
-             "trainer.ppo_mini_batch_size=0",
-             f"trainer.test_freq={STEPS}", "trainer.val_before_train=true",
-             "trainer.logger=[console,jsonl,tensorboard]", "--rollout-replicas", "1"]  # fmt: skip
+    extra = [
+        "model.lora_rank=8",
+        "trainer.mode=sync",
+        "trainer.use_kl_loss=true",
+        "trainer.lr=2e-3",
+        "data.train_batch_size=32",
+        "data.val_size=128",
+        "trainer.ppo_mini_batch_size=0",
+        f"trainer.test_freq={STEPS}",
+        "trainer.val_before_train=true",
+        "trainer.logger=[console,jsonl,tensorboard]",
+        "--rollout-replicas",
+        "1",
+    ]
     result = run_up(run_dir, "hf", steps=STEPS, extra=extra)
     assert result.returncode == 0, failure_report(result, run_dir)
     metrics = read_metrics(run_dir)

@@ -50,13 +50,15 @@ class GuessEnvironment(Environment):
         super().__init__()
         self._state, self.secret = State(), 5
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None,
-              secret: int = 5, **kwargs: Any) -> GuessObservation:  # fmt: skip
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, secret: int = 5, **kwargs: Any
+    ) -> GuessObservation:
         self._state, self.secret = State(episode_id=episode_id), int(secret)
         return GuessObservation(message="Guess a number from 1 to 9.")
 
-    def step(self, action: GuessAction, timeout_s: float | None = None,
-             **kwargs: Any) -> GuessObservation:  # fmt: skip
+    def step(
+        self, action: GuessAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> GuessObservation:
         guess = int(action.guess) if action.guess.strip().isdigit() else -1
         if guess == 0:
             raise RuntimeError("the host fell over")
@@ -77,9 +79,11 @@ class GuessClient(EnvClient[GuessAction, GuessObservation, State]):
         return {"guess": action.guess}
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[GuessObservation]:
-        observation = GuessObservation(**payload.get("observation", {}),
-                                       done=payload.get("done", False),
-                                       reward=payload.get("reward"))  # fmt: skip
+        observation = GuessObservation(
+            **payload.get("observation", {}),
+            done=payload.get("done", False),
+            reward=payload.get("reward"),
+        )
         return StepResult(observation, payload.get("reward"), payload.get("done", False))
 
     def _parse_state(self, payload: dict[str, Any]) -> State:
@@ -104,8 +108,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     port, here = free_port(), Path(__file__).parent
     log = tmp_path_factory.mktemp("openenv") / "server.log"
-    argv = [sys.executable, "-m", "uvicorn", "--factory", "test_openenv_adapter:make_app",
-            "--app-dir", str(here), "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--factory",
+        "test_openenv_adapter:make_app",
+        "--app-dir",
+        str(here),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     proc = ServiceProcess.start(argv, log, "openenv-server")
     url = f"http://127.0.0.1:{port}"
     try:
@@ -131,9 +146,17 @@ async def play(env: Any, turns: list[str], secret: int, episode_id: str = "ep-oe
     from rlfleet.rollout.types import SamplingParams
 
     task = {"prompt": "Find the number.", "secret": secret}
-    return await run_episode(env, task, ScriptedGenerator(turns), ChatRenderer(agent_tokenizer()),
-                             max_turns=6, max_episode_tokens=512, step_timeout_s=30.0,
-                             sampling=SamplingParams(max_tokens=16), episode_id=episode_id)  # fmt: skip
+    return await run_episode(
+        env,
+        task,
+        ScriptedGenerator(turns),
+        ChatRenderer(agent_tokenizer()),
+        max_turns=6,
+        max_episode_tokens=512,
+        step_timeout_s=30.0,
+        sampling=SamplingParams(max_tokens=16),
+        episode_id=episode_id,
+    )
 
 
 async def test_an_episode_against_a_real_openenv_server(server: str) -> None:
@@ -142,10 +165,15 @@ async def test_an_episode_against_a_real_openenv_server(server: str) -> None:
     episode = await play(env, ["5", "3", "4"], secret=4)
     assert (episode.end_reason, episode.reward, episode.num_turns) == (EndReason.DONE, 1.0, 3)
     assert [(m["role"], m["content"]) for m in episode.messages] == [
-        ("user", "Find the number."), ("user", "Guess a number from 1 to 9."),
-        ("assistant", "5"), ("user", "lower"), ("assistant", "3"), ("user", "higher"),
-        ("assistant", "4"), ("user", "correct"),
-    ]  # fmt: skip
+        ("user", "Find the number."),
+        ("user", "Guess a number from 1 to 9."),
+        ("assistant", "5"),
+        ("user", "lower"),
+        ("assistant", "3"),
+        ("user", "higher"),
+        ("assistant", "4"),
+        ("user", "correct"),
+    ]
     assert env.client._ws is None  # closed at done: the server session is freed
 
 
@@ -160,8 +188,10 @@ async def test_a_sync_client_factory_and_the_generic_client(server: str) -> None
     sync_env = load_env_factory("test_openenv_adapter:make_sync_client", {"base_url": server})()
     episode = await play(sync_env, ["1", "2"], secret=2)
     assert (episode.end_reason, episode.reward, episode.num_turns) == (EndReason.DONE, 1.0, 2)
-    generic = load_env_factory("openenv.core.generic_client:GenericEnvClient",
-                               {"base_url": server, "action_field": "guess"})()  # fmt: skip
+    generic = load_env_factory(
+        "openenv.core.generic_client:GenericEnvClient",
+        {"base_url": server, "action_field": "guess"},
+    )()
     episode = await play(generic, ["8", "6"], secret=6)
     assert (episode.end_reason, episode.reward) == (EndReason.DONE, 1.0)
     assert episode.messages[3] == {"role": "user", "content": "lower"}

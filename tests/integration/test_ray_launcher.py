@@ -45,8 +45,13 @@ OBJECT_STORE = str(100 * 1024 * 1024)
 CLUSTER_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 """For the test's own loopback cluster: `ray start --address` does not pick up the token that
 `ray start --head` found in ~/.ray, so tokens are off on both nodes and for its drivers."""
-SMALL_JOB = ["rollout.backend=hf", "data.val_size=8", "data.train_batch_size=2", "rollout.n=4",
-             "trainer.replica_wait_s=400"]  # fmt: skip
+SMALL_JOB = [
+    "rollout.backend=hf",
+    "data.val_size=8",
+    "data.train_batch_size=2",
+    "rollout.n=4",
+    "trainer.replica_wait_s=400",
+]
 
 pytestmark = pytest.mark.slow
 
@@ -92,8 +97,16 @@ def short_temp_dir() -> str:
 
 
 def up_argv(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rlfleet.cli", "up", *extra, f"run_dir={run_dir}",
-            f"cluster=ray{uuid.uuid4().hex[:8]}", *SMALL_JOB]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "up",
+        *extra,
+        f"run_dir={run_dir}",
+        f"cluster=ray{uuid.uuid4().hex[:8]}",
+        *SMALL_JOB,
+    ]
 
 
 def steps_done(run_dir: Path) -> list[int]:
@@ -109,12 +122,19 @@ def test_done_when_five_steps_on_a_local_cluster_and_nothing_left(tmp_path):
     """`rlfleet up --ray --config configs/default.yaml trainer.total_steps=5` with no cluster
     running: trains 5 steps, then no Ray process and no role process is left."""
     run_dir, temp_dir = tmp_path / "run", short_temp_dir()
-    argv = up_argv(run_dir, "--ray", "--config", str(ROOT / "configs" / "default.yaml"),
-                   "--rollout-replicas", "1")  # fmt: skip
+    argv = up_argv(
+        run_dir,
+        "--ray",
+        "--config",
+        str(ROOT / "configs" / "default.yaml"),
+        "--rollout-replicas",
+        "1",
+    )
     argv += ["trainer.total_steps=5", f"ray.temp_dir={temp_dir}"]
     try:
-        result = subprocess.run(argv, cwd=ROOT, env=clean_env(), capture_output=True, text=True,
-                                timeout=500)  # fmt: skip
+        result = subprocess.run(
+            argv, cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=500
+        )
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
         assert steps_done(run_dir) == [1, 2, 3, 4, 5]
         assert "started a local Ray cluster" in result.stdout
@@ -145,16 +165,38 @@ def ray_cluster(tmp_path_factory):
     logs, temp_dir = tmp_path_factory.mktemp("ray-nodes"), short_temp_dir()
     env = clean_env(**CLUSTER_ENV)
     common = ["--block", "--object-store-memory", OBJECT_STORE]
-    head_argv = [RAY, "start", "--head", "--port", str(free_port()), "--num-cpus", "6",
-                 "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", temp_dir,
-                 *common]  # fmt: skip
+    head_argv = [
+        RAY,
+        "start",
+        "--head",
+        "--port",
+        str(free_port()),
+        "--num-cpus",
+        "6",
+        "--include-dashboard",
+        "false",
+        "--disable-usage-stats",
+        "--temp-dir",
+        temp_dir,
+        *common,
+    ]
     nodes = [ServiceProcess.start(head_argv, logs / "head.log", "ray head", env)]
     try:
         nodes[0].wait_for_line("Ray runtime started", 180)
         address = re.search(r"--address='([^']+)'", nodes[0].log()).group(1)
-        node2 = [RAY, "start", "--address", address, "--num-cpus", "1",
-                 "--resources", '{"node2": 1}', "--temp-dir", f"{temp_dir}/node2",
-                 *common]  # fmt: skip
+        node2 = [
+            RAY,
+            "start",
+            "--address",
+            address,
+            "--num-cpus",
+            "1",
+            "--resources",
+            '{"node2": 1}',
+            "--temp-dir",
+            f"{temp_dir}/node2",
+            *common,
+        ]
         nodes.append(ServiceProcess.start(node2, logs / "node2.log", "ray node2", env))
         nodes[1].wait_for_line("Ray runtime started", 180)
         yield address
@@ -170,12 +212,24 @@ def test_a_role_ray_cannot_place_fails_the_run_and_leaves_nothing(ray_cluster, t
     """On the module's cluster (joined, not started): a role no node can hold fails the run
     (exit 1, named), and every actor and role process of that fleet is gone afterwards."""
     run_dir = tmp_path / "run"
-    argv = up_argv(run_dir, "--ray", ray_cluster, "--rollout-replicas", "1",
-                   "ray.roles={reward: {resources: {no_such_resource: 1}}}",
-                   "ray.start_timeout_s=5")  # fmt: skip
+    argv = up_argv(
+        run_dir,
+        "--ray",
+        ray_cluster,
+        "--rollout-replicas",
+        "1",
+        "ray.roles={reward: {resources: {no_such_resource: 1}}}",
+        "ray.start_timeout_s=5",
+    )
     try:
-        result = subprocess.run(argv, cwd=ROOT, env=clean_env(**CLUSTER_ENV),
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        result = subprocess.run(
+            argv,
+            cwd=ROOT,
+            env=clean_env(**CLUSTER_ENV),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
         # Only the reward actor can never be placed; on a busy machine others may also be slow.
         assert "no node can hold ['reward']" in result.stderr, result.stderr[-3000:]
@@ -192,12 +246,25 @@ def test_agent_job_runs_the_env_role_and_keeps_secrets_off_command_lines(ray_clu
     its command line (it travels in the roles' environment, and every server requires it: the
     run could not finish otherwise)."""
     run_dir, key = tmp_path / "run", f"sk-{uuid.uuid4().hex[:12]}"
-    argv = up_argv(run_dir, "--ray", ray_cluster, "--config",
-                   str(ROOT / "configs" / "agent_calc.yaml"),
-                   "--rollout-replicas", "1", "--env-processes", "2",
-                   "trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4",
-                   "data.val_size=8", "trainer.ppo_mini_batch_size=16",
-                   "trainer.val_before_train=false", "trainer.test_freq=0", f"api_key={key}")  # fmt: skip
+    argv = up_argv(
+        run_dir,
+        "--ray",
+        ray_cluster,
+        "--config",
+        str(ROOT / "configs" / "agent_calc.yaml"),
+        "--rollout-replicas",
+        "1",
+        "--env-processes",
+        "2",
+        "trainer.total_steps=2",
+        "data.train_batch_size=4",
+        "rollout.n=4",
+        "data.val_size=8",
+        "trainer.ppo_mini_batch_size=16",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        f"api_key={key}",
+    )
     env = clean_env(**CLUSTER_ENV)
     up = ServiceProcess.start(argv, tmp_path / "up.log", "rlfleet up --ray", env)
     lines: dict[int, str] = {}
@@ -214,8 +281,11 @@ def test_agent_job_runs_the_env_role_and_keeps_secrets_off_command_lines(ray_clu
         assert len(envs) == 2 and any("--worker-only" in r for r in envs)  # env and env-1
         assert all(any(a.startswith("agent.gateway_url=http://") for a in r) for r in envs)
         assert not [line for pid, line in lines.items() if key in line and pid != up.pid]
-        turns = [m["agent/turns/mean"] for m in map(json.loads, (run_dir / "metrics.jsonl")
-                 .read_text().splitlines()) if "agent/turns/mean" in m]  # fmt: skip
+        turns = [
+            m["agent/turns/mean"]
+            for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if "agent/turns/mean" in m
+        ]
         assert len(turns) == 2 and min(turns) > 1
         played = re.findall(r"\[(env(?:-1)?)\].*env workers stopped after (\d+) episodes", up.log())
         assert {name for name, count in played if int(count) > 0} == {"env", "env-1"}, played
@@ -229,14 +299,23 @@ def test_agent_job_runs_the_env_role_and_keeps_secrets_off_command_lines(ray_clu
 def fleet(ray_cluster, tmp_path_factory):
     """One `rlfleet up --ray ADDRESS` with 2 replicas, training (sync) until interrupted."""
     run_dir = tmp_path_factory.mktemp("ray-fleet") / "run"
-    argv = up_argv(run_dir, "--ray", ray_cluster, "--rollout-replicas", "2",
-                   "trainer.mode=sync", "trainer.total_steps=100000", "trainer.use_kl_loss=false",
-                   "trainer.torch_threads=1",
-                   "trainer.val_before_train=false", "trainer.test_freq=0", "ray.max_restarts=2",
-                   "trainer.save_freq=2",
-                   "ray.pools={main: {bundles: [{CPU: 2}], strategy: STRICT_PACK}}",
-                   "ray.roles={reward: {resources: {node2: 1}}, router: {pool: main}, "
-                   "trainer: {pool: main}}")  # fmt: skip
+    argv = up_argv(
+        run_dir,
+        "--ray",
+        ray_cluster,
+        "--rollout-replicas",
+        "2",
+        "trainer.mode=sync",
+        "trainer.total_steps=100000",
+        "trainer.use_kl_loss=false",
+        "trainer.torch_threads=1",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        "ray.max_restarts=2",
+        "trainer.save_freq=2",
+        "ray.pools={main: {bundles: [{CPU: 2}], strategy: STRICT_PACK}}",
+        "ray.roles={reward: {resources: {node2: 1}}, router: {pool: main}, trainer: {pool: main}}",
+    )
     env = clean_env(RLFLEET_RUN_DIR=str(run_dir), **CLUSTER_ENV)
     up = ServiceProcess.start(argv, run_dir.parent / "up.log", "rlfleet up --ray", env)
     try:
@@ -328,8 +407,11 @@ def test_killed_replica_restarts_and_a_scaled_one_joins_both_on_current_weights(
     up.wait_until(lambda: not alive(before["role_pid"]), 60, "the old role process gone")
     up.wait_for_line("rollout-0 restarted", 240)
     for name in ("rollout-0", "rollout-2"):
-        up.wait_until(lambda n=name: serving_current(run_dir, n, version + 1), 400,
-                      f"{name} serving the current weights")  # fmt: skip
+        up.wait_until(
+            lambda n=name: serving_current(run_dir, n, version + 1),
+            400,
+            f"{name} serving the current weights",
+        )
     trained = steps_done(run_dir)[-1]
     up.wait_until(lambda: steps_done(run_dir)[-1] > trained, 120, "training on")
     assert "rollout: 3 -> 2" in scale(run_dir, 2)
@@ -352,8 +434,11 @@ def test_killed_trainer_actor_resumes_from_its_newest_checkpoint(fleet):
     assert found and found.group(1) == found.group(2), up.log()[-3000:]
     step = int(found.group(2))
     assert step >= 2 and step % 2 == 0
-    up.wait_until(lambda: step + 1 in steps_done(run_dir)[logged_before:], 300,
-                  f"step {step + 1} trained again after the restart")  # fmt: skip
+    up.wait_until(
+        lambda: step + 1 in steps_done(run_dir)[logged_before:],
+        300,
+        f"step {step + 1} trained again after the restart",
+    )
 
 
 def newest_checkpoint(run_dir: Path) -> int:
@@ -364,8 +449,9 @@ def newest_checkpoint(run_dir: Path) -> int:
 def scale(run_dir: Path, count: int) -> str:
     """`rlfleet scale rollout=COUNT` for the run in ``run_dir``; its output."""
     argv = [sys.executable, "-m", "rlfleet.cli", "scale", f"rollout={count}", f"run_dir={run_dir}"]
-    result = subprocess.run(argv, cwd=ROOT, env=clean_env(**CLUSTER_ENV), capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        argv, cwd=ROOT, env=clean_env(**CLUSTER_ENV), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     return result.stdout
 

@@ -54,8 +54,11 @@ class OutageFleet:
     to the thread that started it (``PR_SET_PDEATHSIG``), so never a short-lived one."""
 
     def common(self) -> list[str]:
-        return [f"redis_url={self.redis.url}", f"cluster={self.keys.cluster}",
-                f"model.path={MODEL}"]  # fmt: skip
+        return [
+            f"redis_url={self.redis.url}",
+            f"cluster={self.keys.cluster}",
+            f"model.path={MODEL}",
+        ]
 
 
 async def restart(fleet: OutageFleet, down_s: float) -> None:
@@ -69,19 +72,21 @@ async def restart(fleet: OutageFleet, down_s: float) -> None:
 def start_fleet(fleet: OutageFleet) -> None:
     port = free_port()
     fleet.procs["router"] = start_and_wait(
-        [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-         *fleet.common()],
-        fleet.log_dir / "router.log", lambda p: p.wait_for_line("router ready", 60),
-    )  # fmt: skip
+        [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port), *fleet.common()],
+        fleet.log_dir / "router.log",
+        lambda p: p.wait_for_line("router ready", 60),
+    )
     fleet.router = f"127.0.0.1:{port}"
     port = free_port()
     fleet.procs["reward"] = start_and_wait(
         [sys.executable, "-m", "rlfleet.reward.main", *fleet.common(), "--port", str(port)],
-        fleet.log_dir / "reward.log", lambda p: p.wait_for_line("listening on port", 60),
-    )  # fmt: skip
+        fleet.log_dir / "reward.log",
+        lambda p: p.wait_for_line("listening on port", 60),
+    )
     fleet.reward = f"127.0.0.1:{port}"
-    fleet.replica = start_replica(fleet.redis.url, fleet.keys, "ro", fleet.log_dir / "ro.log",
-                                  "rollout.backend=hf")  # fmt: skip
+    fleet.replica = start_replica(
+        fleet.redis.url, fleet.keys, "ro", fleet.log_dir / "ro.log", "rollout.backend=hf"
+    )
     fleet.procs["replica"] = fleet.replica.proc
 
 
@@ -102,8 +107,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OutageFleet]:
 
 def request(i: int) -> GenerateRequest:
     sampling = SamplingParams(n=2, temperature=1.0, max_tokens=4)
-    return GenerateRequest(request_id=f"outage-{i}", session_id=f"s{i % 5}",
-                           prompt_text="12+34=", sampling=sampling, timeout_s=90)  # fmt: skip
+    return GenerateRequest(
+        request_id=f"outage-{i}",
+        session_id=f"s{i % 5}",
+        prompt_text="12+34=",
+        sampling=sampling,
+        timeout_s=90,
+    )
 
 
 async def issue(client: RolloutClient, ids, count: int, every_s: float, outcome: dict) -> list:
@@ -132,8 +142,12 @@ async def score_across(reward: RewardClient, batches: int, every_s: float) -> li
     """Reward batches issued one after another across the outage; each one's error, if any."""
     errors = []
     for b in range(batches):
-        items = [ScoreRequest(id=f"o{b}-{i}", data_source="arith", solution_str=str(46 + i % 2),
-                              ground_truth="46") for i in range(4)]  # fmt: skip
+        items = [
+            ScoreRequest(
+                id=f"o{b}-{i}", data_source="arith", solution_str=str(46 + i % 2), ground_truth="46"
+            )
+            for i in range(4)
+        ]
         try:
             results = await reward.score_batch(items)
             errors += [r.error for r in results if r.error]
@@ -175,13 +189,26 @@ async def test_every_request_across_a_restart_is_answered_once(fleet: OutageFlee
 
 def trainer_argv(fleet: OutageFleet, run_dir: Path, steps: int) -> list[str]:
     return [
-        sys.executable, "-m", "rlfleet.cli", "trainer", "--config",
-        str(ROOT / "configs" / "default.yaml"), *fleet.common(), f"run_dir={run_dir}",
-        f"endpoints.router={fleet.router}", f"endpoints.reward={fleet.reward}",
-        f"trainer.port={free_port()}", "trainer.mode=sync", f"trainer.total_steps={steps}",
-        "data.train_batch_size=4", "data.val_size=8", "trainer.test_freq=0",
-        "trainer.val_before_train=false", "trainer.min_replicas=1", "trainer.replica_wait_s=60",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "trainer",
+        "--config",
+        str(ROOT / "configs" / "default.yaml"),
+        *fleet.common(),
+        f"run_dir={run_dir}",
+        f"endpoints.router={fleet.router}",
+        f"endpoints.reward={fleet.reward}",
+        f"trainer.port={free_port()}",
+        "trainer.mode=sync",
+        f"trainer.total_steps={steps}",
+        "data.train_batch_size=4",
+        "data.val_size=8",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.min_replicas=1",
+        "trainer.replica_wait_s=60",
+    ]
 
 
 def steps_done(run_dir: Path) -> list[int]:
@@ -198,8 +225,9 @@ async def test_training_run_survives_a_redis_restart(fleet: OutageFleet):
         trainer_argv(fleet, run_dir, steps), fleet.log_dir / "trainer.log"
     )
     try:
-        await asyncio.to_thread(trainer.wait_until, lambda: len(steps_done(run_dir)) >= 1, 120,
-                                "training")  # fmt: skip
+        await asyncio.to_thread(
+            trainer.wait_until, lambda: len(steps_done(run_dir)) >= 1, 120, "training"
+        )
         await restart(fleet, 3.0)
         code = await asyncio.to_thread(trainer.wait, 180)
     finally:

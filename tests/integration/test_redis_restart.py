@@ -76,8 +76,13 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RestartFleet]:
 
 def request(tag: str, i: int) -> GenerateRequest:
     sampling = SamplingParams(n=1, temperature=1.0, max_tokens=4)
-    return GenerateRequest(request_id=f"{tag}-{i}", session_id=f"{tag}-s{i % 8}",
-                           prompt_text="12+34=", sampling=sampling, timeout_s=TIMEOUT_S)  # fmt: skip
+    return GenerateRequest(
+        request_id=f"{tag}-{i}",
+        session_id=f"{tag}-s{i % 8}",
+        prompt_text="12+34=",
+        sampling=sampling,
+        timeout_s=TIMEOUT_S,
+    )
 
 
 async def one_call(client: RolloutClient, req: GenerateRequest) -> str:

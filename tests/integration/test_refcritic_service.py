@@ -270,9 +270,13 @@ async def test_reads_skip_redis_while_the_own_worker_is_idle(
     """Local first: no job at all; queue path: one job for the batch (one idle worker), and a
     bad sequence in it is still INVALID_ARGUMENT, validated once, by the worker's model."""
     service = start_service(
-        model_dir, tmp_path, f"redis_url={redis_url}", f"cluster={keys.cluster}",
-        f"refcritic.local_first={str(local_first).lower()}", "refcritic.critic_enabled=false",
-    )  # fmt: skip
+        model_dir,
+        tmp_path,
+        f"redis_url={redis_url}",
+        f"cluster={keys.cluster}",
+        f"refcritic.local_first={str(local_first).lower()}",
+        "refcritic.critic_enabled=false",
+    )
     prompts, responses = random_batch(40, 6, 3, seed=9)
     try:
         async with RefCriticClient(service.address, timeout_s=60) as client:

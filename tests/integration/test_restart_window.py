@@ -49,8 +49,13 @@ async def stand_in(
             answers = {}
             for request in members:
                 ran[request.request_id] += 1
-                result = GenerateResult(request.request_id, [Completion([5], [-1.0], "x", "length")],
-                                        0, "r", request.prompt_token_ids or [])  # fmt: skip
+                result = GenerateResult(
+                    request.request_id,
+                    [Completion([5], [-1.0], "x", "length")],
+                    0,
+                    "r",
+                    request.prompt_token_ids or [],
+                )
                 answers[request.request_id] = encode_result(result.encode())
             await queue.finish(job, encode_result(b""), answers)
 
@@ -74,8 +79,12 @@ async def test_members_answered_just_before_a_restart_are_queued_again(
 
     monkeypatch.setattr(batch_path, "wait_entries", then_restart)
     core = RouterCore(redis, keys, load_config(overrides=["router.request_timeout_s=20"], env={}))
-    batch = [GenerateRequest(f"w-{i}-{uuid.uuid4().hex[:6]}", SamplingParams(max_tokens=1),
-                             prompt_token_ids=[i + 1]) for i in range(3)]  # fmt: skip
+    batch = [
+        GenerateRequest(
+            f"w-{i}-{uuid.uuid4().hex[:6]}", SamplingParams(max_tokens=1), prompt_token_ids=[i + 1]
+        )
+        for i in range(3)
+    ]
     try:
         results = await asyncio.wait_for(core.generate_batch(batch), 20)
     finally:

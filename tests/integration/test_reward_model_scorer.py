@@ -96,16 +96,19 @@ def test_a_missing_model_fails_at_start(tmp_path: Path) -> None:
 
 async def test_through_the_service(rm_path: Path, redis_url: str, cluster_name: str) -> None:
     """Selected by claimed data source and by name, batched, failures at default_score."""
-    reward = RewardConfig(reward_model={"path": str(rm_path), "data_sources": ["rm_source"]},
-                          default_score=-5.0)  # fmt: skip
+    reward = RewardConfig(
+        reward_model={"path": str(rm_path), "data_sources": ["rm_source"]}, default_score=-5.0
+    )
     registry = build_registry(reward)
     redis = aioredis.Redis.from_url(redis_url)
     try:
         service = RewardService(redis, Keys(cluster_name), reward, registry, WorkerSlots(4))
         await service.start()
-        requests = [ScoreRequest("a", "rm_source", "1+2=3"),
-                    ScoreRequest("b", "", "1" * 80, scorer="reward_model"),
-                    ScoreRequest("c", "", "12+30=42", scorer="reward_model")]  # fmt: skip
+        requests = [
+            ScoreRequest("a", "rm_source", "1+2=3"),
+            ScoreRequest("b", "", "1" * 80, scorer="reward_model"),
+            ScoreRequest("c", "", "12+30=42", scorer="reward_model"),
+        ]
         a, b, c = await service.score_batch(requests)
     finally:
         await redis.aclose()

@@ -73,15 +73,26 @@ class Services:
     def start(self, *overrides: str, worker_only: bool = False, **env: str) -> tuple:
         """(process, gRPC address, HTTP port) of a new reward process."""
         port, http_port = free_port(), free_port()
-        args = [sys.executable, "-m", "rlfleet.reward.main", f"cluster={self.cluster}",
-                f"redis_url={self.redis_url}", f"reward.custom.path={self.function}",
-                "reward.sandbox_limits.timeout_s=3", "reward.sandbox_limits.memory_mb=768",
-                *overrides]  # fmt: skip
-        args += ["--worker-only", "--reclaim-idle-s", "1"] if worker_only else [
-            f"reward.http_port={http_port}", "--port", str(port)]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "rlfleet.reward.main",
+            f"cluster={self.cluster}",
+            f"redis_url={self.redis_url}",
+            f"reward.custom.path={self.function}",
+            "reward.sandbox_limits.timeout_s=3",
+            "reward.sandbox_limits.memory_mb=768",
+            *overrides,
+        ]
+        args += (
+            ["--worker-only", "--reclaim-idle-s", "1"]
+            if worker_only
+            else [f"reward.http_port={http_port}", "--port", str(port)]
+        )
         log = self.tmp_path / f"reward-{len(self.procs)}.log"
-        proc = ServiceProcess.start(args, log, "reward", clean_env(RLFLEET_RUN_DIR=str(
-            self.tmp_path), **env))  # fmt: skip
+        proc = ServiceProcess.start(
+            args, log, "reward", clean_env(RLFLEET_RUN_DIR=str(self.tmp_path), **env)
+        )
         self.procs.append(proc)
         proc.wait_for_line("started" if worker_only else "listening on port", 90)
         return proc, f"127.0.0.1:{port}", http_port
@@ -111,13 +122,21 @@ async def test_misbehaving_items_are_contained_and_scored_as_default(services, t
         "reward.default_score=-1", "reward.workers=1", MY_SECRET_TOKEN="s3cret"
     )
     escaped, listener = tmp_path / "escaped.txt", socket.create_server(("127.0.0.1", 0))
-    bad = [item(0, "loop"), item(1, "fork"), item(2, "hog"), item(3, "write", str(escaped)),
-           item(4, "socket", str(listener.getsockname()[1])), item(5, "secret")]  # fmt: skip
+    bad = [
+        item(0, "loop"),
+        item(1, "fork"),
+        item(2, "hog"),
+        item(3, "write", str(escaped)),
+        item(4, "socket", str(listener.getsockname()[1])),
+        item(5, "secret"),
+    ]
     good = [item(6, "a"), item(7, "b", "c")]
     async with RewardClient(address, timeout_s=60) as client:
         results = await client.score_batch(bad + good)
         assert [(r.score, bool(r.error)) for r in results] == [(-1.0, True)] * 6 + [
-            (1.0, False), (0.0, False)]  # fmt: skip
+            (1.0, False),
+            (0.0, False),
+        ]
         assert "timed out" in results[0].error and "MemoryError" in results[2].error
         assert all("not allowed" in r.error or "outside" in r.error for r in results[1:5:2])
         assert "socket" in results[4].error and "KeyError" in results[5].error
@@ -183,8 +202,11 @@ def sandbox_children(parent: int) -> list[int]:
     """PIDs of the sandboxes ``parent`` started, and of every process below them (each
     sandbox is a keeper, an init and a worker)."""
     table = process_table()
-    found = [pid for pid, (ppid, cmd) in table.items()
-             if ppid == parent and b"rlfleet.common.sandbox.child" in cmd]  # fmt: skip
+    found = [
+        pid
+        for pid, (ppid, cmd) in table.items()
+        if ppid == parent and b"rlfleet.common.sandbox.child" in cmd
+    ]
     for pid in found:  # grows as it goes: breadth first
         found += [child for child, (ppid, _) in table.items() if ppid == pid]
     return found
@@ -227,8 +249,14 @@ async def test_worker_killed_mid_batch_every_item_answered_once(
 
 def test_standalone_reward_starts_its_own_redis_and_records_endpoints(tmp_path):
     port, http_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "rlfleet.cli", "reward", f"reward.port={port}",
-            f"reward.http_port={http_port}"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "reward",
+        f"reward.port={port}",
+        f"reward.http_port={http_port}",
+    ]
     proc = ServiceProcess.start(argv, tmp_path / "reward.log", "reward")
     try:
         endpoints = tmp_path / "endpoints.json"
@@ -239,8 +267,12 @@ def test_standalone_reward_starts_its_own_redis_and_records_endpoints(tmp_path):
         assert "rlfleet reward: grpc=" in proc.log() and "embedded Redis at" in proc.log()
         redis_url = reward["redis"]
         with SyncRewardClient(reward["grpc"]) as client:
-            assert client.score({"data_source": "arith", "solution_str": "3",
-                                 "ground_truth": "3"}).score == 1.0  # fmt: skip
+            assert (
+                client.score(
+                    {"data_source": "arith", "solution_str": "3", "ground_truth": "3"}
+                ).score
+                == 1.0
+            )
             with pytest.raises(TypeError, match="takes a ScoreRequest"):
                 client.score(["arith", "3"])
             with pytest.raises(InvalidArgument, match="solution_str must be a string, got int"):

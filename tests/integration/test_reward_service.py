@@ -66,8 +66,14 @@ class Launcher:
 
     def start(self, *overrides: str, worker_only: bool = False, flags: tuple = ()) -> Proc:
         log_path, port, http_port = self.tmp_path / f"reward-{len(self.procs)}.log", 0, 0
-        args = [sys.executable, "-m", "rlfleet.reward.main", f"cluster={self.cluster}",
-                f"redis_url={self.redis_url}", *overrides]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "rlfleet.reward.main",
+            f"cluster={self.cluster}",
+            f"redis_url={self.redis_url}",
+            *overrides,
+        ]
         if not worker_only:  # overrides first: argparse wants positionals together
             port, http_port = free_port(), free_port()
             args += [f"reward.http_port={http_port}", "--port", str(port)]
@@ -170,18 +176,37 @@ def test_score_cli_writes_scores_and_summary(service, tmp_path):
     rows = [
         {"data_source": "arith", "response": "12", "reward_model": {"ground_truth": "12"}},
         {"data_source": "arith", "response": "13", "reward_model": {"ground_truth": 12}},
-        {"data_source": "gsm8k", "response": "#### 5", "reward_model": {"ground_truth": "5"},
-         "extra_info": {"index": 3}},
+        {
+            "data_source": "gsm8k",
+            "response": "#### 5",
+            "reward_model": {"ground_truth": "5"},
+            "extra_info": {"index": 3},
+        },
         {"data_source": "gsm8k", "response": "5", "reward_model": {"ground_truth": "five"}},
         {"data_source": "arith", "text": "12", "reward_model": {"ground_truth": "12"}},
-    ]  # fmt: skip
+    ]
     src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(row) + "\n" for row in rows))
     done = subprocess.run(
-        [sys.executable, "-m", "rlfleet.reward.score_cli", "--input", str(src), "--output",
-         str(dst), "--address", service.address, "--batch-size", "2", "--no-progress"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.reward.score_cli",
+            "--input",
+            str(src),
+            "--output",
+            str(dst),
+            "--address",
+            service.address,
+            "--batch-size",
+            "2",
+            "--no-progress",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1, done.stderr  # rows failed
     assert "2 rows failed" in done.stderr
     out = [json.loads(line) for line in dst.read_text().splitlines()]
@@ -216,7 +241,9 @@ def test_http_front_door(service):
     assert http(service, "GET", "/healthz") == (200, {"status": "ok"})
     one = {"id": "a", "data_source": "arith", "solution_str": "12", "ground_truth": "12"}
     assert http(service, "POST", "/score", one) == (
-        200, {"id": "a", "score": 1.0, "metrics": {}, "error": ""})  # fmt: skip
+        200,
+        {"id": "a", "score": 1.0, "metrics": {}, "error": ""},
+    )
     two = {"requests": [one, {**one, "id": "b", "solution_str": "1"}]}
     status, body = http(service, "POST", "/score_batch", two)
     assert status == 200 and [r["score"] for r in body["results"]] == [1.0, 0.0]
@@ -248,7 +275,10 @@ def test_api_key_guards_grpc_and_http(launcher):
         assert keyed.score(item(0, "2", "2")).score == 1.0
     one = {"id": "a", "data_source": "arith", "solution_str": "2", "ground_truth": "2"}
     assert [http(proc, "POST", "/score", one, key)[0] for key in (None, "x", "s3cret")] == [
-        401, 401, 200]  # fmt: skip
+        401,
+        401,
+        200,
+    ]
     assert http(proc, "GET", "/healthz")[0] == 200
 
 
@@ -272,8 +302,11 @@ def user_scorer(tmp_path: Path, **kwargs: object) -> tuple[str, ...]:
     pairs = ", ".join(f"{key}: '{value}'" for key, value in kwargs.items())
     # threads, not the sandbox: it writes calls_file outside any sandbox dir (sandboxed
     # recovery: test_reward_sandbox.py)
-    return (f"reward.custom.path={path}", f"reward.custom.reward_kwargs={{{pairs}}}",
-            "reward.sandbox=false")  # fmt: skip
+    return (
+        f"reward.custom.path={path}",
+        f"reward.custom.reward_kwargs={{{pairs}}}",
+        "reward.sandbox=false",
+    )
 
 
 async def test_job_of_killed_worker_is_reclaimed(launcher, redis_client, keys, tmp_path):
@@ -312,8 +345,11 @@ async def test_slow_job_is_not_reclaimed_from_a_live_worker(launcher, tmp_path):
 
 def test_openrlhf_and_slime_routes(service):
     """Both use reward.default_scorer (math) when the body names no data source."""
-    body = {"query": ["Q? \\boxed{4}", "Q? \\boxed{5}"], "prompts": ["Q?", "Q?"],
-            "labels": ["4", "4"]}  # fmt: skip
+    body = {
+        "query": ["Q? \\boxed{4}", "Q? \\boxed{5}"],
+        "prompts": ["Q?", "Q?"],
+        "labels": ["4", "4"],
+    }
     status, reply = http(service, "POST", "/get_reward", body)
     assert status == 200 and reply["rewards"] == [1.0, 0.0] == reply["scores"]
     assert reply["extra_logs"]["acc"] == [1.0, 0.0]

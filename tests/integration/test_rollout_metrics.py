@@ -49,13 +49,20 @@ class Fleet:
 def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     logs = tmp_path_factory.mktemp("metrics")
     keys, port = Keys(f"t{uuid.uuid4().hex[:12]}"), free_port()
-    replica = start_replica(redis_server.url, keys, "mx", logs / "mx.log", "rollout.backend=hf",
-                            f"rollout.metrics_port={port}")  # fmt: skip
+    replica = start_replica(
+        redis_server.url,
+        keys,
+        "mx",
+        logs / "mx.log",
+        "rollout.backend=hf",
+        f"rollout.metrics_port={port}",
+    )
     try:
         router = start_http_router(redis_server.url, keys, logs / "router.log")
         try:
-            yield Fleet(keys, redis_server.url, replica, f"http://127.0.0.1:{port}/metrics",
-                        router, logs)  # fmt: skip
+            yield Fleet(
+                keys, redis_server.url, replica, f"http://127.0.0.1:{port}/metrics", router, logs
+            )
         finally:
             router.proc.stop()
     finally:
@@ -65,8 +72,11 @@ def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory)
 def scrape(url: str) -> Samples:
     """Every sample as ``(name, labels) -> value``."""
     text = httpx.get(url, timeout=10).raise_for_status().text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -93,8 +103,9 @@ async def test_router_counts_requests_latency_rejections_and_inflight(fleet: Fle
         await client.generate_batch([request(), request()])
         with pytest.raises(InvalidArgument):
             await client.generate(request(timeout_s=float("nan")), timeout_s=30)
-    httpx.post(f"{fleet.router.base_url}/completions", json={"prompt": "1+2=", "max_tokens": 2},
-               timeout=60).raise_for_status()  # fmt: skip
+    httpx.post(
+        f"{fleet.router.base_url}/completions", json={"prompt": "1+2=", "max_tokens": 2}, timeout=60
+    ).raise_for_status()
     samples = scrape(f"{fleet.router.http}/metrics")
     ok = value(samples, "rlfleet_router_requests_total", api="generate", code="OK")
     assert ok >= 4  # three over gRPC, one over HTTP
@@ -129,8 +140,10 @@ async def test_replica_reports_tokens_queue_version_and_update_time(fleet: Fleet
         assert ("rlfleet_rollout_queue_depth", frozenset({("replica", "mx")})) in before
         # hf keeps no prefix cache: no hit-rate counters (tests/integration/test_vllm_prefix_cache.py)
         assert not [name for name, _ in before if name.startswith("rlfleet_rollout_prefix_cache")]
-        poll(lambda: scrape(fleet.metrics_url),
-             lambda s: value(s, "rlfleet_rollout_tokens_per_second", replica="mx") > 0)  # fmt: skip
+        poll(
+            lambda: scrape(fleet.metrics_url),
+            lambda s: value(s, "rlfleet_rollout_tokens_per_second", replica="mx") > 0,
+        )
         header, payload = weights.encode(load_file(str(MODEL / "model.safetensors")), 1)
         assert (await client.push_weights(header, payload)).version == 1
     after = scrape(fleet.metrics_url)
@@ -143,8 +156,13 @@ async def test_replica_reports_tokens_queue_version_and_update_time(fleet: Fleet
 def test_router_with_only_a_metrics_port(fleet: Fleet, redis_server: EmbeddedRedis) -> None:
     """Without the OpenAI front, ``router.metrics_port`` serves /metrics alone."""
     port = free_port()
-    bare = start_http_router(redis_server.url, fleet.keys, fleet.logs / "bare.log",
-                             "router.http_port=null", f"router.metrics_port={port}")  # fmt: skip
+    bare = start_http_router(
+        redis_server.url,
+        fleet.keys,
+        fleet.logs / "bare.log",
+        "router.http_port=null",
+        f"router.metrics_port={port}",
+    )
     try:
         samples = scrape(f"http://127.0.0.1:{port}/metrics")
         assert value(samples, "rlfleet_router_replica_weight_version", replica="mx") >= 0

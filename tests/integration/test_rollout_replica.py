@@ -45,8 +45,9 @@ def replica(
     """One replica per backend for the module, on db 0 under its own cluster name."""
     keys = Keys(f"t{uuid.uuid4().hex[:12]}")
     log_path = tmp_path_factory.mktemp("replica") / f"{request.param}.log"
-    proc = start_replica(redis_server.url, keys, f"r-{request.param}", log_path,
-                         f"rollout.backend={request.param}")  # fmt: skip
+    proc = start_replica(
+        redis_server.url, keys, f"r-{request.param}", log_path, f"rollout.backend={request.param}"
+    )
     yield proc
     stop_replica(proc)
     assert proc.proc.returncode == 0, proc.log_tail()
@@ -150,8 +151,11 @@ async def test_request_on_the_stream_is_answered_through_the_queue(replica: Repl
     client = aioredis.Redis.from_url(replica.redis_url)
     try:
         queue = await queue_for(replica, client)
-        request = GenerateRequest(f"q-{uuid.uuid4().hex}", SamplingParams(n=3, max_tokens=5),
-                                  prompt_token_ids=[1, 5, 6, 14, 7, 8, 15])  # fmt: skip
+        request = GenerateRequest(
+            f"q-{uuid.uuid4().hex}",
+            SamplingParams(n=3, max_tokens=5),
+            prompt_token_ids=[1, 5, 6, 14, 7, 8, 15],
+        )
         assert await queue.submit(request.request_id, request.to_json())
         assert await queue.submit(f"bad-{uuid.uuid4().hex}", b"not json")
         result = await queue.wait_result(request.request_id, timeout_s=60)

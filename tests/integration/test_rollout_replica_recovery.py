@@ -26,8 +26,11 @@ from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams
 
 DELAY_S = 2.0
-SLOW = ("rollout.backend=hf", f"rollout.debug_generate_delay_s={DELAY_S}",
-        "rollout.drain_timeout_s=0.2")  # fmt: skip
+SLOW = (
+    "rollout.backend=hf",
+    f"rollout.debug_generate_delay_s={DELAY_S}",
+    "rollout.drain_timeout_s=0.2",
+)
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (MODEL / "model.safetensors").exists(), reason="tiny model not built"),
@@ -67,9 +70,12 @@ def queue_for(replica: ReplicaProc, client: aioredis.Redis) -> WorkQueue:
 async def submit(queue: WorkQueue, count: int, min_weight_version: int = 0) -> list[str]:
     ids = []
     for _ in range(count):
-        request = GenerateRequest(f"q-{uuid.uuid4().hex}", SamplingParams(n=2, max_tokens=4),
-                                  prompt_text="12+34=",
-                                  min_weight_version=min_weight_version)  # fmt: skip
+        request = GenerateRequest(
+            f"q-{uuid.uuid4().hex}",
+            SamplingParams(n=2, max_tokens=4),
+            prompt_text="12+34=",
+            min_weight_version=min_weight_version,
+        )
         assert await queue.submit(request.request_id, request.to_json())
         ids.append(request.request_id)
     return ids
@@ -87,8 +93,9 @@ async def new_address(client: aioredis.Redis, replica: ReplicaProc, old: str) ->
     its old entry, then the new one as ``starting``)."""
     deadline = time.monotonic() + 60
     while True:
-        address, state = await client.hmget(replica.keys.replica(replica.replica_id),
-                                            ["address", "state"])  # fmt: skip
+        address, state = await client.hmget(
+            replica.keys.replica(replica.replica_id), ["address", "state"]
+        )
         if address.decode() != old and state == b"serving":
             return address.decode()
         assert time.monotonic() < deadline, "the restarted replica never served"
@@ -185,8 +192,14 @@ async def test_replica_exits_when_its_vllm_engine_dies_and_leaves_work_queued(
     import psutil  # a vLLM dependency
 
     keys = Keys(f"t{uuid.uuid4().hex[:12]}")
-    replica = start_replica(redis_server.url, keys, "mortal", tmp_path / "mortal.log",
-                            "rollout.backend=vllm", "rollout.debug_generate_delay_s=3")  # fmt: skip
+    replica = start_replica(
+        redis_server.url,
+        keys,
+        "mortal",
+        tmp_path / "mortal.log",
+        "rollout.backend=vllm",
+        "rollout.debug_generate_delay_s=3",
+    )
     try:
         queue = queue_for(replica, redis_db0)
         async with RolloutClient(replica.address) as client:

@@ -65,8 +65,9 @@ async def test_list_replicas_shows_both_serving(stubs):
     _, router = stubs
     listed = await router.ListReplicas(common_pb2.Empty())
     assert {(r.replica_id, r.state) for r in listed.replicas} == {
-        ("ra", "serving"), ("rb", "serving")
-    }  # fmt: skip
+        ("ra", "serving"),
+        ("rb", "serving"),
+    }
     assert all(r.address and r.backend == "hf" and r.in_flight == 0 for r in listed.replicas)
 
 

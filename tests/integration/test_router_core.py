@@ -85,9 +85,13 @@ class StandIn:
 
 def make_request(request_id: str, session: str = "", min_version: int = 0, timeout_s=0.0):
     return GenerateRequest(
-        request_id, SamplingParams(max_tokens=2), prompt_text="1+2=", session_id=session,
-        min_weight_version=min_version, timeout_s=timeout_s,
-    )  # fmt: skip
+        request_id,
+        SamplingParams(max_tokens=2),
+        prompt_text="1+2=",
+        session_id=session,
+        min_weight_version=min_version,
+        timeout_s=timeout_s,
+    )
 
 
 @pytest.fixture
@@ -167,11 +171,14 @@ async def test_new_sessions_spread_by_sessions_pinned_not_by_momentary_load(
     router = await roomy_router(redis_client, keys, rng=random.Random(7))
     try:
         await spawn("a"), await spawn("b")
-        first = {f"s{i}": (await router.generate(make_request(f"r{i}", f"s{i}"))).replica_id
-                 for i in range(16)}  # fmt: skip
+        first = {
+            f"s{i}": (await router.generate(make_request(f"r{i}", f"s{i}"))).replica_id
+            for i in range(16)
+        }
         assert sorted(Counter(first.values()).values()) == [8, 8]
-        again = await asyncio.gather(*(router.generate(make_request(f"again-{s}", s))
-                                       for s in first))  # fmt: skip
+        again = await asyncio.gather(
+            *(router.generate(make_request(f"again-{s}", s)) for s in first)
+        )
         assert dict(zip(first, (r.replica_id for r in again), strict=True)) == first
     finally:
         await router.close()
@@ -197,8 +204,11 @@ async def test_sessions_that_went_quiet_do_not_weigh_on_their_replica(redis_clie
         await asyncio.sleep(ACTIVE_SESSION_WINDOW_MS / 1000 + 0.2)
         await spawn("b")
         await listed(router, "b")  # the router's registry copy sees b
-        burst = [router.generate(make_request(f"n-{g}-{i}", f"new-{g}")) for g in range(8)
-                 for i in range(4)]  # fmt: skip
+        burst = [
+            router.generate(make_request(f"n-{g}-{i}", f"new-{g}"))
+            for g in range(8)
+            for i in range(4)
+        ]
         served = Counter(r.replica_id for r in await asyncio.gather(*burst))
     finally:
         await router.close()
@@ -341,4 +351,4 @@ async def test_silent_starting_replica_is_not_forgotten(router, spawn, redis_cli
     await sweeps(router, 10)  # the heartbeat long expired
     assert [(v.info.replica_id, v.state) for v in await router.list_replicas()] == [
         ("loading", "starting")
-    ]  # fmt: skip
+    ]

@@ -66,8 +66,9 @@ class Fleet:
     """A router core (janitor off, connections counted) and one replica driven by hand."""
 
     def __init__(self, url: str, keys: Keys, overrides: list[str]) -> None:
-        pool = aioredis.ConnectionPool.from_url(url, connection_class=CountingConnection,
-                                                socket_timeout=None)  # fmt: skip
+        pool = aioredis.ConnectionPool.from_url(
+            url, connection_class=CountingConnection, socket_timeout=None
+        )
         self.router_redis = aioredis.Redis.from_pool(pool)
         self.replica_redis = aioredis.Redis.from_url(url, socket_timeout=None)
         self.admin = aioredis.Redis.from_url(url)
@@ -92,8 +93,9 @@ class Fleet:
         assert await self.queue.finish(job, encode_result(answer)) is Finish.STORED
 
     async def generate(self, request_id: str, session: str = "s") -> GenerateResult:
-        request = GenerateRequest(request_id, SamplingParams(max_tokens=1), prompt_text="1+2=",
-                                  session_id=session)  # fmt: skip
+        request = GenerateRequest(
+            request_id, SamplingParams(max_tokens=1), prompt_text="1+2=", session_id=session
+        )
         answer, _ = await asyncio.gather(self.core.generate(request), self.serve_one())
         return answer
 

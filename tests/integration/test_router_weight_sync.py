@@ -53,8 +53,9 @@ async def test_push_reaches_every_listed_replica_and_reports_its_version(fleet: 
     async with RolloutClient(fleet.address) as router:
         listed = await router.list_replicas()
     assert {(r.replica_id, r.weight_version, r.state) for r in listed} == {
-        ("wa", 3, ReplicaState.SERVING), ("wb", 3, ReplicaState.SERVING)
-    }  # fmt: skip
+        ("wa", 3, ReplicaState.SERVING),
+        ("wb", 3, ReplicaState.SERVING),
+    }
 
 
 async def test_wait_for_replicas_without_a_router_says_how_many_came_up():
@@ -68,8 +69,11 @@ async def test_wait_for_replicas_without_a_router_says_how_many_came_up():
 
 async def test_status_lists_replicas_from_the_router(fleet: Fleet):
     cluster = f"t{uuid.uuid4().hex[:12]}"  # no trainer anywhere: its line says so
-    overrides = [f"endpoints.router={fleet.address}", f"cluster={cluster}",
-                 f"endpoints.trainer=127.0.0.1:{free_port()}"]  # fmt: skip
+    overrides = [
+        f"endpoints.router={fleet.address}",
+        f"cluster={cluster}",
+        f"endpoints.trainer=127.0.0.1:{free_port()}",
+    ]
     lines = await collect(load_config(overrides=overrides, env={}))
     assert lines[0] == f"replicas (2, from router {fleet.address}):"
     assert lines[1].split()[:3] == ["replica", "state", "version"]  # the table's header

@@ -46,8 +46,9 @@ def random_fleet(rng: random.Random) -> dict:
     """A registry state, a request's demands and a coin, drawn to hit every branch often."""
     ids = sorted(rng.sample([f"r{i}" for i in range(6)], rng.randint(1, 5)))
     states = ["serving"] * 4 + ["updating", "paused", "starting"]
-    fleet = [replica(rid, rng.randint(0, 3), rng.choice(states), rng.random() < 0.85)
-             for rid in ids]  # fmt: skip
+    fleet = [
+        replica(rid, rng.randint(0, 3), rng.choice(states), rng.random() < 0.85) for rid in ids
+    ]
     inflight = {rid: rng.choice([-1, 0, 0, 1, 2, 3, 5, 7]) for rid in ids if rng.random() < 0.8}
     session = rng.random() < 0.6
     return {
@@ -68,8 +69,15 @@ def python_pick(case: dict) -> str:
     snap = RegistrySnapshot(case["fleet"], dict(case["inflight"]), set(case["draining"]))
     try:
         snap = admit(snap, case["min_version"], case["limit"])
-        return pick_replica(snap.replicas, snap.inflight, case["sticky"], case["min_version"],
-                            case["cap"], snap.draining, Coin(case["coin"]))  # fmt: skip
+        return pick_replica(
+            snap.replicas,
+            snap.inflight,
+            case["sticky"],
+            case["min_version"],
+            case["cap"],
+            snap.draining,
+            Coin(case["coin"]),
+        )
     except Unavailable:
         return "unavailable"
     except ResourceExhausted:
@@ -105,11 +113,17 @@ async def lua_enqueue(
     redis: aioredis.Redis, keys: Keys, case: dict, candidates: list[str], rid: str, session: str
 ) -> str:
     """One request through the enqueue Lua on the live state: where it was queued, or full."""
-    request = GenerateRequest(rid, SamplingParams(), prompt_token_ids=[1], session_id=session,
-                              min_weight_version=case["min_version"])  # fmt: skip
+    request = GenerateRequest(
+        rid,
+        SamplingParams(),
+        prompt_token_ids=[1],
+        session_id=session,
+        min_weight_version=case["min_version"],
+    )
     placement = Placement(case["cap"], case["limit"], 60.0, case["coin"])
-    placed = await Enqueuer(redis, keys).enqueue(request, request.fingerprint(), "sub",
-                                                 candidates, placement, 60)  # fmt: skip
+    placed = await Enqueuer(redis, keys).enqueue(
+        request, request.fingerprint(), "sub", candidates, placement, 60
+    )
     assert placed.outcome in (Placed.QUEUED, Placed.FULL), placed
     return placed.replica_id if placed.outcome is Placed.QUEUED else "full"
 
@@ -140,17 +154,25 @@ async def test_a_batch_lands_where_the_same_requests_one_by_one_would(
         pool = eligible(case["fleet"], case["min_version"], case["draining"])
         if not pool:
             continue
-        requests = [GenerateRequest(f"q{i}", SamplingParams(), prompt_token_ids=[1],
-                                    min_weight_version=case["min_version"])
-                    for i in range(rng.randint(2, 8))]  # fmt: skip
+        requests = [
+            GenerateRequest(
+                f"q{i}",
+                SamplingParams(),
+                prompt_token_ids=[1],
+                min_weight_version=case["min_version"],
+            )
+            for i in range(rng.randint(2, 8))
+        ]
         snap = RegistrySnapshot(case["fleet"], dict(case["inflight"]), set(case["draining"]))
         plan = assign(requests, snap, case["cap"], Coin(case["coin"]))
         where = {r.request_id: rid for rid, group in plan.groups.items() for r in group}
         keys = Keys(f"{cluster_name}b{index}")
         await write_state(redis_client, keys, case, "")
         candidates = sorted(r.replica_id for r in pool)
-        one_by_one = [await lua_enqueue(redis_client, keys, case, candidates, r.request_id, "")
-                      for r in requests]  # fmt: skip
+        one_by_one = [
+            await lua_enqueue(redis_client, keys, case, candidates, r.request_id, "")
+            for r in requests
+        ]
         assert one_by_one == [where[r.request_id] for r in requests], (index, case)
         spread += len(plan.groups) > 1
     assert spread  # some batches went to more than one replica

@@ -234,9 +234,17 @@ async def test_the_reward_service_hands_no_secret_to_user_code(redis_url, cluste
         "env-" + secrets.token_hex(6),
         free_port(),
     )
-    argv = [sys.executable, "-m", "rlfleet.reward.main", f"cluster={cluster_name}",
-            f"redis_url={redis_url}", f"reward.custom.path={function}", f"api_key={key}",
-            "--port", str(port)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.reward.main",
+        f"cluster={cluster_name}",
+        f"redis_url={redis_url}",
+        f"reward.custom.path={function}",
+        f"api_key={key}",
+        "--port",
+        str(port),
+    ]
     env = clean_env(RLFLEET_RUN_DIR=str(tmp_path), MY_SECRET_TOKEN=token)
     proc = ServiceProcess.start(argv, tmp_path / "reward.log", "reward", env)
     try:
@@ -310,9 +318,21 @@ def test_without_namespaces_the_sandbox_falls_back_and_still_works(marker_sleep,
     (function := tmp_path / "escaping.py").write_text(USER_FUNCTION)
     script = f'{NO_NAMESPACES}; exec "$0" -c "$1" "$2" {function} {" ".join(marker_sleep)}'
     done = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "sh", "-c", script, sys.executable,
-         FALLBACK_SCRIPT, SPAWN], capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "sh",
+            "-c",
+            script,
+            sys.executable,
+            FALLBACK_SCRIPT,
+            SPAWN,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["report"]["namespaces"] == [] and seen["report"]["fallback"]

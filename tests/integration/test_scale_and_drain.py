@@ -61,12 +61,18 @@ def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory)
     fleet = Fleet(Keys(f"t{uuid.uuid4().hex[:12]}"), redis_server.url)
     try:
         with ThreadPoolExecutor(4) as pool:  # everything loads at once
-            replicas = [pool.submit(start_replica, fleet.url, fleet.keys, rid,
-                                    log_dir / f"{rid}.log", *REPLICA_ARGS)
-                        for rid in ("sa", "sb")]  # fmt: skip
-            routers = {name: pool.submit(start_router, fleet, log_dir / f"router-{name}.log",
-                                         http=name == "a")
-                       for name in ("a", "b")}  # fmt: skip
+            replicas = [
+                pool.submit(
+                    start_replica, fleet.url, fleet.keys, rid, log_dir / f"{rid}.log", *REPLICA_ARGS
+                )
+                for rid in ("sa", "sb")
+            ]
+            routers = {
+                name: pool.submit(
+                    start_router, fleet, log_dir / f"router-{name}.log", http=name == "a"
+                )
+                for name in ("a", "b")
+            }
         for future in replicas:  # a failed start stopped its own process; keep the others
             if future.exception() is None:
                 fleet.replicas[future.result().replica_id] = future.result()
@@ -84,17 +90,30 @@ def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory)
 def start_router(fleet: Fleet, log_path: Path, http: bool) -> RouterProc:
     """A router process; with ``http`` its OpenAI front too (that one loads a tokenizer)."""
     port, http_port = free_port(), free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-               f"redis_url={fleet.url}", f"cluster={fleet.keys.cluster}", f"model.path={MODEL}",
-               "router.janitor_interval_s=0.3", *ROUTER_ARGS,
-               *([f"router.http_port={http_port}"] if http else [])]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.router.main",
+        "--port",
+        str(port),
+        f"redis_url={fleet.url}",
+        f"cluster={fleet.keys.cluster}",
+        f"model.path={MODEL}",
+        "router.janitor_interval_s=0.3",
+        *ROUTER_ARGS,
+        *([f"router.http_port={http_port}"] if http else []),
+    ]
     proc = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 240))
     return RouterProc(proc, f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}")
 
 
 def request(tag: str = "", timeout_s: float = 60) -> GenerateRequest:
-    return GenerateRequest(f"{tag}{uuid.uuid4().hex}", SamplingParams(n=1, max_tokens=4),
-                           prompt_text="12+34=", timeout_s=timeout_s)  # fmt: skip
+    return GenerateRequest(
+        f"{tag}{uuid.uuid4().hex}",
+        SamplingParams(n=1, max_tokens=4),
+        prompt_text="12+34=",
+        timeout_s=timeout_s,
+    )
 
 
 async def outcomes(client: RolloutClient, count: int) -> list[object]:
@@ -104,8 +123,10 @@ async def outcomes(client: RolloutClient, count: int) -> list[object]:
 
 
 async def test_two_routers_serve_one_fleet(fleet: Fleet) -> None:
-    async with RolloutClient(fleet.routers["a"].address) as a, \
-            RolloutClient(fleet.routers["b"].address) as b:  # fmt: skip
+    async with (
+        RolloutClient(fleet.routers["a"].address) as a,
+        RolloutClient(fleet.routers["b"].address) as b,
+    ):
         same = request("shared-")
         first, second = await asyncio.gather(a.generate(same), b.generate(same))
         assert first.completions == second.completions  # one execution, one answer
@@ -115,8 +136,9 @@ async def test_two_routers_serve_one_fleet(fleet: Fleet) -> None:
 
 async def test_full_queues_answer_resource_exhausted_and_http_429(fleet: Fleet) -> None:
     async with RolloutClient(fleet.routers["a"].address) as client:
-        burst = asyncio.gather(*(client.generate(request()) for _ in range(4 * LIMIT)),
-                               return_exceptions=True)  # fmt: skip
+        burst = asyncio.gather(
+            *(client.generate(request()) for _ in range(4 * LIMIT)), return_exceptions=True
+        )
         await wait_full(client)
         async with httpx.AsyncClient(timeout=30) as http:
             body = {"model": "tiny-qwen2-arith", "prompt": "1+1=", "max_tokens": 2}

@@ -21,19 +21,34 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
-    {"data_source": "arith", "responses": ["12", "13", "12"], "reward_model": {"ground_truth": "12"}},
+    {
+        "data_source": "arith",
+        "responses": ["12", "13", "12"],
+        "reward_model": {"ground_truth": "12"},
+    },
     {"data_source": "arith", "response": "7", "reward_model": {"ground_truth": "7"}},
-    {"data_source": "openai/gsm8k", "response": "so #### 5", "reward_model": {"ground_truth": "5"},
-     "extra_info": {"index": 3}},
+    {
+        "data_source": "openai/gsm8k",
+        "response": "so #### 5",
+        "reward_model": {"ground_truth": "5"},
+        "extra_info": {"index": 3},
+    },
     {"data_source": "openai/gsm8k", "response": "#### 4", "reward_model": {"ground_truth": "5"}},
-]  # fmt: skip
+]
 
 
 @pytest.fixture
 def address(redis_url, cluster_name, tmp_path) -> Iterator[str]:
     port = free_port()
-    argv = [sys.executable, "-m", "rlfleet.reward.main", f"cluster={cluster_name}",
-            f"redis_url={redis_url}", "--port", str(port)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.reward.main",
+        f"cluster={cluster_name}",
+        f"redis_url={redis_url}",
+        "--port",
+        str(port),
+    ]
     proc = ServiceProcess.start(argv, tmp_path / "reward.log", "reward")
     try:
         proc.wait_for_line("listening on port", 60)
@@ -44,10 +59,26 @@ def address(redis_url, cluster_name, tmp_path) -> Iterator[str]:
 
 def score(address: str, src: Path, dst: Path, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rlfleet.cli", "score", "--input", str(src), "--output", str(dst),
-         "--address", address, "--batch-size", "2", *flags],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rlfleet.cli",
+            "score",
+            "--input",
+            str(src),
+            "--output",
+            str(dst),
+            "--address",
+            address,
+            "--batch-size",
+            "2",
+            *flags,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_jsonl_with_multi_response_rows(address, tmp_path):

@@ -70,11 +70,16 @@ def locked_redis(tmp_path):
 
 def test_no_role_gets_the_key_or_the_redis_password_on_its_command_line(tmp_path, locked_redis):
     run_dir = tmp_path / "run"
-    argv = up_argv(run_dir, "hf", 1, [f"api_key={KEY}", "trainer.val_before_train=false",
-                                      "data.val_size=4", "rollout.n=2"])  # fmt: skip
+    argv = up_argv(
+        run_dir,
+        "hf",
+        1,
+        [f"api_key={KEY}", "trainer.val_before_train=false", "data.val_size=4", "rollout.n=2"],
+    )
     argv[argv.index("--rollout-replicas") + 1] = "1"
-    up = ServiceProcess.start(argv, tmp_path / "up.log", "rlfleet up",
-                              clean_env(RLFLEET_REDIS_URL=locked_redis))  # fmt: skip
+    up = ServiceProcess.start(
+        argv, tmp_path / "up.log", "rlfleet up", clean_env(RLFLEET_REDIS_URL=locked_redis)
+    )
     seen: dict[int, list[str]] = {}
     try:
         while up.poll() is None:

@@ -30,9 +30,16 @@ def sft_rows(path: Path, count: int) -> Path:
 def test_an_sft_run_learns_the_demonstrations_and_serves_them(tmp_path):
     run_dir = tmp_path / "run"
     data = sft_rows(tmp_path / "sft.jsonl", 2000)
-    extra = [f"data.train_files=[{data}]", "trainer.mode=sft", "trainer.lr=1e-4",
-             "data.train_batch_size=32", "data.val_size=128", f"trainer.test_freq={STEPS // 2}",
-             "--rollout-replicas", "1"]  # fmt: skip
+    extra = [
+        f"data.train_files=[{data}]",
+        "trainer.mode=sft",
+        "trainer.lr=1e-4",
+        "data.train_batch_size=32",
+        "data.val_size=128",
+        f"trainer.test_freq={STEPS // 2}",
+        "--rollout-replicas",
+        "1",
+    ]
     result = run_up(run_dir, "hf", steps=STEPS, extra=extra)
     assert result.returncode == 0, failure_report(result, run_dir)
     metrics = read_metrics(run_dir)
@@ -55,9 +62,12 @@ def test_an_sft_file_without_an_assistant_turn_is_refused(tmp_path):
     data = tmp_path / "prompts_only.jsonl"
     data.write_text((ROOT / "data/arith/train.jsonl").read_text().splitlines()[0] + "\n")
     run_dir = tmp_path / "run"
-    result = run_up(run_dir, "hf", steps=1,
-                    extra=[f"data.train_files=[{data}]", "trainer.mode=sft",
-                           "--rollout-replicas", "1"])  # fmt: skip
+    result = run_up(
+        run_dir,
+        "hf",
+        steps=1,
+        extra=[f"data.train_files=[{data}]", "trainer.mode=sft", "--rollout-replicas", "1"],
+    )
     assert result.returncode != 0
     assert "prompts_only.jsonl:1: an SFT row has no assistant turn" in result.stdout + result.stderr
 
@@ -68,9 +78,15 @@ def test_an_rl_run_warms_up_on_demonstrations_first(tmp_path):
     warm-up's steps count in ``total_steps``."""
     run_dir, warmup, steps = tmp_path / "run", 3, 6
     data = sft_rows(tmp_path / "sft.jsonl", 200)
-    extra = [f"data.sft_files=[{data}]", f"trainer.sft_warmup_steps={warmup}",
-             "data.sft_batch_size=16", "trainer.mode=async", "trainer.lr=1e-4",
-             "data.val_size=32", f"trainer.test_freq={warmup}"]  # fmt: skip
+    extra = [
+        f"data.sft_files=[{data}]",
+        f"trainer.sft_warmup_steps={warmup}",
+        "data.sft_batch_size=16",
+        "trainer.mode=async",
+        "trainer.lr=1e-4",
+        "data.val_size=32",
+        f"trainer.test_freq={warmup}",
+    ]
     result = run_up(run_dir, "hf", steps=steps, extra=extra, replicas=1)
     assert result.returncode == 0, failure_report(result, run_dir)
     rows = [m for m in read_metrics(run_dir) if "training/global_step" in m]

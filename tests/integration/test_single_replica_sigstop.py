@@ -82,8 +82,12 @@ def _signal(pid: int, sig: int) -> None:
 
 async def call(address: str, tag: str) -> Outcome:
     """One Generate through the router, on a channel without retries (codes as they are)."""
-    request = GenerateRequest(f"{tag}-{uuid.uuid4().hex[:8]}", SamplingParams(n=1, max_tokens=4),
-                              prompt_text="12+34=", timeout_s=DEADLINE_S)  # fmt: skip
+    request = GenerateRequest(
+        f"{tag}-{uuid.uuid4().hex[:8]}",
+        SamplingParams(n=1, max_tokens=4),
+        prompt_text="12+34=",
+        timeout_s=DEADLINE_S,
+    )
     started, channel = time.monotonic(), make_channel(address, retry=False)
     outcome = Outcome(request.request_id)
     try:

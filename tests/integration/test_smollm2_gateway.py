@@ -47,11 +47,18 @@ pytestmark = [
     ),
 ]
 CONTEXT = "rollout.max_model_len=1024"
-ADD = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
-                                                    "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}  # fmt: skip
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
 OPENING = [{"role": "user", "content": "What is 12+34? Answer with the number."}]
 FOLLOW_UPS = ["Now add 56 to it.", "And what is that minus 2?"]
 
@@ -73,16 +80,32 @@ def gateway(
     logs = tmp_path_factory.mktemp("smollm2_gateway")
     keys, url = Keys(f"t{uuid.uuid4().hex[:12]}"), redis_server.url
     model, port, http_port = str(model_dir(SMOLLM2)), free_port(), free_port()
-    command = [sys.executable, "-m", "rlfleet.rollout.router.main", "--port", str(port),
-               f"redis_url={url}", f"cluster={keys.cluster}", f"model.path={model}",
-               f"router.http_port={http_port}", CONTEXT]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rlfleet.rollout.router.main",
+        "--port",
+        str(port),
+        f"redis_url={url}",
+        f"cluster={keys.cluster}",
+        f"model.path={model}",
+        f"router.http_port={http_port}",
+        CONTEXT,
+    ]
     router = ServiceProcess.start(command, logs / "router.log", name="router")
     try:
         with ThreadPoolExecutor(1) as pool:
             tokenizer = pool.submit(load_tokenizer, model)
-            replica = start_replica(url, keys, "smol", logs / "replica.log",
-                                    f"model.path={model}", "model.dtype=bfloat16",
-                                    "rollout.backend=hf", CONTEXT)  # fmt: skip
+            replica = start_replica(
+                url,
+                keys,
+                "smol",
+                logs / "replica.log",
+                f"model.path={model}",
+                "model.dtype=bfloat16",
+                "rollout.backend=hf",
+                CONTEXT,
+            )
         try:
             router.wait_for_line("router ready", 90)
             yield Gateway(replica, router, f"http://127.0.0.1:{http_port}", tokenizer.result())
@@ -100,22 +123,35 @@ def rl(gateway: Gateway, path: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def play(gateway: Gateway, session: str) -> list[Any]:
     """Three greedy calls in one session, as an agent appending to its conversation."""
-    client = openai.OpenAI(base_url=f"{gateway.http}/v1", api_key="unused", max_retries=0,
-                           default_headers={"X-Session-ID": session})  # fmt: skip
+    client = openai.OpenAI(
+        base_url=f"{gateway.http}/v1",
+        api_key="unused",
+        max_retries=0,
+        default_headers={"X-Session-ID": session},
+    )
     messages: list[dict[str, Any]] = list(OPENING)
     answers = []
     for follow_up in [*FOLLOW_UPS, None]:
         answer = client.chat.completions.create(
-            model="smollm2", messages=messages, tools=[ADD], max_tokens=32, temperature=0,
+            model="smollm2",
+            messages=messages,
+            tools=[ADD],
+            max_tokens=32,
+            temperature=0,
             extra_body={"return_token_ids": True},
-        )  # fmt: skip
+        )
         answers.append(answer)
         message = answer.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         for call in message.tool_calls or []:
             args = json.loads(call.function.arguments)
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": str(int(args.get("a", 0)) + int(args.get("b", 0)))})  # fmt: skip
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.id,
+                    "content": str(int(args.get("a", 0)) + int(args.get("b", 0))),
+                }
+            )
         if follow_up is not None and not message.tool_calls:
             messages.append({"role": "user", "content": follow_up})
     return answers
@@ -127,8 +163,9 @@ def test_an_episode_of_smollm2_through_the_gateway(gateway: Gateway) -> None:
     episode = rl(gateway, "end_session", {"session_id": session, "reward": 1.0})
     assert episode["num_calls"] == 3 and episode["reward"] == 1.0
     tokenizer = gateway.tokenizer
-    rendered = tokenizer.apply_chat_template(OPENING, tools=[ADD], tokenize=False,
-                                             add_generation_prompt=True)  # fmt: skip
+    rendered = tokenizer.apply_chat_template(
+        OPENING, tools=[ADD], tokenize=False, add_generation_prompt=True
+    )
     prompts = [answer.model_extra["prompt_token_ids"] for answer in answers]
     assert prompts[0] == tokenizer(rendered, add_special_tokens=False).input_ids
     sampled = [answer.choices[0].model_extra["token_ids"] for answer in answers]
@@ -150,5 +187,6 @@ def test_an_episode_of_smollm2_through_the_gateway(gateway: Gateway) -> None:
         text = tokenizer.decode(template, skip_special_tokens=False)
         assert "<|im_start|>" in text and text.endswith("<|im_start|>assistant\n"), text
     gaps = [t for t, m in zip(ids, mask, strict=True) if not m]
-    assert len(gaps) == sum(len(a) - len(b) - len(s) for b, a, s in
-                            zip(prompts, prompts[1:], sampled, strict=False))  # fmt: skip
+    assert len(gaps) == sum(
+        len(a) - len(b) - len(s) for b, a, s in zip(prompts, prompts[1:], sampled, strict=False)
+    )

@@ -36,14 +36,20 @@ STEPS = 2
 FULL_FP32_MIB = 134_515_008 * 4 / 2**20
 """Every parameter once (the lm-head is tied to the embedding), float32."""
 SYSTEM_LINE = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-SHORT = ["rollout.max_tokens=48", "data.val_size=4", "trainer.test_freq=0",
-         "trainer.val_before_train=false", "router.request_timeout_s=600"]  # fmt: skip
+SHORT = [
+    "rollout.max_tokens=48",
+    "data.val_size=4",
+    "trainer.test_freq=0",
+    "trainer.val_before_train=false",
+    "router.request_timeout_s=600",
+]
 
 
 def run(tmp_path: Path, backend: str, extra: list[str]) -> tuple[Path, list[dict], str]:
     run_dir = tmp_path / backend
-    result = run_up(run_dir, backend, steps=STEPS, extra=[*SHORT, *extra], config=CONFIG,
-                    replicas=1)  # fmt: skip
+    result = run_up(
+        run_dir, backend, steps=STEPS, extra=[*SHORT, *extra], config=CONFIG, replicas=1
+    )
     assert result.returncode == 0, failure_report(result, run_dir)
     steps = [m for m in read_metrics(run_dir) if "timing_s/step" in m]
     return run_dir, steps, result.stdout + result.stderr
@@ -80,8 +86,11 @@ def test_hf_engine_async(tmp_path):
 @pytest.mark.vllm
 def test_vllm_engine_sync_serves_the_actors_weights(tmp_path):
     pytest.importorskip("vllm")
-    extra = ["trainer.mode=sync", "trainer.old_logprob_source=actor",
-             "trainer.ppo_mini_batch_size=8"]  # fmt: skip
+    extra = [
+        "trainer.mode=sync",
+        "trainer.old_logprob_source=actor",
+        "trainer.ppo_mini_batch_size=8",
+    ]
     run_dir, steps, output = run(tmp_path, "vllm", extra)
     assert_trained_the_real_model(run_dir, steps, output)
     for m in steps:  # both steps sampled with pushed weights (v1 at start, then v2)

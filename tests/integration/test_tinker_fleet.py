@@ -42,11 +42,23 @@ def tinker_url(run_dir: Path) -> str | None:
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tinker")
     run_dir = tmp / "run"
-    argv = [sys.executable, "-m", "rlfleet.cli", "up", "--config",
-            str(ROOT / "configs" / "tinker.yaml"), "--rollout-replicas", "1",
-            f"run_dir={run_dir}", "cluster=tinkertest", "rollout.backend=hf",
-            "dashboard.enabled=false", "trainer.replica_wait_s=240", f"api_key={KEY}",
-            "tinker.max_adapters=16"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "rlfleet.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "tinker.yaml"),
+        "--rollout-replicas",
+        "1",
+        f"run_dir={run_dir}",
+        "cluster=tinkertest",
+        "rollout.backend=hf",
+        "dashboard.enabled=false",
+        "trainer.replica_wait_s=240",
+        f"api_key={KEY}",
+        "tinker.max_adapters=16",
+    ]
     up = ServiceProcess.start(argv, tmp / "up.log", name="rlfleet up", env=clean_env())
     try:
         url = up.wait_until(lambda: tinker_url(run_dir), 180, "serving the Tinker API")
@@ -69,9 +81,14 @@ def base_model(url: str) -> str:
 
 def run_example(name: str, url: str, *args: str) -> list[dict]:
     env = {**clean_env(), "TINKER_API_KEY": KEY}
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "tinker" / name),
-                             f"base_url={url}", *args], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "tinker" / name), f"base_url={url}", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
@@ -114,8 +131,12 @@ def sft_batch(tokenizer, n: int = 16) -> list[types.Datum]:
             str(2 * a), add_special_tokens=False
         )
         weights = [0.0] * (len(tokens) - 3) + [1.0] * 2
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                                loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights}))  # fmt: skip
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+            )
+        )
     return data
 
 
@@ -130,8 +151,9 @@ def test_two_adapters_train_apart(fleet, service) -> None:
     url, run_dir = fleet
     model = base_model(url)
     a = service.create_lora_training_client(base_model=model, rank=8, train_unembed=False).result()
-    b = service.create_lora_training_client(base_model=model, rank=4, train_mlp=False,
-                                            train_unembed=False).result()  # fmt: skip
+    b = service.create_lora_training_client(
+        base_model=model, rank=4, train_mlp=False, train_unembed=False
+    ).result()
     tokenizer = a.get_tokenizer()
     for client, name in ((a, "s0"), (b, "s0")):
         client.save_state(name).result()
@@ -156,9 +178,10 @@ def test_two_adapters_train_apart(fleet, service) -> None:
 def assert_trainer_agrees(client, prompt: list[int], sequence) -> None:
     """The replica's log-probs of its sample equal the trainer's under the same adapter."""
     tokens = prompt + list(sequence.tokens)
-    datum = types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                        loss_fn_inputs={"target_tokens": tokens[1:],
-                                        "weights": [0.0] * (len(tokens) - 1)})  # fmt: skip
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [0.0] * (len(tokens) - 1)},
+    )
     out = client.forward([datum], "cross_entropy").result()
     mine = out.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
     np.testing.assert_allclose(mine, sequence.logprobs, atol=2e-3)
@@ -168,32 +191,65 @@ def assert_trainer_agrees(client, prompt: list[int], sequence) -> None:
     ("what", "call", "named"),
     [
         ("unknown loss", lambda c, t: c.forward_backward(sft_batch(t, 2), "dro"), "'dro'"),
-        ("wrong shape", lambda c, t: c.forward_backward([types.Datum(
-            model_input=types.ModelInput.from_ints([1, 5, 6]),
-            loss_fn_inputs={"target_tokens": [5, 6, 7], "weights": [1.0, 1.0]})],
-            "cross_entropy"), "shape [2], expected [3]"),
-        ("too long", lambda c, t: c.forward_backward([types.Datum(
-            model_input=types.ModelInput.from_ints([5] * 40),
-            loss_fn_inputs={"target_tokens": [5] * 40, "weights": [1.0] * 40})],
-            "cross_entropy"), "1 to 32"),
+        (
+            "wrong shape",
+            lambda c, t: c.forward_backward(
+                [
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints([1, 5, 6]),
+                        loss_fn_inputs={"target_tokens": [5, 6, 7], "weights": [1.0, 1.0]},
+                    )
+                ],
+                "cross_entropy",
+            ),
+            "shape [2], expected [3]",
+        ),
+        (
+            "too long",
+            lambda c, t: c.forward_backward(
+                [
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints([5] * 40),
+                        loss_fn_inputs={"target_tokens": [5] * 40, "weights": [1.0] * 40},
+                    )
+                ],
+                "cross_entropy",
+            ),
+            "1 to 32",
+        ),
         ("missing input", lambda c, t: c.forward_backward(sft_batch(t, 2), "ppo"), "missing"),
-        ("prompt logprobs", lambda c, t: c.save_weights_and_get_sampling_client().result().sample(
-            types.ModelInput.from_ints([1, 5]), 1, types.SamplingParams(max_tokens=2),
-            include_prompt_logprobs=True), "include_prompt_logprobs"),
+        (
+            "prompt logprobs",
+            lambda c, t: (
+                c.save_weights_and_get_sampling_client()
+                .result()
+                .sample(
+                    types.ModelInput.from_ints([1, 5]),
+                    1,
+                    types.SamplingParams(max_tokens=2),
+                    include_prompt_logprobs=True,
+                )
+            ),
+            "include_prompt_logprobs",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_calls_are_refused_by_name(fleet, service, what, call, named) -> None:
-    client = service.create_lora_training_client(base_model=base_model(fleet[0]), rank=2,
-                                                 train_unembed=False).result()  # fmt: skip
+    client = service.create_lora_training_client(
+        base_model=base_model(fleet[0]), rank=2, train_unembed=False
+    ).result()
     with pytest.raises(Exception, match=named.replace("[", r"\[").replace("]", r"\]")):
         call(client, client.get_tokenizer()).result()
 
 
 @pytest.mark.parametrize(
     ("kwargs", "named"),
-    [({}, "train_unembed"), ({"rank": 64, "train_unembed": False}, "rank 64"),
-     ({"base_model": "Qwen/Qwen3-8B", "train_unembed": False}, "Qwen/Qwen3-8B")],
-)  # fmt: skip
+    [
+        ({}, "train_unembed"),
+        ({"rank": 64, "train_unembed": False}, "rank 64"),
+        ({"base_model": "Qwen/Qwen3-8B", "train_unembed": False}, "Qwen/Qwen3-8B"),
+    ],
+)
 def test_unsupported_training_clients_are_refused_by_name(fleet, service, kwargs, named) -> None:
     args = {"base_model": base_model(fleet[0]), "rank": 8, **kwargs}
     with pytest.raises(Exception, match=named):
@@ -203,8 +259,9 @@ def test_unsupported_training_clients_are_refused_by_name(fleet, service, kwargs
 def test_get_tokenizer_is_the_fleets_own_offline(fleet, service) -> None:
     from rlfleet.model.model_io import load_tokenizer
 
-    client = service.create_lora_training_client(base_model=base_model(fleet[0]), rank=2,
-                                                 train_unembed=False).result()  # fmt: skip
+    client = service.create_lora_training_client(
+        base_model=base_model(fleet[0]), rank=2, train_unembed=False
+    ).result()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     ours = load_tokenizer(ROOT / "models" / "tiny-qwen2-arith")
     theirs = client.get_tokenizer()

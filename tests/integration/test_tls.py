@@ -23,8 +23,16 @@ from rlfleet.common.http_server import make_http_server
 from rlfleet.common.redis_server import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
-NEW_KEY = ("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-           "-nodes")  # fmt: skip
+NEW_KEY = (
+    "openssl",
+    "req",
+    "-x509",
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +40,23 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> TlsConfig:
     """A self-signed certificate for localhost / 127.0.0.1 (its own CA)."""
     folder = tmp_path_factory.mktemp("tls")
     cert, key = folder / "cert.pem", folder / "key.pem"
-    subprocess.run([*NEW_KEY, "-days", "2",
-                    "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert),
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            *NEW_KEY,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return TlsConfig(cert_file=str(cert), key_file=str(key), ca_file=str(cert))
 
 
@@ -67,9 +88,21 @@ async def test_grpc_over_tls_and_plaintext_refused(cert: TlsConfig) -> None:
 
 async def test_untrusted_certificate_is_refused(cert: TlsConfig, tmp_path: Path) -> None:
     other = tmp_path / "other.pem"
-    subprocess.run([*NEW_KEY, "-days", "2",
-                    "-subj", "/CN=other", "-keyout", str(tmp_path / "k.pem"), "-out", str(other)],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            *NEW_KEY,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=other",
+            "-keyout",
+            str(tmp_path / "k.pem"),
+            "-out",
+            str(other),
+        ],
+        check=True,
+        capture_output=True,
+    )
     server = GrpcServer([], "127.0.0.1", 0, tls_config=cert)
     port = await server.start()
     try:

@@ -34,8 +34,9 @@ def processes_of(run_dir: Path) -> list[int]:
 
 def test_a_sigkilled_launcher_takes_its_roles_with_it(tmp_path):
     run_dir = tmp_path / "run"
-    up = ServiceProcess.start(up_argv(run_dir, "hf", 100_000, [], replicas=1), tmp_path / "up.log",
-                              name="rlfleet up")  # fmt: skip
+    up = ServiceProcess.start(
+        up_argv(run_dir, "hf", 100_000, [], replicas=1), tmp_path / "up.log", name="rlfleet up"
+    )
     try:
         up.wait_until(lambda: len(processes_of(run_dir)) >= 5, 120, "the roles to start")
         os.kill(up.pid, signal.SIGKILL)

@@ -70,8 +70,15 @@ def perturbed(model: Path) -> dict[str, torch.Tensor]:
 
 
 def config_for(model: Path, *overrides: str):
-    return load_config(overrides=[f"model.path={model}", "rollout.backend=hf",
-                                  "rollout.hf_batch_wait_ms=1", *overrides], env={})  # fmt: skip
+    return load_config(
+        overrides=[
+            f"model.path={model}",
+            "rollout.backend=hf",
+            "rollout.hf_batch_wait_ms=1",
+            *overrides,
+        ],
+        env={},
+    )
 
 
 @pytest_asyncio.fixture
@@ -88,13 +95,15 @@ async def crossed_by_an_update(model: Path, redis_url: str, *overrides: str):
     once it has decoded a few tokens under v1."""
     config = config_for(model, *overrides)
     redis, engine = Redis.from_url(redis_url), HFEngine(config)
-    core = Replica(config, engine, redis, Keys(f"t{uuid.uuid4().hex[:12]}"), "r-keep",
-                   "127.0.0.1:1")  # fmt: skip
+    core = Replica(
+        config, engine, redis, Keys(f"t{uuid.uuid4().hex[:12]}"), "r-keep", "127.0.0.1:1"
+    )
     try:
         await core.start()
         await core.update_weights(*weights.encode(original(model), 1))
-        request = GenerateRequest("q1", SamplingParams(temperature=0, max_tokens=MAX_TOKENS),
-                                  prompt_text="12+34=")  # fmt: skip
+        request = GenerateRequest(
+            "q1", SamplingParams(temperature=0, max_tokens=MAX_TOKENS), prompt_text="12+34="
+        )
         answer = asyncio.create_task(core.generate_direct(request))
         while not any(engine.has_started(key) for key in list(engine._requests)):
             await asyncio.sleep(0.002)
@@ -172,11 +181,16 @@ async def test_keep_on_vllm_continues_aborted_requests_under_the_new_weights(
     sampled request with ``n = 2`` comes back with both samples, each token stamped."""
     from rlfleet.rollout.engines.vllm import VllmEngine
 
-    config = config_for(vllm_model, "rollout.backend=vllm", "rollout.update_policy=keep",
-                        f"rollout.max_model_len={VLLM_POSITIONS}")  # fmt: skip
+    config = config_for(
+        vllm_model,
+        "rollout.backend=vllm",
+        "rollout.update_policy=keep",
+        f"rollout.max_model_len={VLLM_POSITIONS}",
+    )
     redis, engine = Redis.from_url(redis_url), VllmEngine(config)
-    core = Replica(config, engine, redis, Keys(f"t{uuid.uuid4().hex[:12]}"), "r-vkeep",
-                   "127.0.0.1:1")  # fmt: skip
+    core = Replica(
+        config, engine, redis, Keys(f"t{uuid.uuid4().hex[:12]}"), "r-vkeep", "127.0.0.1:1"
+    )
     greedy = SamplingParams(temperature=0, max_tokens=VLLM_TOKENS)
     sampled = SamplingParams(n=2, temperature=1.0, max_tokens=VLLM_TOKENS)
     try:

@@ -51,9 +51,16 @@ def long_context_model(target: Path, positions: int) -> Path:
 @pytest.fixture
 def replica(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[tuple[ReplicaProc, str]]:
     model, port = long_context_model(tmp_path / "model", MAX_LEN), free_port()
-    proc = start_replica(redis_server.url, Keys(f"t{uuid.uuid4().hex[:12]}"), "pc",
-                         tmp_path / "pc.log", "rollout.backend=vllm", f"model.path={model}",
-                         f"rollout.max_model_len={MAX_LEN}", f"rollout.metrics_port={port}")  # fmt: skip
+    proc = start_replica(
+        redis_server.url,
+        Keys(f"t{uuid.uuid4().hex[:12]}"),
+        "pc",
+        tmp_path / "pc.log",
+        "rollout.backend=vllm",
+        f"model.path={model}",
+        f"rollout.max_model_len={MAX_LEN}",
+        f"rollout.metrics_port={port}",
+    )
     try:
         yield proc, f"http://127.0.0.1:{port}/metrics"
     finally:

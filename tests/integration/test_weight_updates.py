@@ -120,8 +120,7 @@ async def test_a_shared_memory_push_is_read_from_the_file_and_checked_like_a_str
     """Same machine: the header names one /dev/shm file; the replica reads, verifies and loads
     it (NaN weights in the file are refused like streamed ones, and so are absurd finite ones,
     beyond ``rollout.max_weight_abs``), and the file is gone after."""
-    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 4 * 2**20,
-                                    shared_memory=True)  # fmt: skip
+    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 4 * 2**20, shared_memory=True)
     poisoned, absurd = original(), original()
     poisoned["model.norm.weight"][0] = float("inf")
     absurd["model.norm.weight"][1] = -1e30
@@ -243,8 +242,10 @@ async def test_a_failed_load_leaves_routing_until_a_retry_succeeds(redis_url: st
             await core.update_weights(*weights.encode(state, 1))
         registered = await redis.hget(keys.replica("r-half"), "state")
         assert (core.state, registered, core.version) == (
-            ReplicaState.UPDATE_FAILED, b"update_failed", 0
-        )  # fmt: skip
+            ReplicaState.UPDATE_FAILED,
+            b"update_failed",
+            0,
+        )
         assert (await core.update_weights(*weights.encode(state, 1))).version == 1
         assert core.state is ReplicaState.SERVING
         assert await redis.hget(keys.replica("r-half"), "state") == b"serving"
@@ -258,8 +259,14 @@ def delta_replica(redis_server: EmbeddedRedis, tmp_path_factory) -> Iterator[Rep
     """A replica that keeps its base weights (``trainer.weight_delta=always``)."""
     keys = Keys(f"t{uuid.uuid4().hex[:12]}")
     log_path = tmp_path_factory.mktemp("weight-delta") / "replica.log"
-    proc = start_replica(redis_server.url, keys, "r-delta", log_path, "rollout.backend=hf",
-                         "trainer.weight_delta=always")  # fmt: skip
+    proc = start_replica(
+        redis_server.url,
+        keys,
+        "r-delta",
+        log_path,
+        "rollout.backend=hf",
+        "trainer.weight_delta=always",
+    )
     yield proc
     stop_replica(proc)
     assert proc.proc.returncode == 0, proc.log_tail()

@@ -18,9 +18,13 @@ from procs import ROOT
 
 
 def run_up(
-    run_dir: Path, backend: str, steps: int = 3, extra: list[str] | None = None,
-    config: str = "default.yaml", replicas: int = 2,
-) -> subprocess.CompletedProcess:  # fmt: skip
+    run_dir: Path,
+    backend: str,
+    steps: int = 3,
+    extra: list[str] | None = None,
+    config: str = "default.yaml",
+    replicas: int = 2,
+) -> subprocess.CompletedProcess:
     """``rlfleet up`` to its end; ``replicas`` rollout replicas (the agent tests run one: a
     second replica costs a model load and its share of the two CI cores)."""
     argv = up_argv(run_dir, backend, steps, extra, config, replicas)
@@ -29,9 +33,13 @@ def run_up(
 
 
 def up_argv(
-    run_dir: Path, backend: str, steps: int, extra: list[str] | None,
-    config: str = "default.yaml", replicas: int = 2,
-) -> list[str]:  # fmt: skip
+    run_dir: Path,
+    backend: str,
+    steps: int,
+    extra: list[str] | None,
+    config: str = "default.yaml",
+    replicas: int = 2,
+) -> list[str]:
     return [
         sys.executable,
         "-m",

@@ -52,9 +52,13 @@ def build_tokenizer(chat_template: str) -> Any:
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(""), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>",
-        additional_special_tokens=SPECIAL[1:5], clean_up_tokenization_spaces=False,
-    )  # fmt: skip
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIAL[1:5],
+        clean_up_tokenization_spaces=False,
+    )
     tokenizer.add_tokens(WORDS)
     tokenizer.chat_template = chat_template
     return tokenizer

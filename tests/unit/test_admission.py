@@ -12,8 +12,10 @@ from rlfleet.rollout.types import ReplicaState
 
 
 def snapshot(inflight: dict[str, int], draining: set[str] | None = None) -> RegistrySnapshot:
-    replicas = [ReplicaInfo(rid, f"h:{i}", 1, ReplicaState.SERVING, alive=True)
-                for i, rid in enumerate(sorted(inflight))]  # fmt: skip
+    replicas = [
+        ReplicaInfo(rid, f"h:{i}", 1, ReplicaState.SERVING, alive=True)
+        for i, rid in enumerate(sorted(inflight))
+    ]
     return RegistrySnapshot(replicas, dict(inflight), draining or set())
 
 

@@ -39,8 +39,9 @@ class SumEnv(BaseTextEnv):
         done = action.strip() == self.truth or self.turns >= self.max_turns
         reward = 1.0 if action.strip() == self.truth else 0.1
         observations = [] if done else [{"role": "user", "content": "try again"}]
-        return BaseTextEnvStepOutput(observations=observations, reward=reward, done=done,
-                                     metadata={"turn": self.turns})  # fmt: skip
+        return BaseTextEnvStepOutput(
+            observations=observations, reward=reward, done=done, metadata={"turn": self.turns}
+        )
 
     def close(self) -> None:
         CLOSED.append(self.truth)
@@ -62,9 +63,16 @@ def renderer() -> ChatRenderer:
 
 async def play(renderer: ChatRenderer, env: Any, turns: list[str]) -> Episode:
     row = calc.to_verl_record(calc.Problem((12, 34, 56)), "test", 0)
-    return await run_episode(env, row, ScriptedGenerator(turns), renderer, max_turns=6,
-                             max_episode_tokens=512, sampling=SamplingParams(max_tokens=64),
-                             episode_id="ep-skyrl")  # fmt: skip
+    return await run_episode(
+        env,
+        row,
+        ScriptedGenerator(turns),
+        renderer,
+        max_turns=6,
+        max_episode_tokens=512,
+        sampling=SamplingParams(max_tokens=64),
+        episode_id="ep-skyrl",
+    )
 
 
 def test_a_base_text_env_subclass_is_recognised() -> None:
@@ -72,8 +80,11 @@ def test_a_base_text_env_subclass_is_recognised() -> None:
     env = load_env_factory("test_agent_adapters_skyrl:SumEnv", {"max_turns": 3})()
     assert isinstance(env, SkyRLTextEnv) and env.env_class is SumEnv and env.env is None
     row = {"prompt": "1+1=", "reward_model": {"ground_truth": "2"}, "extra_info": {"i": 0}}
-    assert extras_of(row) == {"reward_model": {"ground_truth": "2"}, "extra_info": {"i": 0},
-                              "reward_spec": {"method": "rule", "ground_truth": "2"}}  # fmt: skip
+    assert extras_of(row) == {
+        "reward_model": {"ground_truth": "2"},
+        "extra_info": {"i": 0},
+        "reward_spec": {"method": "rule", "ground_truth": "2"},
+    }
 
 
 async def test_an_episode_sums_step_rewards_and_closes_the_env(renderer: ChatRenderer) -> None:
@@ -92,6 +103,7 @@ async def test_an_episode_sums_step_rewards_and_closes_the_env(renderer: ChatRen
 async def test_a_step_that_returns_a_non_step_output_is_a_failed_episode(
     renderer: ChatRenderer,
 ) -> None:
-    episode = await play(renderer, load_env_factory("test_agent_adapters_skyrl:make_broken")(),
-                         ["102"])  # fmt: skip
+    episode = await play(
+        renderer, load_env_factory("test_agent_adapters_skyrl:make_broken")(), ["102"]
+    )
     assert episode.failed and "step must return a BaseTextEnvStepOutput" in episode.error

@@ -58,9 +58,16 @@ def renderer() -> ChatRenderer:
 
 
 async def play(renderer: ChatRenderer, env: Any, turns: list[str]) -> Episode:
-    return await run_episode(env, {}, ScriptedGenerator(turns), renderer, max_turns=4,
-                             max_episode_tokens=512, sampling=SamplingParams(max_tokens=16),
-                             episode_id="ep-gym")  # fmt: skip
+    return await run_episode(
+        env,
+        {},
+        ScriptedGenerator(turns),
+        renderer,
+        max_turns=4,
+        max_episode_tokens=512,
+        sampling=SamplingParams(max_tokens=16),
+        episode_id="ep-gym",
+    )
 
 
 async def test_a_text_env_class_runs_as_it_is(renderer: ChatRenderer) -> None:
@@ -76,7 +83,10 @@ async def test_a_factory_of_text_envs_runs_what_it_makes(renderer: ChatRenderer)
     assert type(env) is CountdownEnv and env.start == 2
     episode = await play(renderer, env, ["1", "5"])
     assert (episode.end_reason, episode.reward, episode.reward_parts) == (
-        EndReason.DONE, 0.0, {"count": 0.0})  # fmt: skip
+        EndReason.DONE,
+        0.0,
+        {"count": 0.0},
+    )
 
 
 async def test_an_env_that_never_ends_stops_at_max_turns(renderer: ChatRenderer) -> None:

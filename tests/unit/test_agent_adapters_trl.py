@@ -22,8 +22,11 @@ from rlfleet.agent.tool_calls import parse_tool_calls
 from rlfleet.rollout.types import SamplingParams
 from rlfleet.tasks import calc
 
-IDEAL = ['<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>',
-         '<tool_call>{"name":"add","arguments":{"a":46,"b":56}}</tool_call>', "102"]  # fmt: skip
+IDEAL = [
+    '<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>',
+    '<tool_call>{"name":"add","arguments":{"a":46,"b":56}}</tool_call>',
+    "102",
+]
 
 
 class AdderEnv:
@@ -80,9 +83,16 @@ def renderer() -> ChatRenderer:
 
 async def play(renderer: ChatRenderer, env: Any, turns: list[str]) -> Episode:
     row = calc.to_verl_record(calc.Problem((12, 34, 56)), "test", 0)
-    return await run_episode(env, row, ScriptedGenerator(turns), renderer, max_turns=6,
-                             max_episode_tokens=512, sampling=SamplingParams(max_tokens=64),
-                             episode_id="ep-trl")  # fmt: skip
+    return await run_episode(
+        env,
+        row,
+        ScriptedGenerator(turns),
+        renderer,
+        max_turns=6,
+        max_episode_tokens=512,
+        sampling=SamplingParams(max_tokens=64),
+        episode_id="ep-trl",
+    )
 
 
 def test_a_trl_class_is_recognised_and_its_public_methods_are_the_tools() -> None:
@@ -102,25 +112,37 @@ async def test_an_episode_calls_the_methods_and_scores_with_get_reward(
     env = load_env_factory("test_agent_adapters_trl:AdderEnv")()
     episode = await play(renderer, env, IDEAL)
     assert (episode.end_reason, episode.reward, episode.reward_parts) == (
-        EndReason.DONE, 1.0, {"AdderEnv": 1.0})  # fmt: skip
+        EndReason.DONE,
+        1.0,
+        {"AdderEnv": 1.0},
+    )
     assert episode.messages[0] == {"role": "user", "content": "12+34+56= Use add."}
     assert [m["content"] for m in episode.messages if m["role"] == "tool"] == ["46", "102"]
     assert (episode.num_turns, episode.tool_calls, env.environment.calls) == (
-        3, 2, [(12, 34), (46, 56)])  # fmt: skip
+        3,
+        2,
+        [(12, 34), (46, 56)],
+    )
 
 
 async def test_calls_run_in_the_order_written_and_bad_ones_are_observations() -> None:
     env = adapt(AdderEnv())
     await env.reset(prompt="1+2+3=", reward_model={"ground_truth": "6"})
-    turn = parse_tool_calls('<tool_call>{"name":"add","arguments":{"a":1,"b":2}}</tool_call>'
-                            "<tool_call>{oops}</tool_call>"
-                            '<tool_call>{"name":"add","arguments":{"a":3}}</tool_call>'
-                            '<tool_call>{"name":"add","arguments":{"a":3,"b":3}}</tool_call>')  # fmt: skip
+    turn = parse_tool_calls(
+        '<tool_call>{"name":"add","arguments":{"a":1,"b":2}}</tool_call>'
+        "<tool_call>{oops}</tool_call>"
+        '<tool_call>{"name":"add","arguments":{"a":3}}</tool_call>'
+        '<tool_call>{"name":"add","arguments":{"a":3,"b":3}}</tool_call>'
+    )
     observation, reward, done, info = await env.step(turn.message())
     assert [m["content"][:7] for m in observation] == ["3", "error: ", "error: ", "6"]
     assert "missing required argument(s): b" in observation[2]["content"]
-    assert (reward, done, info, env.environment.calls) == (0.0, False, {"tool_errors": 2},
-                                                           [(1, 2), (3, 3)])  # fmt: skip
+    assert (reward, done, info, env.environment.calls) == (
+        0.0,
+        False,
+        {"tool_errors": 2},
+        [(1, 2), (3, 3)],
+    )
 
 
 async def test_without_get_reward_the_episode_ends_at_zero(renderer: ChatRenderer) -> None:

@@ -73,11 +73,17 @@ def test_a_load_environment_returning_something_else_fails_the_start() -> None:
 
 def test_task_rows_become_rollout_inputs() -> None:
     env = load_environment(system_prompt="Add.")
-    verl = {"prompt": [{"role": "user", "content": "1+1="}], "extra_info": {"n": 1},
-            "reward_model": {"ground_truth": 2}}  # fmt: skip
+    verl = {
+        "prompt": [{"role": "user", "content": "1+1="}],
+        "extra_info": {"n": 1},
+        "reward_model": {"ground_truth": 2},
+    }
     assert rollout_input(env, verl) == {
         "prompt": [{"role": "system", "content": "Add."}, {"role": "user", "content": "1+1="}],
-        "example_id": 0, "answer": "2", "info": {"n": 1}}  # fmt: skip
+        "example_id": 0,
+        "answer": "2",
+        "info": {"n": 1},
+    }
     question = rollout_input(env, {"question": "2+2=", "answer": "4", "example_id": 7})
     assert question["prompt"][-1] == {"role": "user", "content": "2+2="}
     assert question["example_id"] == 7 and question["answer"] == "4"
@@ -89,8 +95,13 @@ def test_task_rows_become_rollout_inputs() -> None:
 
 def test_sampling_args_use_openai_names_and_ask_for_token_ids() -> None:
     args = sampling_args(SamplingParams(temperature=0.7, top_p=0.9, max_tokens=33, seed=5))
-    assert args == {"max_tokens": 33, "temperature": 0.7, "top_p": 0.9, "seed": 5,
-                    "extra_body": {"return_token_ids": True}}  # fmt: skip
+    assert args == {
+        "max_tokens": 33,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 5,
+        "extra_body": {"return_token_ids": True},
+    }
 
 
 def test_the_rubric_output_is_the_reward_and_an_error_fails_the_episode() -> None:

@@ -81,8 +81,11 @@ def write(tmp_path: Path, body: str, name: str = "tools.yaml") -> str:
 
 
 def tools_file(tmp_path: Path, config: str = "{type: native}") -> str:
-    return write(tmp_path, "tools:\n  - class_name: test_agent_adapters_verl.AddTool\n"
-                           f"    config: {config}\n" + ADD_SCHEMA)  # fmt: skip
+    return write(
+        tmp_path,
+        "tools:\n  - class_name: test_agent_adapters_verl.AddTool\n"
+        f"    config: {config}\n" + ADD_SCHEMA,
+    )
 
 
 def double(x: int) -> int:
@@ -108,13 +111,23 @@ def test_a_tools_file_loads_with_its_schemas(tmp_path: Path) -> None:
 async def test_an_episode_calls_the_verl_tool_through_its_lifecycle(tmp_path: Path) -> None:
     LIFECYCLE.clear()
     env = ToolEnv(load_toolbox([tools_file(tmp_path)]), calc.check_answer)
-    generate = ScriptedGenerator(['<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>',
-                                  '<tool_call>{"name":"add","arguments":{"a":46,"b":56}}</tool_call>',
-                                  "102"])  # fmt: skip
-    episode = await run_episode(env, calc.to_verl_record(calc.Problem((12, 34, 56)), "test", 0),
-                                generate, ChatRenderer(agent_tokenizer()), max_turns=6,
-                                max_episode_tokens=512, sampling=SamplingParams(max_tokens=64),
-                                episode_id="ep-verl")  # fmt: skip
+    generate = ScriptedGenerator(
+        [
+            '<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>',
+            '<tool_call>{"name":"add","arguments":{"a":46,"b":56}}</tool_call>',
+            "102",
+        ]
+    )
+    episode = await run_episode(
+        env,
+        calc.to_verl_record(calc.Problem((12, 34, 56)), "test", 0),
+        generate,
+        ChatRenderer(agent_tokenizer()),
+        max_turns=6,
+        max_episode_tokens=512,
+        sampling=SamplingParams(max_tokens=64),
+        episode_id="ep-verl",
+    )
     assert (episode.end_reason, episode.reward, episode.tool_errors) == (EndReason.DONE, 1.0, 0)
     assert [m["content"] for m in episode.messages if m["role"] == "tool"] == ["46", "102"]
     assert [step for step, _ in LIFECYCLE] == ["create", "execute", "release"] * 2
@@ -126,25 +139,46 @@ async def test_a_tool_that_raises_is_an_error_observation_and_still_released(
 ) -> None:
     LIFECYCLE.clear()
     box = load_toolbox([tools_file(tmp_path, "{type: native, fail: true}")])
-    answer = await box.answer({"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_0", "type": "function",
-         "function": {"name": "add", "arguments": '{"a":1,"b":2}'}}]})  # fmt: skip
+    answer = await box.answer(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_0",
+                    "type": "function",
+                    "function": {"name": "add", "arguments": '{"a":1,"b":2}'},
+                }
+            ],
+        }
+    )
     assert answer.errors == 1
     assert answer.messages[0]["content"] == "error: add raised RuntimeError: backend down"
     assert [step for step, _ in LIFECYCLE] == ["create", "execute", "release"]
 
 
-@pytest.mark.parametrize(("body", "error"), [
-    ("tools: 3\n", "a list under `tools:`"),
-    ("tools:\n  - config: {}\n", "needs a class_name"),
-    ("tools:\n  - class_name: nowhere.Tool\n", "cannot load 'nowhere.Tool'"),
-    ("tools:\n  - class_name: test_agent_adapters_verl.AddTool\n    config: {type: mcp}\n",
-     "only native tools"),
-    ("tools:\n  - class_name: test_agent_adapters_verl.AddTool\n    tool_schema:\n"
-     "      type: function\n      function: {description: no name}\n", "AddTool(...) raised"),
-    ("tools:\n  - class_name: test_agent_adapters_verl.AddTool\n    tool_schema:\n"
-     "      function: {name: add, parameters: {type: array}}\n", "must be an object schema"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        ("tools: 3\n", "a list under `tools:`"),
+        ("tools:\n  - config: {}\n", "needs a class_name"),
+        ("tools:\n  - class_name: nowhere.Tool\n", "cannot load 'nowhere.Tool'"),
+        (
+            "tools:\n  - class_name: test_agent_adapters_verl.AddTool\n    config: {type: mcp}\n",
+            "only native tools",
+        ),
+        (
+            "tools:\n  - class_name: test_agent_adapters_verl.AddTool\n    tool_schema:\n"
+            "      type: function\n      function: {description: no name}\n",
+            "AddTool(...) raised",
+        ),
+        (
+            "tools:\n  - class_name: test_agent_adapters_verl.AddTool\n    tool_schema:\n"
+            "      function: {name: add, parameters: {type: array}}\n",
+            "must be an object schema",
+        ),
+    ],
+)
 def test_a_bad_tools_file_names_the_entry(tmp_path: Path, body: str, error: str) -> None:
     with pytest.raises(ValueError, match="tools.yaml") as caught:
         load_tool_config(write(tmp_path, body))

@@ -54,8 +54,10 @@ async def test_tool_env_answers_calls_then_scores_the_answer() -> None:
     env = ToolEnv([calc.add], calc.check_answer)
     assert [s["function"]["name"] for s in env.tools] == ["add"]
     await env.reset(**calc.to_verl_record(calc.Problem((12, 34, 56)), "test", 0))
-    turn = parse_tool_calls('<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>'
-                            "<tool_call>{bad}</tool_call>")  # fmt: skip
+    turn = parse_tool_calls(
+        '<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>'
+        "<tool_call>{bad}</tool_call>"
+    )
     observation, reward, done, info = await env.step(turn.message())
     assert [m["content"][:6] for m in observation] == ["46", "error:"]
     assert (reward, done, info) == (0.0, False, {"tool_errors": 1})

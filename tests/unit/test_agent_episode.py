@@ -44,14 +44,17 @@ def test_encode_decode_round_trip() -> None:
     assert Episode.decode(truncated.encode()) == truncated and truncated.truncated
 
 
-@pytest.mark.parametrize("damage", [
-    lambda d: b"{" + d[1:],
-    lambda d: d[:-1],
-    lambda d: d + b"\x00",
-    lambda d: d[:6],
-    lambda d: MAGIC + struct.pack("<I", 3) + b"[1]",
-    lambda d: MAGIC + struct.pack("<I", 2) + b"{}",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda d: b"{" + d[1:],
+        lambda d: d[:-1],
+        lambda d: d + b"\x00",
+        lambda d: d[:6],
+        lambda d: MAGIC + struct.pack("<I", 3) + b"[1]",
+        lambda d: MAGIC + struct.pack("<I", 2) + b"{}",
+    ],
+)
 def test_decode_refuses_damaged_bytes(damage: object) -> None:
     with pytest.raises(EpisodeError):
         Episode.decode(damage(sample_episode().encode()))
@@ -67,17 +70,20 @@ def test_decode_refuses_arrays_that_do_not_fit() -> None:
         Episode.decode(broken)
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("response_mask", [1, 1, 0, 0, 2, 1], "response_mask"),
-    ("response_logprobs", [-0.5, -1.25, 0.0, -0.1, 0.0, -2.0], "not sampled"),
-    ("response_versions", [4, 4, -1, -1, -1], "as long as"),
-    ("prompt_ids", [1, -2], "not a token id"),
-    ("reward", float("nan"), "finite"),
-    ("reward_parts", {"answer": "1"}, "reward_parts"),
-    ("num_turns", -1, "negative"),
-    ("episode_id", "", "empty"),
-    ("end_reason", "done", "EndReason"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("response_mask", [1, 1, 0, 0, 2, 1], "response_mask"),
+        ("response_logprobs", [-0.5, -1.25, 0.0, -0.1, 0.0, -2.0], "not sampled"),
+        ("response_versions", [4, 4, -1, -1, -1], "as long as"),
+        ("prompt_ids", [1, -2], "not a token id"),
+        ("reward", float("nan"), "finite"),
+        ("reward_parts", {"answer": "1"}, "reward_parts"),
+        ("num_turns", -1, "negative"),
+        ("episode_id", "", "empty"),
+        ("end_reason", "done", "EndReason"),
+    ],
+)
 def test_validate_names_the_field(field: str, value: object, message: str) -> None:
     episode = sample_episode()
     setattr(episode, field, value)

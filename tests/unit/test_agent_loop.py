@@ -24,8 +24,11 @@ from rlfleet.tasks import calc
 
 SAMPLING = SamplingParams(max_tokens=64, temperature=1.0)
 PROBLEM = calc.Problem((12, 34, 56))
-IDEAL = ['<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>',
-         '<tool_call>{"name":"add","arguments":{"a":46,"b":56}}</tool_call>', "102"]  # fmt: skip
+IDEAL = [
+    '<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>',
+    '<tool_call>{"name":"add","arguments":{"a":46,"b":56}}</tool_call>',
+    "102",
+]
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +40,20 @@ def calc_task(problem: calc.Problem = PROBLEM) -> dict[str, Any]:
     return calc.to_verl_record(problem, "test", 0)
 
 
-async def play(renderer: ChatRenderer, generate: Any, env: Any = None, task: Any = None,
-               **limits: Any) -> Episode:  # fmt: skip
+async def play(
+    renderer: ChatRenderer, generate: Any, env: Any = None, task: Any = None, **limits: Any
+) -> Episode:
     limits = {"max_turns": 8, "max_episode_tokens": 512, **limits}
     env = env if env is not None else calc_env_factory()()
-    return await run_episode(env, task if task is not None else calc_task(), generate, renderer,
-                             sampling=SAMPLING, episode_id="ep-0", **limits)  # fmt: skip
+    return await run_episode(
+        env,
+        task if task is not None else calc_task(),
+        generate,
+        renderer,
+        sampling=SAMPLING,
+        episode_id="ep-0",
+        **limits,
+    )
 
 
 def assert_turns_extend(episode: Episode, generate: Any) -> None:
@@ -57,7 +68,10 @@ async def test_an_ideal_calc_episode(renderer: ChatRenderer) -> None:
     generate = ScriptedGenerator(IDEAL)
     episode = await play(renderer, generate)
     assert (episode.end_reason, episode.reward, episode.reward_parts) == (
-        EndReason.DONE, 1.0, {"answer": 1.0})  # fmt: skip
+        EndReason.DONE,
+        1.0,
+        {"answer": 1.0},
+    )
     assert (episode.num_turns, episode.tool_calls, episode.tool_errors) == (3, 2, 0)
     assert [m["role"] for m in episode.messages] == [
         "user",
@@ -86,10 +100,16 @@ class RandomEnv:
 
     def step(self, message: dict) -> tuple[list[dict], float, bool, dict]:
         rng = self.rng
-        observation = [{"role": rng.choice(["tool", "user"]), "tool_call_id": "c",
-                        "content": "".join(rng.choice("0123456789+=xyz \n{}") for _ in
-                                           range(rng.randint(0, 12)))}
-                       for _ in range(rng.randint(0, 2))]  # fmt: skip
+        observation = [
+            {
+                "role": rng.choice(["tool", "user"]),
+                "tool_call_id": "c",
+                "content": "".join(
+                    rng.choice("0123456789+=xyz \n{}") for _ in range(rng.randint(0, 12))
+                ),
+            }
+            for _ in range(rng.randint(0, 2))
+        ]
         self.observations.append(observation)
         return observation, rng.choice([0.0, 0.5]), rng.random() < 0.15, {}
 
@@ -130,9 +150,15 @@ async def test_zero_drift_over_many_random_episodes(renderer: ChatRenderer) -> N
         env = RandomEnv(rng)
         generate = RandomGenerator(rng, tokenizer.eos_token_id, len(tokenizer))
         limits = {"max_turns": rng.randint(1, 6), "max_episode_tokens": rng.randint(12, 200)}
-        episode = await run_episode(env, {"prompt": "12+34="}, generate, renderer,
-                                    sampling=SamplingParams(max_tokens=16),
-                                    episode_id=f"ep-{n}", **limits)  # fmt: skip
+        episode = await run_episode(
+            env,
+            {"prompt": "12+34="},
+            generate,
+            renderer,
+            sampling=SamplingParams(max_tokens=16),
+            episode_id=f"ep-{n}",
+            **limits,
+        )
         sampled = [t for turn in generate.turns for t in turn.token_ids]
         assert episode.sampled_ids() == sampled
         logprobs = [lp for turn in generate.turns for lp in turn.logprobs]
@@ -181,9 +207,16 @@ async def test_a_turn_cut_by_max_tokens_is_closed_with_the_template_eos(
 ) -> None:
     generate = ScriptedGenerator(IDEAL)
     env = calc_env_factory()()
-    episode = await run_episode(env, calc_task(), generate, renderer, max_turns=2,
-                                max_episode_tokens=512, sampling=SamplingParams(max_tokens=6),
-                                episode_id="ep-cut")  # fmt: skip
+    episode = await run_episode(
+        env,
+        calc_task(),
+        generate,
+        renderer,
+        max_turns=2,
+        max_episode_tokens=512,
+        sampling=SamplingParams(max_tokens=6),
+        episode_id="ep-cut",
+    )
     eos = agent_tokenizer().eos_token_id
     first = encode(IDEAL[0])[:6]
     assert episode.response_ids[:7] == first + [eos] and episode.response_mask[:7] == [1] * 6 + [0]
@@ -228,19 +261,22 @@ class BadEnv:
         return observation, 0.0, False, {}
 
 
-@pytest.mark.parametrize(("how", "error"), [
-    ("reset_raises", "reset raised RuntimeError: no reset"),
-    ("reset_non_message", "reset must return a list of messages"),
-    ("step_raises", "step raised RuntimeError: boom"),
-    ("non_message", "message 0 is a str"),
-    ("bad_role", "role 'robot'"),
-    ("three_values", "(messages, reward, done, info)"),
-    ("nan_reward", "finite number"),
-    ("huge", "over the limit 65536"),
-    ("hangs", "step timed out after 0.3s"),
-    ("bad_info", "tool_errors must be a count"),
-    ("nan_part", "reward part 'format' is not a finite number"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("how", "error"),
+    [
+        ("reset_raises", "reset raised RuntimeError: no reset"),
+        ("reset_non_message", "reset must return a list of messages"),
+        ("step_raises", "step raised RuntimeError: boom"),
+        ("non_message", "message 0 is a str"),
+        ("bad_role", "role 'robot'"),
+        ("three_values", "(messages, reward, done, info)"),
+        ("nan_reward", "finite number"),
+        ("huge", "over the limit 65536"),
+        ("hangs", "step timed out after 0.3s"),
+        ("bad_info", "tool_errors must be a count"),
+        ("nan_part", "reward part 'format' is not a finite number"),
+    ],
+)
 async def test_a_broken_environment_is_a_failed_episode(
     renderer: ChatRenderer, how: str, error: str
 ) -> None:
@@ -278,8 +314,9 @@ async def test_router_turn_generator_sends_token_prompts_per_session() -> None:
     client = RecordingClient()
     generate = RouterTurnGenerator(client, timeout_s=30.0, min_weight_version=2)
     sampling = SamplingParams(n=4, max_tokens=8, logprobs=0)
-    turns = await asyncio.gather(generate([1, 2, 3], sampling, "ep-9"),
-                                 generate([1, 2, 3, 5, 6, 2], sampling, "ep-9"))  # fmt: skip
+    turns = await asyncio.gather(
+        generate([1, 2, 3], sampling, "ep-9"), generate([1, 2, 3, 5, 6, 2], sampling, "ep-9")
+    )
     for request in client.requests:
         request.validate()
         assert (request.session_id, request.sampling.n, request.sampling.logprobs) == ("ep-9", 1, 1)

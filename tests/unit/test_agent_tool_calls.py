@@ -12,10 +12,13 @@ from rlfleet.agent.tool_calls import ERRORS_KEY, errors_of, parse_tool_calls
 def test_one_call_becomes_an_openai_tool_call() -> None:
     turn = parse_tool_calls('<tool_call>{"name":"add","arguments":{"a":12,"b":34}}</tool_call>')
     assert turn.content == "" and turn.errors == []
-    assert turn.tool_calls == [{
-        "id": "call_0", "type": "function",
-        "function": {"name": "add", "arguments": '{"a":12,"b":34}'},
-    }]  # fmt: skip
+    assert turn.tool_calls == [
+        {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": "add", "arguments": '{"a":12,"b":34}'},
+        }
+    ]
     assert turn.message() == {"role": "assistant", "content": "", "tool_calls": turn.tool_calls}
 
 
@@ -46,14 +49,17 @@ def test_arguments_as_a_json_string_or_absent_are_accepted() -> None:
     assert [c["function"]["arguments"] for c in turn.tool_calls] == ['{"a":1}', "{}"]
 
 
-@pytest.mark.parametrize(("inside", "reason"), [
-    ('{"name":"add","arguments":{"a":1', "not valid JSON"),
-    ('["add", 1]', "JSON object"),
-    ('{"arguments":{"a":1}}', "no name"),
-    ('{"name":"","arguments":{}}', "no name"),
-    ('{"name":"add","arguments":[1,2]}', "arguments must be a JSON object"),
-    ('{"name":"add","arguments":"not json"}', "arguments must be a JSON object"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("inside", "reason"),
+    [
+        ('{"name":"add","arguments":{"a":1', "not valid JSON"),
+        ('["add", 1]', "JSON object"),
+        ('{"arguments":{"a":1}}', "no name"),
+        ('{"name":"","arguments":{}}', "no name"),
+        ('{"name":"add","arguments":[1,2]}', "arguments must be a JSON object"),
+        ('{"name":"add","arguments":"not json"}', "arguments must be a JSON object"),
+    ],
+)
 def test_malformed_calls_are_error_records(inside: str, reason: str) -> None:
     text = f'<tool_call>{{"name":"ok","arguments":{{}}}}</tool_call><tool_call>{inside}</tool_call>'
     turn = parse_tool_calls(text)
@@ -71,7 +77,12 @@ def test_an_unclosed_call_is_an_error_record() -> None:
 
 
 def test_garbage_never_raises() -> None:
-    for text in ["<tool_call>", "</tool_call><tool_call></tool_call>", "<tool_call>\x00</tool_call>",
-                 "<tool_call><tool_call>{}</tool_call>", "{" * 10_000]:  # fmt: skip
+    for text in [
+        "<tool_call>",
+        "</tool_call><tool_call></tool_call>",
+        "<tool_call>\x00</tool_call>",
+        "<tool_call><tool_call>{}</tool_call>",
+        "{" * 10_000,
+    ]:
         turn = parse_tool_calls(text)
         assert turn.tool_calls == [] or turn.errors == []

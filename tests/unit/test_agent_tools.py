@@ -103,13 +103,16 @@ async def test_a_good_call_answers_with_a_tool_message() -> None:
     assert [s["function"]["name"] for s in box.schemas] == ["add", "scale"]
 
 
-@pytest.mark.parametrize(("the_call", "expected"), [
-    (call("nope", "{}"), "unknown tool 'nope'"),
-    (call("divide", '{"a": 1}'), "missing required argument(s): b"),
-    (call("divide", '{"a": "1", "b": 2}'), "argument a must be of type integer"),
-    (call("divide", "[1, 2]"), "arguments must be a JSON object"),
-    (call("divide", '{"a": 1, "b": 0}'), "divide raised ZeroDivisionError"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("the_call", "expected"),
+    [
+        (call("nope", "{}"), "unknown tool 'nope'"),
+        (call("divide", '{"a": 1}'), "missing required argument(s): b"),
+        (call("divide", '{"a": "1", "b": 2}'), "argument a must be of type integer"),
+        (call("divide", "[1, 2]"), "arguments must be a JSON object"),
+        (call("divide", '{"a": 1, "b": 0}'), "divide raised ZeroDivisionError"),
+    ],
+)
 async def test_failures_are_error_observations(the_call: dict, expected: str) -> None:
     box = ToolBox([divide])
     reply = await box.run(the_call)
@@ -146,16 +149,18 @@ async def test_sandboxed_tools_run_in_a_confined_child() -> None:
     from rlfleet.common.config import SandboxLimits
 
     limits = SandboxLimits(cpu_s=5.0, memory_mb=1024)
-    box = ToolBox(["rlfleet.tasks.calc:add", divide, hang], sandbox=True, timeout_s=3.0,
-                  limits=limits)  # fmt: skip
+    box = ToolBox(
+        ["rlfleet.tasks.calc:add", divide, hang], sandbox=True, timeout_s=3.0, limits=limits
+    )
     replies = await asyncio.gather(
         box.run(call("add", '{"a":12,"b":34}')),
         box.run(call("divide", '{"a":1,"b":0}', "call_1")),
         box.run(call("hang", '{"seconds": 60}', "call_2")),
     )
     assert [r["content"] for r in replies] == [
-        "46", "error: divide failed: ZeroDivisionError: division by zero",
+        "46",
+        "error: divide failed: ZeroDivisionError: division by zero",
         "error: hang timed out after 3s",
-    ]  # fmt: skip
+    ]
     with pytest.raises(ValueError, match="async tools cannot run sandboxed"):
         ToolBox([ahang], sandbox=True)

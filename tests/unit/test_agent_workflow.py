@@ -61,26 +61,39 @@ def test_agent_env_naming_a_workflow_plays_through_the_gateway() -> None:
 def test_reward_from_a_number_a_dict_or_the_session() -> None:
     assert reward_of(1, None) == (1.0, {})
     assert reward_of({"reward": 0.5, "format": 1, "length": 0.25}, None) == (
-        0.5, {"format": 1.0, "length": 0.25})  # fmt: skip
+        0.5,
+        {"format": 1.0, "length": 0.25},
+    )
     assert reward_of({"reward": 1.0, "reward_parts": {"a": 2}}, None) == (1.0, {"a": 2.0})
     assert reward_of(None, 0.75) == (0.75, {})
 
 
 @pytest.mark.parametrize(
     ("outcome", "recorded", "says"),
-    [(None, None, "set no reward"), (math.nan, None, "finite"), (True, None, "finite"),
-     ("1.0", None, "finite"), ({"score": 1.0}, None, "'reward'"),
-     ({"reward": 1.0, "note": "text"}, None, "note"), ({"reward": 1, "reward_parts": [1]},
-                                                        None, "reward_parts")],
-)  # fmt: skip
+    [
+        (None, None, "set no reward"),
+        (math.nan, None, "finite"),
+        (True, None, "finite"),
+        ("1.0", None, "finite"),
+        ({"score": 1.0}, None, "'reward'"),
+        ({"reward": 1.0, "note": "text"}, None, "note"),
+        ({"reward": 1, "reward_parts": [1]}, None, "reward_parts"),
+    ],
+)
 def test_a_return_that_is_no_reward_is_a_clear_error(outcome, recorded, says) -> None:
     with pytest.raises(WorkflowError, match=says):
         reward_of(outcome, recorded)
 
 
 def call(prompt: list[int], sampled: list[int], version: int = 3) -> CallRecord:
-    return CallRecord(prompt, sampled, [-0.5] * len(sampled), [version] * len(sampled),
-                      tool_calls=1, message={"role": "assistant", "content": "x"})  # fmt: skip
+    return CallRecord(
+        prompt,
+        sampled,
+        [-0.5] * len(sampled),
+        [version] * len(sampled),
+        tool_calls=1,
+        message={"role": "assistant", "content": "x"},
+    )
 
 
 def test_a_token_native_session_is_one_episode_of_exactly_the_sampled_tokens() -> None:

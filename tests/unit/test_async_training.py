@@ -139,8 +139,10 @@ def test_skipping_zero_advantage_rows_gives_the_same_update():
         torch.manual_seed(0)
         # One forward per row in both runs: the shared-prompt forward groups different row
         # sets (1 prompt vs 3), whose float rounding Adam can magnify past this tolerance.
-        overrides: dict[str, Any] = {"trainer.use_kl_loss": "false",
-                                     "trainer.share_prompt_forward": "false"}  # fmt: skip
+        overrides: dict[str, Any] = {
+            "trainer.use_kl_loss": "false",
+            "trainer.share_prompt_forward": "false",
+        }
         trainer = make_trainer(**overrides)
         asyncio.run(trainer.start(1, 1.0))
         torch.manual_seed(2)
@@ -181,8 +183,9 @@ class ZeroEveryOtherCall:
 
 
 def test_async_mode_refills_groups_without_signal_and_counts_them():
-    trainer = seeded_trainer("async", 1, **{"algorithm.filter_groups.enable": "true",
-                                            "rollout.n": 4})  # fmt: skip
+    trainer = seeded_trainer(
+        "async", 1, **{"algorithm.filter_groups.enable": "true", "rollout.n": 4}
+    )
     trainer.fleet.reward = ZeroEveryOtherCall(trainer.fleet.reward)
     trainer.collector.fleet = trainer.fleet
     rows = run(trainer, 3)
@@ -226,8 +229,9 @@ def test_answers_from_two_versions_are_flagged():
 
 
 def test_async_steps_report_the_split_lag():
-    trainer = seeded_trainer("async", 1, **{"trainer.max_in_queue_lag": 1,
-                                            "trainer.max_in_flight_lag": 0})  # fmt: skip
+    trainer = seeded_trainer(
+        "async", 1, **{"trainer.max_in_queue_lag": 1, "trainer.max_in_flight_lag": 0}
+    )
     trainer.fleet.rollout = LaggingRollout(trainer.fleet.rollout, trainer.fleet.weight_sync)
     rows = run(trainer, 4)
     for row in rows:

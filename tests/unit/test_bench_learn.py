@@ -18,9 +18,18 @@ KEY = real_model_learn.ACCURACY_KEY
 
 def fleet_run_dir(tmp_path: Path) -> Path:
     """A finished run: validation before (0.2), at step 2 (0.3) and after step 3 (0.5)."""
-    steps = [{"step": i, "timing_s/step": 10.0 + i, "timing_s/gen": 4.0, "timing_s/reward": 0.1,
-              "timing_s/update_actor": 5.0, "timing_s/push_weights": 0.5,
-              "critic/score/mean": 0.1 * i} for i in (1, 2, 3)]  # fmt: skip
+    steps = [
+        {
+            "step": i,
+            "timing_s/step": 10.0 + i,
+            "timing_s/gen": 4.0,
+            "timing_s/reward": 0.1,
+            "timing_s/update_actor": 5.0,
+            "timing_s/push_weights": 0.5,
+            "critic/score/mean": 0.1 * i,
+        }
+        for i in (1, 2, 3)
+    ]
     rows = [steps[0], steps[1], {"step": 2, KEY: 0.3, "training/time_s": 23.0}, steps[2]]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = {"training_time_s": 36.0, "val_before": {KEY: 0.2}, "val_after": {KEY: 0.5}}
@@ -39,10 +48,16 @@ def test_a_finished_run_gives_the_fleet_record_and_its_curve(tmp_path):
 def test_rows_and_targets_from_both_sides(tmp_path):
     run = real_model_fleet.GrpoFleetRun("async", 10, 8, 0.0, [], real_model_learn.CONFIG, KEY)
     fleet = real_model_fleet.finished_run(run, fleet_run_dir(tmp_path))
-    trl = {"steps": [{"step_s": 40.0, "gen": 30.0, "reward": 0.1, "update": 9.0},
-                     {"step_s": 44.0, "gen": 33.0, "reward": 0.1, "update": 10.0}],
-           "training_time_s": 84.0, "val_before": 0.2, "val_after": 0.3,
-           "peak_rss_GB": 5.0}  # fmt: skip
+    trl = {
+        "steps": [
+            {"step_s": 40.0, "gen": 30.0, "reward": 0.1, "update": 9.0},
+            {"step_s": 44.0, "gen": 33.0, "reward": 0.1, "update": 10.0},
+        ],
+        "training_time_s": 84.0,
+        "val_before": 0.2,
+        "val_after": 0.3,
+        "peak_rss_GB": 5.0,
+    }
     rows = [*real_model_learn.rows_of("fleet", fleet), *real_model_learn.rows_of("trl", trl)]
     main = {r["variant"]: r for r in rows if "val_before" in r}
     assert main["fleet"]["gain"] == pytest.approx(0.3) and main["trl"]["gain"] == pytest.approx(0.1)
@@ -55,8 +70,10 @@ def test_rows_and_targets_from_both_sides(tmp_path):
 
 
 def test_the_plot_is_drawn_from_the_curves(tmp_path):
-    records = {"fleet": {"curve": [[0, 0.0, 0.2], [3, 36.0, 0.5]]},
-               "trl": {"curve": [[0, 0.0, 0.2], [2, 84.0, 0.3]]}}  # fmt: skip
+    records = {
+        "fleet": {"curve": [[0, 0.0, 0.2], [3, 36.0, 0.5]]},
+        "trl": {"curve": [[0, 0.0, 0.2], [2, 84.0, 0.3]]},
+    }
     path = real_model_learn.plot_curves(records, tmp_path / "learning.png")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
     assert real_model_learn.plot_curves({"fleet": {}}, tmp_path / "none.png") is None

@@ -31,8 +31,11 @@ def test_compose_agent_config_matches_the_env_service():
     agent = load_config(str(ROOT / "configs" / "compose_agent.yaml"), [])
     default = load_config(str(ROOT / "configs" / "compose.yaml"), [])
     assert agent.agent.env and agent.agent.port == health_port("env")
-    assert agent.agent.address == f"env:{agent.agent.port}" == SERVICES["env"]["environment"][
-        "RLFLEET_ENV_ADDR"]  # fmt: skip
+    assert (
+        agent.agent.address
+        == f"env:{agent.agent.port}"
+        == SERVICES["env"]["environment"]["RLFLEET_ENV_ADDR"]
+    )
     assert agent.agent.gateway_url == f"http://router:{agent.router.http_port}/v1"
     assert agent.endpoints == default.endpoints
     for role in ("router", "reward", "refcritic"):

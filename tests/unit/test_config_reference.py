@@ -30,8 +30,11 @@ def test_every_field_and_choice_has_a_row():
     reference = markdown_reference()
     rows = [line for line in reference.splitlines() if line.startswith("| `")]
     assert len(rows) == len(describe_fields())  # the same fields --help-config lists
-    for row in ("| `adv_estimator` | `grpo` | `grpo` / `rloo` /", "| `kl_ctrl.type` | `fixed` |",
-                "| `apply_chat_template` | `auto` | `auto` / `true` / `false`."):  # fmt: skip
+    for row in (
+        "| `adv_estimator` | `grpo` | `grpo` / `rloo` /",
+        "| `kl_ctrl.type` | `fixed` |",
+        "| `apply_chat_template` | `auto` | `auto` / `true` / `false`.",
+    ):
         assert row in reference, row
 
 

@@ -17,7 +17,15 @@ def test_an_unquoted_lower_upper_bound_stays_text_and_reaches_the_field(tmp_path
 
 def test_numbers_follow_yaml_1_2():
     tree = read_yaml("a: 1e-5\nb: 1.0e-5\nc: 400\nd: 010\ne: 0x1f\nf: -2.5\ng: 1:30\nh: 1_000")
-    assert tree == {"a": 1e-5, "b": 1e-5, "c": 400, "d": 10, "e": 31, "f": -2.5,
-                    "g": "1:30", "h": "1_000"}  # fmt: skip
+    assert tree == {
+        "a": 1e-5,
+        "b": 1e-5,
+        "c": 400,
+        "d": 10,
+        "e": 31,
+        "f": -2.5,
+        "g": "1:30",
+        "h": "1_000",
+    }
     assert parse_value("0.999_1.001") == "0.999_1.001"
     assert parse_value("3") == 3 and parse_value("true") is True and parse_value("null") is None

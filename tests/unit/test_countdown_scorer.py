@@ -131,11 +131,15 @@ async def test_humaneval_canonical_solutions_pass_and_empty_ones_fail():
     chosen = [problems[f"HumanEval/{i}"] for i in (0, 38, 163)]  # 38 has a helper in its code
     scorer = code_scorer(LIMITS)
     requests = [
-        ScoreRequest(f"{p['task_id']}/{kind}", humaneval.DATA_SOURCE, body,
-                     humaneval.ground_truth(p["prompt"], p["test"], p["entry_point"]))
+        ScoreRequest(
+            f"{p['task_id']}/{kind}",
+            humaneval.DATA_SOURCE,
+            body,
+            humaneval.ground_truth(p["prompt"], p["test"], p["entry_point"]),
+        )
         for p in chosen
         for kind, body in (("canonical", p["canonical_solution"]), ("empty", "    pass\n"))
-    ]  # fmt: skip
+    ]
     found = await scorer.ascore_many(requests)
     assert [(r.id, r.score) for r in found] == [
         (q.id, 1.0 if q.id.endswith("canonical") else 0.0) for q in requests

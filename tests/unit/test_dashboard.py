@@ -24,9 +24,17 @@ from rlfleet.trainer.samples import TrainSamples, prompt_text
 
 
 def step_row(step: int, score: float, **extra) -> dict:
-    return {"step": step, "training/global_step": float(step), "critic/score/mean": score,
-            "actor/entropy": 0.5, "response_length/mean": 3.0, "timing_s/step": 0.5,
-            "timing_s/gen": 0.3, "timing_s/update_actor": 0.1, **extra}  # fmt: skip
+    return {
+        "step": step,
+        "training/global_step": float(step),
+        "critic/score/mean": score,
+        "actor/entropy": 0.5,
+        "response_length/mean": 3.0,
+        "timing_s/step": 0.5,
+        "timing_s/gen": 0.3,
+        "timing_s/update_actor": 0.1,
+        **extra,
+    }
 
 
 def append(path, *rows: dict) -> None:
@@ -85,12 +93,24 @@ def test_metrics_tail_keeps_the_rows_a_resumed_run_does_not_train_again(tmp_path
     path = tmp_path / "metrics.jsonl"
     tail = runfiles.MetricsTail(path)
     validation = {"step": 2, "val-core/arith/reward/mean@1": 0.4}
-    append(path, step_row(1, 0.1), step_row(2, 0.2), validation, step_row(3, 0.3),
-           step_row(4, 0.4), step_row(5, 0.5))  # fmt: skip
+    append(
+        path,
+        step_row(1, 0.1),
+        step_row(2, 0.2),
+        validation,
+        step_row(3, 0.3),
+        step_row(4, 0.4),
+        step_row(5, 0.5),
+    )
     assert len(tail.read()) == 6
     append(path, step_row(4, 0.41, segment=1, retrained=True))
     assert [(r["step"], r.get("critic/score/mean")) for r in tail.read()] == [
-        (1, 0.1), (2, 0.2), (2, None), (3, 0.3), (4, 0.41)]  # fmt: skip
+        (1, 0.1),
+        (2, 0.2),
+        (2, None),
+        (3, 0.3),
+        (4, 0.41),
+    ]
     append(path, step_row(5, 0.51, segment=1, retrained=True), step_row(6, 0.6, segment=1))
     append(path, step_row(6, 0.61, segment=2, retrained=True))  # resumed again at step 5
     rows = tail.read()
@@ -98,7 +118,8 @@ def test_metrics_tail_keeps_the_rows_a_resumed_run_does_not_train_again(tmp_path
     assert rows[-1]["critic/score/mean"] == 0.61
     fresh = runfiles.MetricsTail(path)  # a page opened later reads the same
     assert [(r["step"], r.get("segment", 0)) for r in fresh.read()] == [
-        (r["step"], r.get("segment", 0)) for r in rows]  # fmt: skip
+        (r["step"], r.get("segment", 0)) for r in rows
+    ]
 
 
 def test_curves_pick_the_first_present_metric_and_validation_rows():
@@ -145,23 +166,42 @@ def test_tail_jsonl_returns_the_last_rows_of_a_long_file(tmp_path):
 
 
 def test_train_samples_writes_the_first_sample_of_the_first_groups(tmp_path):
-    records = [PromptRecord(prompt=f"{g}+1=", data_source="arith", ground_truth=str(g + 1))
-               for g in range(3) for _ in range(2)]  # fmt: skip
-    batch = RolloutBatch(records=records, group_ids=[0, 0, 1, 1, 2, 2],
-                         texts=["a", "b", "c", "d", "e", "f"],
-                         scores=[1.0, 0.0, 0.0, 1.0, 0.5, 0.5],
-                         weight_versions=[4] * 6, replica_ids=["r0", "r1"] * 3)  # fmt: skip
+    records = [
+        PromptRecord(prompt=f"{g}+1=", data_source="arith", ground_truth=str(g + 1))
+        for g in range(3)
+        for _ in range(2)
+    ]
+    batch = RolloutBatch(
+        records=records,
+        group_ids=[0, 0, 1, 1, 2, 2],
+        texts=["a", "b", "c", "d", "e", "f"],
+        scores=[1.0, 0.0, 0.0, 1.0, 0.5, 0.5],
+        weight_versions=[4] * 6,
+        replica_ids=["r0", "r1"] * 3,
+    )
     writer = TrainSamples(tmp_path / "train_samples.jsonl", per_step=2)
     writer.write(5, batch)
     rows = [
         json.loads(line) for line in (tmp_path / "train_samples.jsonl").read_text().splitlines()
     ]
     assert rows == [
-        {"step": 5, "prompt": "0+1=", "response": "a", "score": 1.0, "weight_version": 4,
-         "replica": "r0"},
-        {"step": 5, "prompt": "1+1=", "response": "c", "score": 0.0, "weight_version": 4,
-         "replica": "r0"},
-    ]  # fmt: skip
+        {
+            "step": 5,
+            "prompt": "0+1=",
+            "response": "a",
+            "score": 1.0,
+            "weight_version": 4,
+            "replica": "r0",
+        },
+        {
+            "step": 5,
+            "prompt": "1+1=",
+            "response": "c",
+            "score": 0.0,
+            "weight_version": 4,
+            "replica": "r0",
+        },
+    ]
     assert (
         prompt_text([{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]) == "q"
     )
@@ -172,8 +212,10 @@ def test_train_samples_writes_the_first_sample_of_the_first_groups(tmp_path):
 
 async def test_state_endpoint_serves_the_document_and_marks_dead_roles_down(tmp_path):
     append(tmp_path / "metrics.jsonl", step_row(1, 0.25), step_row(2, 0.5))
-    append(tmp_path / "train_samples.jsonl", {"step": 2, "prompt": "1+1=", "response": "2",
-                                              "score": 1.0})  # fmt: skip
+    append(
+        tmp_path / "train_samples.jsonl",
+        {"step": 2, "prompt": "1+1=", "response": "2", "score": 1.0},
+    )
     config = dead_config(tmp_path, **{"trainer.total_steps": 10})
     state = DashboardState(config)
     await state.refresh()
@@ -258,8 +300,11 @@ async def test_an_unread_dashboard_probes_nothing_and_a_reader_wakes_it(tmp_path
 
 
 def test_replica_metrics_urls_come_from_the_launcher_entries():
-    endpoints = {"rollout-0": {"metrics": "http://h:1/metrics"}, "router": {"grpc": "h:2"},
-                 "rollout-1": {"grpc": "h:3"}}  # fmt: skip
+    endpoints = {
+        "rollout-0": {"metrics": "http://h:1/metrics"},
+        "router": {"grpc": "h:2"},
+        "rollout-1": {"grpc": "h:3"},
+    }
     assert replica_metrics_urls(endpoints) == {"rollout-0": "http://h:1/metrics"}
 
 

@@ -32,9 +32,13 @@ def gsm8k_row(index: int, question: str, answer: str) -> dict:
         "prompt": [{"role": "user", "content": question + INSTRUCTION}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": answer},
-        "extra_info": {"split": "train", "index": index, "answer": f"... #### {answer}",
-                       "question": question},
-    }  # fmt: skip
+        "extra_info": {
+            "split": "train",
+            "index": index,
+            "answer": f"... #### {answer}",
+            "question": question,
+        },
+    }
 
 
 ROWS = [gsm8k_row(0, "1+2=", "3"), gsm8k_row(1, "40+2=", "42")]
@@ -107,10 +111,15 @@ MESSAGES = [{"role": "user", "content": "1+2="}]
 
 @pytest.mark.parametrize(
     ("mode", "prompt", "text"),
-    [("auto", MESSAGES, "<user>1+2=<assistant>"), ("auto", "1+2=", "1+2="),
-     (True, MESSAGES, "<user>1+2=<assistant>"), (True, "1+2=", "<user>1+2=<assistant>"),
-     (False, MESSAGES, "1+2="), (False, "1+2=", "1+2=")],
-)  # fmt: skip
+    [
+        ("auto", MESSAGES, "<user>1+2=<assistant>"),
+        ("auto", "1+2=", "1+2="),
+        (True, MESSAGES, "<user>1+2=<assistant>"),
+        (True, "1+2=", "<user>1+2=<assistant>"),
+        (False, MESSAGES, "1+2="),
+        (False, "1+2=", "1+2="),
+    ],
+)
 def test_chat_template_modes(templated, mode, prompt, text):
     assert prompt_text(templated, prompt, mode) == text
 
@@ -132,8 +141,10 @@ def test_load_records_applies_the_configured_mode(tmp_path, templated):
 def test_apply_chat_template_config_values():
     from rlfleet.common.config import load_config
 
-    values = [load_config(None, [f"data.apply_chat_template={v}"], env={}) for v in
-              ("auto", "true", "false")]  # fmt: skip
+    values = [
+        load_config(None, [f"data.apply_chat_template={v}"], env={})
+        for v in ("auto", "true", "false")
+    ]
     assert [c.data.apply_chat_template for c in values] == ["auto", True, False]
     with pytest.raises(ValueError, match="apply_chat_template"):
         load_config(None, ["data.apply_chat_template=sometimes"], env={})

@@ -13,15 +13,28 @@ from rlfleet.tasks import difficulty_filter as df
 
 
 def row(question: str, source: str = "arith", **extra) -> dict:
-    return {"data_source": source, "prompt": [{"role": "user", "content": question}],
-            "ability": "math", "reward_model": {"style": "rule", "ground_truth": "1"},
-            "extra_info": {"split": "train", "index": 0, **extra}}  # fmt: skip
+    return {
+        "data_source": source,
+        "prompt": [{"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "1"},
+        "extra_info": {"split": "train", "index": 0, **extra},
+    }
 
 
 def test_band_keeps_both_ends_and_refuses_bad_bands():
     band = df.Band(0.2, 0.8)
     assert [band.contains(p) for p in (0.0, 0.19, 0.2, 2 / 10, 0.5, 0.8, 4 / 5, 0.81, 1.0)] == [
-        False, False, True, True, True, True, True, False, False]  # fmt: skip
+        False,
+        False,
+        True,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     assert df.Band.parse("0,1") == df.Band(0.0, 1.0)
     assert df.Band.parse(" 0.5 , 0.5 ").contains(4 / 8)
     for bad in ("0.8,0.2", "-0.1,0.5", "0.5,1.5"):
@@ -120,7 +133,9 @@ def test_rows_without_extra_info_get_one(tmp_path):
     table = pa.Table.from_pylist([{"data_source": "arith", "prompt": "1+1="}])
     df.write_kept(table, [0], [0.5], 2, tmp_path / "out.parquet")
     assert pq.read_table(tmp_path / "out.parquet").to_pylist()[0]["extra_info"] == {
-        "pass_rate": 0.5, "pass_k": 2}  # fmt: skip
+        "pass_rate": 0.5,
+        "pass_k": 2,
+    }
 
 
 def test_missing_input_is_an_error():
@@ -134,9 +149,11 @@ def test_cli_refuses_bad_arguments_before_any_work(tmp_path, capsys):
     source = tmp_path / "in.parquet"
     pq.write_table(pa.Table.from_pylist([row("a")]), source)
     base = ["filter", "--input", str(source), "--output", str(tmp_path / "out.parquet")]
-    for extra, said in ((["--band", "0.9,0.1"], "0 <= low <= high <= 1"),
-                        (["--k", "0"], "--k, --batch-size"),
-                        (["--router", "a:1", "--run-dir", "d"], "not allowed with")):  # fmt: skip
+    for extra, said in (
+        (["--band", "0.9,0.1"], "0 <= low <= high <= 1"),
+        (["--k", "0"], "--k, --batch-size"),
+        (["--router", "a:1", "--run-dir", "d"], "not allowed with"),
+    ):
         with pytest.raises(SystemExit) as done:
             parse(base + extra)
         assert done.value.code == 2 and said in capsys.readouterr().err

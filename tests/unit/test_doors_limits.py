@@ -107,8 +107,18 @@ def test_weight_update_scaled_by_1e30_is_refused():
 
 def test_replica_id_is_in_the_config_before_it_is_recorded(tmp_path: Path):
     for rid in ("ra", "rb"):
-        parse(["--replica-id", rid, "--port", "0", "redis_url=redis://127.0.0.1:1",
-               f"run_dir={tmp_path}"])  # fmt: skip
+        parse(
+            [
+                "--replica-id",
+                rid,
+                "--port",
+                "0",
+                "redis_url=redis://127.0.0.1:1",
+                f"run_dir={tmp_path}",
+            ]
+        )
     assert sorted(p.name for p in tmp_path.glob("config.*.yaml")) == [
-        "config.ra.yaml", "config.rb.yaml"]  # fmt: skip
+        "config.ra.yaml",
+        "config.rb.yaml",
+    ]
     assert "replica_id: rb" in (tmp_path / "config.rb.yaml").read_text()

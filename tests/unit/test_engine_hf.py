@@ -29,8 +29,9 @@ pytestmark = [
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine() -> AsyncIterator[HFEngine]:
-    config = load_config(overrides=[f"model.path={MODEL}", "rollout.backend=hf",
-                                    "rollout.hf_batch_wait_ms=20"])  # fmt: skip
+    config = load_config(
+        overrides=[f"model.path={MODEL}", "rollout.backend=hf", "rollout.hf_batch_wait_ms=20"]
+    )
     engine = HFEngine(config)
     await engine.start()
     yield engine
@@ -91,14 +92,16 @@ async def test_concurrent_requests_batch_and_keep_their_own_answers(engine: HFEn
     alone = [
         await engine.generate(f"x{i}", prompt(engine, *p), greedy) for i, p in enumerate(pairs)
     ]
-    together = await asyncio.gather(*[
-        engine.generate(f"y{i}", prompt(engine, *p), greedy) for i, p in enumerate(pairs)
-    ])  # fmt: skip
+    together = await asyncio.gather(
+        *[engine.generate(f"y{i}", prompt(engine, *p), greedy) for i, p in enumerate(pairs)]
+    )
     assert [c[0].token_ids for c in together] == [c[0].token_ids for c in alone]
     mixed = await asyncio.gather(
         engine.generate("m1", prompt(engine, 1, 2), SamplingParams(n=3, max_tokens=4)),
-        engine.generate("m2", prompt(engine, 3, 4), SamplingParams(n=2, temperature=0, max_tokens=2)),
-    )  # fmt: skip
+        engine.generate(
+            "m2", prompt(engine, 3, 4), SamplingParams(n=2, temperature=0, max_tokens=2)
+        ),
+    )
     assert [len(c) for c in mixed] == [3, 2]
     assert all(len(c.token_ids) <= 2 for c in mixed[1])
 
@@ -106,8 +109,9 @@ async def test_concurrent_requests_batch_and_keep_their_own_answers(engine: HFEn
 async def test_seeded_requests_repeat(engine: HFEngine) -> None:
     ids = prompt(engine, 45, 38)
     params = SamplingParams(n=4, temperature=1.5, max_tokens=8, seed=1234)
-    first, second = await asyncio.gather(engine.generate("s1", ids, params),
-                                         engine.generate("s2", ids, params))  # fmt: skip
+    first, second = await asyncio.gather(
+        engine.generate("s1", ids, params), engine.generate("s2", ids, params)
+    )
     assert [c.token_ids for c in first] == [c.token_ids for c in second]
 
 
@@ -205,10 +209,12 @@ async def test_requests_with_other_budgets_share_a_call_and_stop_at_their_own(
     [whole] = await engine.generate("b-alone", ids, SamplingParams(temperature=0, max_tokens=8))
     before = engine.batches
     budgets = (1, 2, 8)
-    answers = await asyncio.gather(*[
-        engine.generate(f"b{m}", ids, SamplingParams(temperature=0, max_tokens=m))
-        for m in budgets
-    ])  # fmt: skip
+    answers = await asyncio.gather(
+        *[
+            engine.generate(f"b{m}", ids, SamplingParams(temperature=0, max_tokens=m))
+            for m in budgets
+        ]
+    )
     assert engine.batches - before == 1
     for m, [c] in zip(budgets, answers, strict=True):
         assert c.token_ids == whole.token_ids[:m] and len(c.logprobs) == len(c.token_ids)
@@ -227,10 +233,12 @@ async def test_requests_of_one_tick_share_one_generate_call(
     params = SamplingParams(n=4, max_tokens=4)
     before = engine.batches
     try:
-        answers = await asyncio.gather(*[
-            engine.generate(f"tick{window_ms}-{i}", prompt(engine, i, 2 * i + 1), params)
-            for i in range(8)
-        ])  # fmt: skip
+        answers = await asyncio.gather(
+            *[
+                engine.generate(f"tick{window_ms}-{i}", prompt(engine, i, 2 * i + 1), params)
+                for i in range(8)
+            ]
+        )
     finally:
         engine.batch_wait_s = saved
     assert engine.batches - before == 1
@@ -251,10 +259,18 @@ async def test_the_shared_prompt_prefill_samples_what_the_full_prefill_does(engi
         torch.manual_seed(11)
         with torch.no_grad():
             return engine.model.generate(
-                input_ids=ids, attention_mask=mask, past_key_values=cache, max_new_tokens=6,
-                do_sample=True, temperature=1.0, top_k=0, pad_token_id=0, eos_token_id=[EOS],
-                output_logits=True, return_dict_in_generate=True,
-            )  # fmt: skip
+                input_ids=ids,
+                attention_mask=mask,
+                past_key_values=cache,
+                max_new_tokens=6,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                pad_token_id=0,
+                eos_token_id=[EOS],
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
 
     with torch.no_grad():
         cache = shared_prompt_cache(engine.model, ids, mask)

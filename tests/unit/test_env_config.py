@@ -50,8 +50,13 @@ def test_timeouts_must_nest():
 
 
 def test_limits_and_counts_are_bounded():
-    for bad in ({"max_turns": 0}, {"max_episode_tokens": 1}, {"workers": -1},
-                {"concurrency": 0}, {"port": 70000}):  # fmt: skip
+    for bad in (
+        {"max_turns": 0},
+        {"max_episode_tokens": 1},
+        {"workers": -1},
+        {"concurrency": 0},
+        {"port": 70000},
+    ):
         with pytest.raises(ValueError):
             AgentConfig(**bad)
 

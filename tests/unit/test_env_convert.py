@@ -25,9 +25,12 @@ from rlfleet.env.types import (
 from rlfleet.proto import env_pb2
 from rlfleet.rollout.types import SamplingParams
 
-TASK = {"prompt": [{"role": "user", "content": "12+34+56="}], "data_source": "calc",
-        "reward_model": {"ground_truth": 102}, "extra_info": {"numbers": [12, 34, 56],
-                                                             "scale": 0.5}}  # fmt: skip
+TASK = {
+    "prompt": [{"role": "user", "content": "12+34+56="}],
+    "data_source": "calc",
+    "reward_model": {"ground_truth": 102},
+    "extra_info": {"numbers": [12, 34, 56], "scale": 0.5},
+}
 
 
 def test_a_request_round_trips_and_integral_numbers_stay_ints():

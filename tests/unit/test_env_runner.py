@@ -89,8 +89,12 @@ async def test_an_unreachable_router_is_a_failed_episode(renderer, nowhere):
 def test_the_environment_is_resolved_from_agent_env():
     calc = env_maker(AgentConfig(env="calc", tool_timeout_s=3.0))()
     assert calc.toolbox.timeout_s == 3.0 and [t["function"]["name"] for t in calc.tools] == ["add"]
-    config = AgentConfig(env="test_env_runner:ToolUser", env_kwargs={"bonus": 0.5},
-                         tools=["test_env_runner:add"], tool_timeout_s=2.0)  # fmt: skip
+    config = AgentConfig(
+        env="test_env_runner:ToolUser",
+        env_kwargs={"bonus": 0.5},
+        tools=["test_env_runner:add"],
+        tool_timeout_s=2.0,
+    )
     env = env_maker(config)()
     assert isinstance(env, ToolUser) and env.answer_checker("", None) == 0.5
     assert (list(env.toolbox.tools), env.toolbox.timeout_s) == (["add"], 2.0)

@@ -18,8 +18,12 @@ from rlfleet.env.types import (
 )
 from rlfleet.rollout.types import SamplingParams
 
-TASK = {"prompt": [{"role": "user", "content": "12+34+56="}], "data_source": "calc",
-        "reward_model": {"ground_truth": "102"}, "extra_info": {"numbers": [12, 34, 56]}}  # fmt: skip
+TASK = {
+    "prompt": [{"role": "user", "content": "12+34+56="}],
+    "data_source": "calc",
+    "reward_model": {"ground_truth": "102"},
+    "extra_info": {"numbers": [12, 34, 56]},
+}
 SETTINGS = EpisodeSettings(SamplingParams(max_tokens=8), max_turns=4, max_episode_tokens=128)
 
 
@@ -93,8 +97,12 @@ def test_job_from_dict_checks_its_fields():
 def test_a_queued_job_round_trips_and_garbage_is_refused():
     queued = decode_job(encode_job(jobs(1)[0], SETTINGS))
     assert (queued.job, queued.settings) == (jobs(1)[0], SETTINGS)
-    for garbage in (b"", b"{}", b"[1]", b'{"job": {"episode_id": ""}, "sampling": {}, '
-                    b'"max_turns": 1, "max_episode_tokens": 1}'):  # fmt: skip
+    for garbage in (
+        b"",
+        b"{}",
+        b"[1]",
+        b'{"job": {"episode_id": ""}, "sampling": {}, "max_turns": 1, "max_episode_tokens": 1}',
+    ):
         with pytest.raises(InvalidArgument):
             decode_job(garbage)
 
@@ -115,6 +123,8 @@ def test_a_failed_outcome_still_carries_an_error_episode():
     episode = Episode.decode(outcome.episode)
     assert (outcome.error, outcome.restarts) == ("the environment raised", 2)
     assert (episode.episode_id, episode.end_reason, episode.error) == (
-        "e9", EndReason.ERROR, "the environment raised"
-    )  # fmt: skip
+        "e9",
+        EndReason.ERROR,
+        "the environment raised",
+    )
     assert episode.prompt_ids == [] and episode.response_ids == []

@@ -21,9 +21,14 @@ from rlfleet.status_cli import health_lines
 from rlfleet.trainer.health import RULES, HealthMonitor, assess
 from rlfleet.trainer.metrics import zero_variance_fraction
 
-QUIET = {"actor/entropy": 0.5, "rollout_corr/kl": 0.01, "rollout_corr/chi2_token": 0.05,
-         "batch/zero_variance_fraction": 0.4, "timing_s/step": 0.2,
-         "perf/total_num_tokens": 1000.0}  # fmt: skip
+QUIET = {
+    "actor/entropy": 0.5,
+    "rollout_corr/kl": 0.01,
+    "rollout_corr/chi2_token": 0.05,
+    "batch/zero_variance_fraction": 0.4,
+    "timing_s/step": 0.2,
+    "perf/total_num_tokens": 1000.0,
+}
 """A healthy step (the reward is added per step, wobbling as a batch mean does)."""
 
 
@@ -130,8 +135,10 @@ def test_nothing_fires_during_the_warm_up():
 def test_the_monitor_warns_once_until_the_rule_clears(caplog):
     monitor = HealthMonitor(HealthConfig(warmup_steps=0, window=1))
     caplog.set_level(logging.INFO, logger="rlfleet.trainer.health")
-    flags = [monitor.observe(step(i, rollout_corr__kl=kl))
-             for i, kl in enumerate([0.9, 0.9, 0.01, 0.9], start=1)]  # fmt: skip
+    flags = [
+        monitor.observe(step(i, rollout_corr__kl=kl))
+        for i, kl in enumerate([0.9, 0.9, 0.01, 0.9], start=1)
+    ]
     assert [f["health/mismatch_kl"] for f in flags] == [1.0, 1.0, 0.0, 1.0]
     assert set(flags[0]) == {"health/" + name for name in RULES}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -163,8 +170,11 @@ def test_windows_are_at_least_one(field):
 
 def write_run(run_dir, rows, mtime_age_s: float = 0.0) -> None:
     path = run_dir / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": int(r.get("training/global_step", 0)), **r})
-                            + "\n" for r in rows))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"step": int(r.get("training/global_step", 0)), **r}) + "\n" for r in rows
+        )
+    )
     os.utime(path, (time.time() - mtime_age_s, time.time() - mtime_age_s))
 
 

@@ -108,8 +108,13 @@ class Rows(StepWriter):
 def default_job(run_dir: Path, steps: int, *overrides: str) -> RlfleetConfig:
     """The shipped job, a few steps of it, every health default on (``throughput_drop``
     needs 40 steps, so only the whole run below judges it)."""
-    items = [f"run_dir={run_dir}", f"trainer.total_steps={steps}", "rollout.backend=hf",
-             "data.val_size=32", *overrides]  # fmt: skip
+    items = [
+        f"run_dir={run_dir}",
+        f"trainer.total_steps={steps}",
+        "rollout.backend=hf",
+        "data.val_size=32",
+        *overrides,
+    ]
     return load_config(str(ROOT / "configs" / "default.yaml"), items, env={})
 
 
@@ -120,8 +125,9 @@ async def train(config: RlfleetConfig, stale: bool) -> list[dict]:
     engine = HFEngine(config)
     await engine.start()
     replica = InProcessReplica(engine, stale)
-    trainer = Trainer(config, Fleet(replica, ArithReward(), None, replica), Actor(config, model, 0),
-                      tokenizer)  # fmt: skip
+    trainer = Trainer(
+        config, Fleet(replica, ArithReward(), None, replica), Actor(config, model, 0), tokenizer
+    )
     data = config.data
     train_rows = load_records(data.train_files, tokenizer, data.max_prompt_length)
     val = load_records(data.val_files, tokenizer, data.max_prompt_length)[: data.val_size]
@@ -139,11 +145,18 @@ def run(caplog, tmp_path, steps: int, *overrides: str, stale: bool = False):
     caplog.set_level(logging.INFO, logger="rlfleet.trainer.health")
     config = default_job(tmp_path, steps, *overrides)
     rows = asyncio.run(train(config, stale))
-    flagged = {k.removeprefix("health/") for row in rows for k, v in row.items()
-               if k.startswith("health/") and v}  # fmt: skip
+    flagged = {
+        k.removeprefix("health/")
+        for row in rows
+        for k, v in row.items()
+        if k.startswith("health/") and v
+    }
     assert flagged >= {f.rule for f in assess(rows, config.trainer.health)}  # replay agrees
-    warned = [r.getMessage() for r in caplog.records
-              if r.name == "rlfleet.trainer.health" and r.levelno == logging.WARNING]  # fmt: skip
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "rlfleet.trainer.health" and r.levelno == logging.WARNING
+    ]
     return flagged, warned
 
 
@@ -179,9 +192,18 @@ def test_the_whole_default_job_stays_quiet():
     assert assess(rows, config.trainer.health, waiting_s=0.0) == []
 
 
-KEPT = ("step", "training/global_step", "critic/score/mean", "actor/entropy", "rollout_corr/kl",
-        "rollout_corr/chi2_token", "batch/zero_variance_fraction", "perf/total_num_tokens",
-        "timing_s/step", *PHASE_ROLES)  # fmt: skip
+KEPT = (
+    "step",
+    "training/global_step",
+    "critic/score/mean",
+    "actor/entropy",
+    "rollout_corr/kl",
+    "rollout_corr/chi2_token",
+    "batch/zero_variance_fraction",
+    "perf/total_num_tokens",
+    "timing_s/step",
+    *PHASE_ROLES,
+)
 """What the rules read of a training row (validation rows keep their ``val-core/*``)."""
 
 
@@ -190,13 +212,22 @@ def write_whole_run(path: Path = WHOLE_RUN) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as run_dir:
-        rows = asyncio.run(train(default_job(Path(run_dir), 1200, "trainer.health.enabled=false",
-                                             "data.val_size=500"), stale=False))  # fmt: skip
+        rows = asyncio.run(
+            train(
+                default_job(
+                    Path(run_dir), 1200, "trainer.health.enabled=false", "data.val_size=500"
+                ),
+                stale=False,
+            )
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as handle:
         for row in rows:
-            kept = {k: float(f"{v:.5g}") for k, v in row.items()
-                    if k in KEPT or k.startswith("val-core/")}  # fmt: skip
+            kept = {
+                k: float(f"{v:.5g}")
+                for k, v in row.items()
+                if k in KEPT or k.startswith("val-core/")
+            }
             handle.write(json.dumps(kept) + "\n")
 
 

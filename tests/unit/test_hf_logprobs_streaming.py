@@ -34,8 +34,9 @@ pytestmark = [
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine() -> AsyncIterator[HFEngine]:
-    config = load_config(overrides=[f"model.path={MODEL}", "rollout.backend=hf",
-                                    "rollout.hf_batch_wait_ms=20"])  # fmt: skip
+    config = load_config(
+        overrides=[f"model.path={MODEL}", "rollout.backend=hf", "rollout.hf_batch_wait_ms=20"]
+    )
     engine = HFEngine(config)
     await engine.start()
     yield engine
@@ -124,11 +125,16 @@ async def test_a_shared_call_gets_the_output_logits_values(engine: HFEngine, spy
     and n, greedy and sampled in separate calls."""
     for sampling in (dict(temperature=1.0), dict(temperature=0)):
         made = spy()
-        answers = await asyncio.gather(*[
-            engine.generate(f"shared-{sampling['temperature']}-{i}", prompt(engine, a, b),
-                            SamplingParams(n=n, max_tokens=m, **sampling))
-            for i, (a, b, n, m) in enumerate([(1, 1, 2, 8), (12, 34, 3, 3), (45, 38, 1, 8)])
-        ])  # fmt: skip
+        answers = await asyncio.gather(
+            *[
+                engine.generate(
+                    f"shared-{sampling['temperature']}-{i}",
+                    prompt(engine, a, b),
+                    SamplingParams(n=n, max_tokens=m, **sampling),
+                )
+                for i, (a, b, n, m) in enumerate([(1, 1, 2, 8), (12, 34, 3, 3), (45, 38, 1, 8)])
+            ]
+        )
         early = assert_old_values(made, list(answers))
         assert early >= 1  # "1+1=" ends first, and the max_tokens=3 rows stop at 3
 
@@ -161,8 +167,10 @@ async def test_a_merged_lora_adapter_gets_the_output_logits_values(engine: HFEng
     name = "model.layers.0.self_attn.q_proj.weight"
     out_features, in_features = original[name].shape
     torch.manual_seed(0)
-    adapter = {f"lora::{name}::A": torch.randn(4, in_features) * 0.3,
-               f"lora::{name}::B": torch.randn(out_features, 4) * 0.3}  # fmt: skip
+    adapter = {
+        f"lora::{name}::A": torch.randn(4, in_features) * 0.3,
+        f"lora::{name}::B": torch.randn(out_features, 4) * 0.3,
+    }
     await engine.load_weights(adapter)
     try:
         assert engine.adapter_merged

@@ -26,8 +26,14 @@ K8S = ROOT / "deploy" / "k8s"
 KUBERNETES_VERSION = "1.32"
 """The schema pinned for validation: the oldest minor the manifests must run on (native gRPC
 probes are GA since 1.27)."""
-GRPC_ROLES = {"router": 50051, "reward": 50061, "refcritic": 50071, "trainer": 50081,
-              "rollout": 50091, "env": 50093}  # fmt: skip
+GRPC_ROLES = {
+    "router": 50051,
+    "reward": 50061,
+    "refcritic": 50071,
+    "trainer": 50081,
+    "rollout": 50091,
+    "env": 50093,
+}
 SECTION = {"env": "agent"}
 """The config section of a role where it is not the role's name."""
 
@@ -51,8 +57,12 @@ def generate_configmap(directory: Path, generator: dict) -> dict:
     for entry in generator["files"]:
         key, _, path = entry.rpartition("=") if "=" in entry else (Path(entry).name, "", entry)
         data[key] = (directory / path).read_text()
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]},
-            "data": data}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": generator["name"]},
+        "data": data,
+    }
 
 
 def by_key(objects: list[dict]) -> dict[tuple[str, str], dict]:
@@ -75,7 +85,7 @@ def test_every_component_is_there(objects):
         *[
             ("Deployment", n)
             for n in ("redis", "router", "rollout", "reward", "refcritic", "env", "dashboard")
-        ],  # fmt: skip
+        ],
         *[("Service", n) for n in ("redis", "router", "reward", "refcritic", "env", "trainer")],
         ("Job", "trainer"),
     }
@@ -127,8 +137,11 @@ def test_trainer_is_a_resumable_job_on_the_checkpoint_volume(objects):
     job = objects[("Job", "trainer")]
     pod = job["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "OnFailure"
-    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if
-              "persistentVolumeClaim" in v}  # fmt: skip
+    claims = {
+        v["persistentVolumeClaim"]["claimName"]
+        for v in pod["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     assert claims == {"rlfleet-runs"}
     mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
     config = load_config(str(K8S / "config" / "rlfleet.yaml"), [])

@@ -42,8 +42,11 @@ def test_it_is_a_rayjob_that_tears_its_cluster_down(rayjob):
     spec = rayjob["spec"]
     assert spec["shutdownAfterJobFinishes"] is True
     assert spec["submissionMode"] in ("K8sJobMode", "HTTPMode", "InteractiveMode")
-    pinned = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
-              if line.startswith("ray==")]  # fmt: skip
+    pinned = [
+        line
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line.startswith("ray==")
+    ]
     assert pinned == [f"ray=={spec['rayClusterSpec']['rayVersion']}"]
     for group in spec["rayClusterSpec"]["workerGroupSpecs"]:
         assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
@@ -63,8 +66,12 @@ def test_entrypoint_is_rlfleet_up_on_ray_with_a_valid_config(rayjob):
 @pytest.mark.parametrize("group", ["head", "cpu"])
 def test_pod_templates_match_the_core_v1_schema(rayjob, group):
     template = templates(rayjob)[group]
-    wrapped = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": group},
-               "template": template}  # fmt: skip
+    wrapped = {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {"name": group},
+        "template": template,
+    }
     kubernetes_validate.validate(wrapped, KUBERNETES_VERSION, strict=True)
 
 

@@ -37,8 +37,15 @@ def config(name: str | None = None, *overrides: str):
 def test_default_config_runs_servers_replicas_trainer_and_the_dashboard():
     plan = plan_fleet(config(), replicas=2)
     assert config().needs_refcritic  # the default job's KL term
-    assert plan.names == ["router", "reward", "refcritic", "rollout-0", "rollout-1", "trainer",
-                          "dashboard"]  # fmt: skip
+    assert plan.names == [
+        "router",
+        "reward",
+        "refcritic",
+        "rollout-0",
+        "rollout-1",
+        "trainer",
+        "dashboard",
+    ]
 
 
 def test_a_config_without_reference_or_critic_has_no_refcritic():
@@ -69,10 +76,12 @@ def test_one_start_order_servers_workers_trainer_dashboard():
     phases = [member.phase for member in plan.members]
     assert phases == sorted(phases)
     assert [[m.name for m in group] for group in plan.phases()] == [
-        ["router", "reward", "refcritic"], ["rollout-0", "rollout-1", "env", "env-1"],
-        ["trainer"], ["dashboard"]]  # fmt: skip
-    assert [m.name for m in plan.addressed()] == ["router", "reward", "refcritic", "env",
-                                                  "trainer"]  # fmt: skip
+        ["router", "reward", "refcritic"],
+        ["rollout-0", "rollout-1", "env", "env-1"],
+        ["trainer"],
+        ["dashboard"],
+    ]
+    assert [m.name for m in plan.addressed()] == ["router", "reward", "refcritic", "env", "trainer"]
 
 
 def test_overrides_every_backend_shares():
@@ -86,15 +95,21 @@ def test_overrides_every_backend_shares():
     assert address_override("trainer", "h:2") == "endpoints.trainer=h:2"
     assert scaled_member("rollout", 4) == plan_fleet(config(), 5).members[-3]
     assert gateway_overrides(config("agent_calc.yaml"), "http://h:9/v1") == (
-        "agent.gateway_url=http://h:9/v1",)  # fmt: skip
+        "agent.gateway_url=http://h:9/v1",
+    )
     assert gateway_overrides(config(), "http://h:9/v1") == ()  # no agent.env
 
 
 @pytest.mark.parametrize("name", [None, "agent_calc.yaml", "ppo_arith.yaml"])
 @pytest.mark.parametrize("no_trainer", [False, True])
 def test_both_backends_start_exactly_the_plan(tmp_path, name, no_trainer):
-    args = Namespace(config=str(CONFIGS / name) if name else None, rollout_replicas=2,
-                     env_processes=2, no_trainer=no_trainer, overrides=[f"run_dir={tmp_path}"])  # fmt: skip
+    args = Namespace(
+        config=str(CONFIGS / name) if name else None,
+        rollout_replicas=2,
+        env_processes=2,
+        no_trainer=no_trainer,
+        overrides=[f"run_dir={tmp_path}"],
+    )
     cfg = load_config(args.config, args.overrides)
     plan = plan_from_args(cfg, args)
     children = plan_children(cfg, args, REDIS, tmp_path)
@@ -105,7 +120,8 @@ def test_both_backends_start_exactly_the_plan(tmp_path, name, no_trainer):
         assert set(member.flags) <= set(child.argv)
     specs = [role_spec(member, 50000) for member in plan.members]
     assert [(s.name, s.role, s.member.finishes) for s in specs] == [
-        (m.name, m.verb, m.finishes) for m in plan.members]  # fmt: skip
+        (m.name, m.verb, m.finishes) for m in plan.members
+    ]
     assert all((s.port is not None) == s.member.fixed_port for s in specs)
 
 
@@ -143,11 +159,17 @@ def test_compose_starts_the_trainer_after_what_the_plan_starts_before_it():
 
 def k8s_roles() -> set[str]:
     spec = yaml.safe_load((ROOT / "deploy" / "k8s" / "kustomization.yaml").read_text())
-    objects = [doc for name in spec["resources"]
-               for doc in yaml.safe_load_all((ROOT / "deploy" / "k8s" / name).read_text())]  # fmt: skip
+    objects = [
+        doc
+        for name in spec["resources"]
+        for doc in yaml.safe_load_all((ROOT / "deploy" / "k8s" / name).read_text())
+    ]
     pods = [o for o in objects if o and o["kind"] in ("Deployment", "Job")]
-    return {o["spec"]["template"]["spec"]["containers"][0]["args"][1] for o in pods
-            if o["metadata"]["name"] != "redis"}  # fmt: skip
+    return {
+        o["spec"]["template"]["spec"]["containers"][0]["args"][1]
+        for o in pods
+        if o["metadata"]["name"] != "redis"
+    }
 
 
 def test_kubernetes_runs_every_role_the_plan_knows_and_no_other():
@@ -159,5 +181,11 @@ def test_kubernetes_runs_every_role_the_plan_knows_and_no_other():
 def test_a_plan_is_a_plain_value():
     one, two = plan_fleet(config(), 2), plan_fleet(config(), 2)
     assert one == two and isinstance(one, FleetPlan) and hash(one) == hash(two)
-    assert one.counts() == {"router": 1, "reward": 1, "refcritic": 1, "rollout": 2,
-                            "trainer": 1, "dashboard": 1}  # fmt: skip
+    assert one.counts() == {
+        "router": 1,
+        "reward": 1,
+        "refcritic": 1,
+        "rollout": 2,
+        "trainer": 1,
+        "dashboard": 1,
+    }

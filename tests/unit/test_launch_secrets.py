@@ -49,8 +49,12 @@ def test_role_env_gives_lean_malloc_and_passive_threads_unless_the_user_chose(mo
 
 
 def up_args(tmp_path: Path, **extra) -> tuple[Namespace, list[str]]:
-    overrides = [f"run_dir={tmp_path}", f"api_key={KEY}", f"redis_url={REDIS}",
-                 "dashboard.enabled=false"]  # fmt: skip
+    overrides = [
+        f"run_dir={tmp_path}",
+        f"api_key={KEY}",
+        f"redis_url={REDIS}",
+        "dashboard.enabled=false",
+    ]
     defaults = dict(config=AGENT_CONFIG, rollout_replicas=2, no_trainer=False, env_processes=2)
     return Namespace(overrides=overrides, **{**defaults, **extra}), overrides
 

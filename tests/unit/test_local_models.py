@@ -114,7 +114,9 @@ def test_what_is_built_is_not_rebuilt(cache, tmp_path):
         (folder / MANIFEST).write_text("{}")
     missing = tmp_path / "never-read.gguf"  # a rebuild would have to read it
     assert build_smollm2.build(missing, ["bf16", "fp32"]) == [
-        model_dir(SMOLLM2), model_dir(f"{SMOLLM2}-fp32")]  # fmt: skip
+        model_dir(SMOLLM2),
+        model_dir(f"{SMOLLM2}-fp32"),
+    ]
 
 
 @pytest.mark.slow

@@ -79,8 +79,11 @@ def test_reference_is_the_base_with_the_adapter_off() -> None:
     for got, want in zip(ref, expected, strict=True):
         assert got == pytest.approx(want, abs=1e-6)
     policy = actor.logprobs(PROMPTS, RESPONSES)  # the adapter is back on afterwards
-    assert any(abs(p - r) > 1e-4 for row, ref_row in zip(policy, ref, strict=True)
-               for p, r in zip(row, ref_row, strict=True))  # fmt: skip
+    assert any(
+        abs(p - r) > 1e-4
+        for row, ref_row in zip(policy, ref, strict=True)
+        for p, r in zip(row, ref_row, strict=True)
+    )
 
 
 def test_wire_names_are_checked() -> None:

@@ -251,12 +251,15 @@ def one_process_group(tmp_path):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(("mode", "live", "micro"), [
-    ("token-mean", 7, 2),
-    ("seq-mean-token-mean", 7, 3),
-    ("seq-mean-token-sum-norm", 3, 1),  # rank 0 has 1 row for 2 micro-batches: one is empty
-    ("token-mean", 1, 0),  # rank 1 has no row at all
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "live", "micro"),
+    [
+        ("token-mean", 7, 2),
+        ("seq-mean-token-mean", 7, 3),
+        ("seq-mean-token-sum-norm", 3, 1),  # rank 0 has 1 row for 2 micro-batches: one is empty
+        ("token-mean", 1, 0),  # rank 1 has no row at all
+    ],
+)
 def test_rank_shards_in_micro_batches_add_up_to_the_mini_batch(
     one_process_group, mode, live, micro
 ):

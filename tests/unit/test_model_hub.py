@@ -101,9 +101,14 @@ def test_uncached_name_with_the_hub_unreachable_says_so(hub_cache, monkeypatch):
 
 @pytest.mark.parametrize(
     ("name", "hub"),
-    [("Qwen/Qwen2.5-0.5B-Instruct", True), ("gpt2", True), ("/abs/path/model", False),
-     ("./model", False), ("a/b/c", False)],
-)  # fmt: skip
+    [
+        ("Qwen/Qwen2.5-0.5B-Instruct", True),
+        ("gpt2", True),
+        ("/abs/path/model", False),
+        ("./model", False),
+        ("a/b/c", False),
+    ],
+)
 def test_which_names_are_hub_ids(name, hub):
     assert is_repo_id(name) is hub
 

@@ -62,8 +62,11 @@ def score(row: dict, response: str) -> float:
 def test_files_and_verl_columns(out):
     import pyarrow.parquet as pq
 
-    for task, splits, count in [("countdown", ["train", "test"], 40),
-                                ("gsm_symbolic", ["train", "test"], 40), ("humaneval", ["test"], 164)]:  # fmt: skip
+    for task, splits, count in [
+        ("countdown", ["train", "test"], 40),
+        ("gsm_symbolic", ["train", "test"], 40),
+        ("humaneval", ["test"], 164),
+    ]:
         assert sorted(p.name for p in (out / task).iterdir()) == sorted(
             f"{s}.parquet" for s in splits
         )
@@ -73,9 +76,11 @@ def test_files_and_verl_columns(out):
 
 
 def test_rows_read_as_the_trainer_reads_verl_data(out):
-    for task, source, ability in [("countdown", "countdown", "math"),
-                                  ("gsm_symbolic", "gsm_symbolic", "math"),
-                                  ("humaneval", "openai/openai_humaneval", "code")]:  # fmt: skip
+    for task, source, ability in [
+        ("countdown", "countdown", "math"),
+        ("gsm_symbolic", "gsm_symbolic", "math"),
+        ("humaneval", "openai/openai_humaneval", "code"),
+    ]:
         split = "test" if task == "humaneval" else "train"
         first = rows(out, task, split)[0]
         record = to_record(first, task)

@@ -32,8 +32,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def config(model: Path | str, dtype: str, *extra: str):
-    return load_config(overrides=[f"model.path={model}", f"model.dtype={dtype}",
-                                  "rollout.backend=hf", *extra])  # fmt: skip
+    return load_config(
+        overrides=[f"model.path={model}", f"model.dtype={dtype}", "rollout.backend=hf", *extra]
+    )
 
 
 def trained_actor(model: Path | str, dtype: str, seed: int = 0) -> Actor:
@@ -82,8 +83,11 @@ async def push_through_replica_path(
     try:
         allocate = (lambda _: shared.tensor()) if shared is not None else None
         header, payload = weights.encode(state, version, allocate=allocate)
-        received = (weights_shm.open_shared(shared.name, header.total_bytes)
-                    if shared is not None else streamed(header, payload))  # fmt: skip
+        received = (
+            weights_shm.open_shared(shared.name, header.total_bytes)
+            if shared is not None
+            else streamed(header, payload)
+        )
         engine = HFEngine(config(model, dtype))
         await engine.start()
         updater = WeightUpdater(engine.config, engine, lambda _: None)
@@ -121,9 +125,13 @@ def header_of(dtype: torch.dtype, name: str = "w") -> weights.WeightHeader:
 
 @pytest.mark.parametrize(
     ("pushed", "serving"),
-    [(torch.float32, "bfloat16"), (torch.float32, "float16"), (torch.float16, "bfloat16"),
-     (torch.bfloat16, "float16")],
-)  # fmt: skip
+    [
+        (torch.float32, "bfloat16"),
+        (torch.float32, "float16"),
+        (torch.float16, "bfloat16"),
+        (torch.bfloat16, "float16"),
+    ],
+)
 def test_an_update_the_replica_would_round_is_refused(pushed: torch.dtype, serving: str) -> None:
     with pytest.raises(InvalidArgument, match=f"model.dtype={serving}"):
         check_no_narrowing(header_of(pushed), serving)
@@ -131,9 +139,13 @@ def test_an_update_the_replica_would_round_is_refused(pushed: torch.dtype, servi
 
 @pytest.mark.parametrize(
     ("pushed", "serving"),
-    [(torch.bfloat16, "bfloat16"), (torch.bfloat16, "float32"), (torch.float16, "float32"),
-     (torch.float32, "float32")],
-)  # fmt: skip
+    [
+        (torch.bfloat16, "bfloat16"),
+        (torch.bfloat16, "float32"),
+        (torch.float16, "float32"),
+        (torch.float32, "float32"),
+    ],
+)
 def test_exact_updates_pass(pushed: torch.dtype, serving: str) -> None:
     check_no_narrowing(header_of(pushed), serving)
 
@@ -198,10 +210,14 @@ def test_cast_weights_leaves_adapters_and_integers_alone() -> None:
 
 @pytest.mark.parametrize(
     ("model", "rollout", "fast", "expected"),
-    [("float32", None, True, "float32"), ("float32", "auto", True, "bfloat16"),
-     ("float32", "auto", False, "float32"), ("float32", "float16", False, "float16"),
-     ("bfloat16", None, False, "bfloat16")],
-)  # fmt: skip
+    [
+        ("float32", None, True, "float32"),
+        ("float32", "auto", True, "bfloat16"),
+        ("float32", "auto", False, "float32"),
+        ("float32", "float16", False, "float16"),
+        ("bfloat16", None, False, "bfloat16"),
+    ],
+)
 def test_serving_dtype(monkeypatch, model, rollout, fast, expected) -> None:
     monkeypatch.setattr("rlfleet.model.precision.fast_bf16", lambda device: fast)
     assert serving_dtype(model, rollout, "cpu") == expected

@@ -39,8 +39,9 @@ def test_the_launcher_records_the_page_on_the_dashboard_host():
         "http": "http://127.0.0.1:8265/"
     }
     assert fleet.endpoints_of("router", "10.0.0.2:50051", 9000) == {
-        "grpc": "10.0.0.2:50051", "http": "http://10.0.0.2:9000/v1"
-    }  # fmt: skip
+        "grpc": "10.0.0.2:50051",
+        "http": "http://10.0.0.2:9000/v1",
+    }
     assert fleet.endpoints_of("rollout-0", None, 9000) == {}
     config.tls.cert_file = "c.pem"  # the dashboard then serves https (and records it so)
     assert fleet.endpoints_of("dashboard", "10.0.0.2:8265", 9000)["http"].startswith("https://")

@@ -70,9 +70,11 @@ def test_local_cluster_cpus_cover_what_the_fleet_asks_for():
 def test_actor_options_carry_resources_and_restarts():
     ray = RayConfig(
         max_restarts=5,
-        roles={"rollout": {"num_cpus": 0.5, "num_gpus": 1, "resources": {"node2": 1}},
-               "trainer": {"max_restarts": 0}},
-    )  # fmt: skip
+        roles={
+            "rollout": {"num_cpus": 0.5, "num_gpus": 1, "resources": {"node2": 1}},
+            "trainer": {"max_restarts": 0},
+        },
+    )
     options = actor_options(ray, "rollout", "rollout-0", {})
     assert options["num_cpus"] == 0.5 and options["num_gpus"] == 1
     assert options["resources"] == {"node2": 1.0} and options["max_restarts"] == 5
@@ -95,7 +97,10 @@ def test_env_role_front_door_and_worker_only_members():
     assert scaled_spec("rollout", 1) == role_spec(replica(1))
     assert [member_index(n) for n in ("env", "env-2", "rollout-0", "rollout-11")] == [0, 2, 0, 11]
     assert [member_name("env", 0), member_name("env", 1), member_name("rollout", 0)] == [
-        "env", "env-1", "rollout-0"]  # fmt: skip
+        "env",
+        "env-1",
+        "rollout-0",
+    ]
 
 
 def test_env_binds_the_agent_section():

@@ -24,7 +24,8 @@ def test_a_fresh_run_writes_unmarked_rows(tmp_path):
     writer = MetricsWriter(tmp_path / "metrics.jsonl")
     write_steps(writer, [1, 2])
     assert [set(r) for r in read_rows(writer.path)] == [
-        {"step", "critic/score/mean", "training/global_step"}] * 2  # fmt: skip
+        {"step", "critic/score/mean", "training/global_step"}
+    ] * 2
 
 
 def test_rows_after_a_resume_are_marked_and_supersede_the_dead_segments(tmp_path):
@@ -36,15 +37,31 @@ def test_rows_after_a_resume_are_marked_and_supersede_the_dead_segments(tmp_path
     write_steps(second, [3, 4, 5])
     rows = read_rows(path)
     assert [(r["step"], r.get("segment"), r.get("retrained")) for r in rows] == [
-        (1, None, None), (2, None, None), (3, None, None), (4, None, None),
-        (3, 1, True), (4, 1, True), (5, 1, None)]  # fmt: skip
+        (1, None, None),
+        (2, None, None),
+        (3, None, None),
+        (4, None, None),
+        (3, 1, True),
+        (4, 1, True),
+        (5, 1, None),
+    ]
     third = MetricsWriter(path)  # killed again after step 5; resumed from step 4
     assert [(r["step"], r.get("segment")) for r in third.resume(4)] == [
-        (1, None), (2, None), (3, 1), (4, 1)]  # fmt: skip
+        (1, None),
+        (2, None),
+        (3, 1),
+        (4, 1),
+    ]
     write_steps(third, [5, 6])
     standing = standing_rows(read_rows(path))
     assert [(r["step"], r.get("segment", 0)) for r in standing] == [
-        (1, 0), (2, 0), (3, 1), (4, 1), (5, 2), (6, 2)]  # fmt: skip
+        (1, 0),
+        (2, 0),
+        (3, 1),
+        (4, 1),
+        (5, 2),
+        (6, 2),
+    ]
     assert [r.get("retrained") for r in read_rows(path)[-2:]] == [True, None]
 
 

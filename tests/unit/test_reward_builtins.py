@@ -110,16 +110,22 @@ def test_verl_data_sources_select_builtins_without_config(source, scorer):
 
 
 def test_openrlhf_shapes():
-    body = {"query": ["Q: 1+1? A: \\boxed{2}", "\\boxed{3}"], "prompts": ["Q: 1+1? A:", ""],
-            "labels": ["2", "4"]}  # fmt: skip
+    body = {
+        "query": ["Q: 1+1? A: \\boxed{2}", "\\boxed{3}"],
+        "prompts": ["Q: 1+1? A:", ""],
+        "labels": ["2", "4"],
+    }
     requests = compat.openrlhf_requests(body, "math")
     assert [(r.id, r.solution_str, r.scorer, r.prompt) for r in requests] == [
-        ("0", " \\boxed{2}", "math", "Q: 1+1? A:"), ("1", "\\boxed{3}", "math", "")]  # fmt: skip
+        ("0", " \\boxed{2}", "math", "Q: 1+1? A:"),
+        ("1", "\\boxed{3}", "math", ""),
+    ]
     results = [ScoreResult("0", 1.0, {"acc": 1.0}), ScoreResult("1", error="boom")]
     assert compat.openrlhf_reply(results) == {
-        "rewards": [1.0, 0.0], "scores": [1.0, 0.0],
+        "rewards": [1.0, 0.0],
+        "scores": [1.0, 0.0],
         "extra_logs": {"acc": [1.0, 0.0], "reward_error": [0.0, 1.0]},
-    }  # fmt: skip
+    }
     with pytest.raises(InvalidArgument, match="equally long"):
         compat.openrlhf_requests({"query": ["a"], "labels": []}, "math")
     with pytest.raises(InvalidArgument, match="unknown fields"):

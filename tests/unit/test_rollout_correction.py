@@ -138,8 +138,9 @@ def test_mismatch_metrics_count_only_masked_tokens():
 
 def test_correct_puts_it_together_under_rollout_corr():
     old, rollout, mask = t([[LN2, 0.0]]), t([[0.0, 0.0]]), t([[1, 1]])
-    params = rc.CorrectionParams(rollout_is="token", rollout_rs="token_k3",
-                                 rollout_rs_threshold=0.1)  # fmt: skip
+    params = rc.CorrectionParams(
+        rollout_is="token", rollout_rs="token_k3", rollout_rs_threshold=0.1
+    )
     fix = rc.correct(old, rollout, mask, params)
     assert torch.allclose(fix.weights, t([[2.0, 1.0]]))
     assert fix.mask.tolist() == [[0.0, 1.0]]  # k3 of ln 2 = 0.307 > 0.1
@@ -151,15 +152,22 @@ def test_correct_puts_it_together_under_rollout_corr():
 
 def test_reinforce_loss_weights_each_token():
     logprob, adv = t([[-1.0, -2.0]]), t([[1.0, 2.0]])
-    loss, ppo_kl = rc.reinforce_loss(logprob, t([[-1.0, -1.0]]), adv, t([[1, 1]]), "token-mean",
-                                     t([[2.0, 1.0]]))  # fmt: skip
+    loss, ppo_kl = rc.reinforce_loss(
+        logprob, t([[-1.0, -1.0]]), adv, t([[1, 1]]), "token-mean", t([[2.0, 1.0]])
+    )
     assert loss.item() == pytest.approx((2.0 + 4.0) / 2)  # -(1*-1*2 + 2*-2*1) / 2
     assert ppo_kl.item() == pytest.approx(0.5)  # mean(rollout - logprob) = (0 + 1) / 2
 
 
 def inputs(logprob, rollout, adv, mask) -> LossInputs:
-    return LossInputs(logits=torch.zeros(*mask.shape, 3), logprob=logprob, old_logprob=logprob,
-                      advantages=adv, response_mask=mask, rollout_logprob=rollout)  # fmt: skip
+    return LossInputs(
+        logits=torch.zeros(*mask.shape, 3),
+        logprob=logprob,
+        old_logprob=logprob,
+        advantages=adv,
+        response_mask=mask,
+        rollout_logprob=rollout,
+    )
 
 
 def test_bypass_ppo_clip_is_ppo_against_the_rollout_policy_on_kept_tokens():

@@ -29,31 +29,50 @@ def good() -> GenerateRequest:
 
 
 BAD_SAMPLING = [
-    ("sampling.n", {"n": 0}), ("sampling.n", {"n": -1}), ("sampling.n", {"n": 5000}),
-    ("sampling.n", {"n": 2.0}), ("sampling.n", {"n": True}),
-    ("sampling.max_tokens", {"max_tokens": 0}), ("sampling.max_tokens", {"max_tokens": 1 << 20}),
-    ("sampling.temperature", {"temperature": NAN}), ("sampling.temperature", {"temperature": INF}),
-    ("sampling.temperature", {"temperature": -0.5}), ("sampling.temperature", {"temperature": "1"}),
-    ("sampling.top_p", {"top_p": NAN}), ("sampling.top_p", {"top_p": 0.0}),
-    ("sampling.top_p", {"top_p": 1.5}), ("sampling.top_p", {"top_p": -INF}),
-    ("sampling.top_k", {"top_k": -1}), ("sampling.top_k", {"top_k": 1 << 40}),
-    ("sampling.stop", {"stop": [""]}), ("sampling.stop", {"stop": "x"}),
-    ("sampling.stop", {"stop": ["a"] * 65}), ("sampling.stop", {"stop": [3]}),
-    ("sampling.seed", {"seed": 1 << 64}), ("sampling.seed", {"seed": 1.5}),
-    ("sampling.logprobs", {"logprobs": 2}), ("sampling.logprobs", {"logprobs": -1}),
-]  # fmt: skip
+    ("sampling.n", {"n": 0}),
+    ("sampling.n", {"n": -1}),
+    ("sampling.n", {"n": 5000}),
+    ("sampling.n", {"n": 2.0}),
+    ("sampling.n", {"n": True}),
+    ("sampling.max_tokens", {"max_tokens": 0}),
+    ("sampling.max_tokens", {"max_tokens": 1 << 20}),
+    ("sampling.temperature", {"temperature": NAN}),
+    ("sampling.temperature", {"temperature": INF}),
+    ("sampling.temperature", {"temperature": -0.5}),
+    ("sampling.temperature", {"temperature": "1"}),
+    ("sampling.top_p", {"top_p": NAN}),
+    ("sampling.top_p", {"top_p": 0.0}),
+    ("sampling.top_p", {"top_p": 1.5}),
+    ("sampling.top_p", {"top_p": -INF}),
+    ("sampling.top_k", {"top_k": -1}),
+    ("sampling.top_k", {"top_k": 1 << 40}),
+    ("sampling.stop", {"stop": [""]}),
+    ("sampling.stop", {"stop": "x"}),
+    ("sampling.stop", {"stop": ["a"] * 65}),
+    ("sampling.stop", {"stop": [3]}),
+    ("sampling.seed", {"seed": 1 << 64}),
+    ("sampling.seed", {"seed": 1.5}),
+    ("sampling.logprobs", {"logprobs": 2}),
+    ("sampling.logprobs", {"logprobs": -1}),
+]
 BAD_REQUEST = [
-    ("request_id", {"request_id": ""}), ("request_id", {"request_id": "x" * 257}),
-    ("request_id", {"request_id": 5}), ("request_id", {"request_id": "a\nb"}), ("session_id", {"session_id": "s" * 257}),
-    ("prompt", {"prompt_text": None}), ("prompt", {"prompt_text": ""}),
+    ("request_id", {"request_id": ""}),
+    ("request_id", {"request_id": "x" * 257}),
+    ("request_id", {"request_id": 5}),
+    ("request_id", {"request_id": "a\nb"}),
+    ("session_id", {"session_id": "s" * 257}),
+    ("prompt", {"prompt_text": None}),
+    ("prompt", {"prompt_text": ""}),
     ("prompt_token_ids", {"prompt_text": None, "prompt_token_ids": [1, -2]}),
     ("prompt_token_ids", {"prompt_text": None, "prompt_token_ids": [1 << 31]}),
     ("min_weight_version", {"min_weight_version": -1}),
     ("min_weight_version", {"min_weight_version": 1.0}),
-    ("timeout_s", {"timeout_s": NAN}), ("timeout_s", {"timeout_s": INF}),
-    ("timeout_s", {"timeout_s": -1.0}), ("timeout_s", {"timeout_s": 1e9}),
+    ("timeout_s", {"timeout_s": NAN}),
+    ("timeout_s", {"timeout_s": INF}),
+    ("timeout_s", {"timeout_s": -1.0}),
+    ("timeout_s", {"timeout_s": 1e9}),
     ("sampling", {"sampling": None}),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("field", "change"), BAD_SAMPLING)
@@ -75,8 +94,9 @@ def test_bad_request_value_is_refused_naming_the_field(field: str, change: dict)
 
 def test_good_values_pass() -> None:
     good().validate()
-    sampling = SamplingParams(n=1024, temperature=0, top_p=1e-6, top_k=50, max_tokens=1,
-                              stop=["\n"], seed=-5, logprobs=0)  # fmt: skip
+    sampling = SamplingParams(
+        n=1024, temperature=0, top_p=1e-6, top_k=50, max_tokens=1, stop=["\n"], seed=-5, logprobs=0
+    )
     GenerateRequest("r", sampling, prompt_token_ids=[0, 5], timeout_s=86_400).validate()
 
 
@@ -125,8 +145,10 @@ async def test_unparsable_request_is_invalid_argument_naming_the_field() -> None
     try:
         call = channel.unary_unary("/rlfleet.v1.Rollout/Generate")
         raw = request_to_proto(replace(good(), prompt_text="ok?")).SerializeToString()
-        for payload, field in ((raw.replace(b"ok?", b"o\xfe?"), "prompt_text"),
-                               (raw[:-3], "could not be parsed")):  # fmt: skip
+        for payload, field in (
+            (raw.replace(b"ok?", b"o\xfe?"), "prompt_text"),
+            (raw[:-3], "could not be parsed"),
+        ):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await call(payload, timeout=10)
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -151,10 +173,15 @@ def test_completion_defaults_follow_openai() -> None:
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"n": 0}, "sampling.n"), ({"max_tokens": 0}, "sampling.max_tokens"),
-     ({"temperature": NAN}, "sampling.temperature"), ({"top_p": 0}, "sampling.top_p"),
-     ({"stop": ""}, "sampling.stop"), ({"min_weight_version": -1}, "min_weight_version")],
-)  # fmt: skip
+    [
+        ({"n": 0}, "sampling.n"),
+        ({"max_tokens": 0}, "sampling.max_tokens"),
+        ({"temperature": NAN}, "sampling.temperature"),
+        ({"top_p": 0}, "sampling.top_p"),
+        ({"stop": ""}, "sampling.stop"),
+        ({"min_weight_version": -1}, "min_weight_version"),
+    ],
+)
 def test_explicit_bad_completion_values_are_refused_like_grpc(fields: dict, param: str) -> None:
     body = completion(**fields)
     with pytest.raises(InvalidField) as refused:
@@ -162,8 +189,9 @@ def test_explicit_bad_completion_values_are_refused_like_grpc(fields: dict, para
     assert refused.value.field == param
 
 
-@pytest.mark.parametrize(("fields", "param"), [({"logprobs": 3}, "logprobs"),
-                                               ({"echo": True}, "echo")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("fields", "param"), [({"logprobs": 3}, "logprobs"), ({"echo": True}, "echo")]
+)
 def test_unsupported_completion_options_are_refused(fields: dict, param: str) -> None:
     with pytest.raises(InvalidField) as refused:
         oai.completion_sampling(completion(**fields))
@@ -183,16 +211,34 @@ def test_chat_default_max_tokens_fills_the_context() -> None:
     body = oai.ChatBody(messages=[oai.ChatMessage(role="user", content="hi")], max_tokens=0)
     with pytest.raises(InvalidField, match="max_tokens"):
         oai.chat_sampling(body, 10, 64).validate()
-    assert oai.chat_messages(oai.ChatBody(messages=[{"role": "user", "content": [
-        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])) == [
-        {"role": "user", "content": "ab"}]  # fmt: skip
+    assert oai.chat_messages(
+        oai.ChatBody(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ]
+        )
+    ) == [{"role": "user", "content": "ab"}]
 
 
 def test_stream_chunks_end_with_usage_when_asked() -> None:
-    response = {"id": "x", "object": "chat.completion", "created": 1, "model": "m",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "3"},
-                             "finish_reason": "stop", "logprobs": None}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}  # fmt: skip
+    response = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "3"},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
     first, last = oai.stream_chunks(response, chat=True, include_usage=True)
     assert (
         first["object"] == "chat.completion.chunk"

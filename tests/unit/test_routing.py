@@ -128,5 +128,9 @@ def test_round_robin_takes_eligible_replicas_in_turn_ignoring_load():
 def test_a_coin_picks_among_ties_as_the_enqueue_lua_does() -> None:
     tied = ["a", "b", "c"]
     assert [tie_break(tied, coin) for coin in (0.0, 0.33, 0.34, 0.67, 0.999999)] == [
-        "a", "a", "b", "c", "c"
-    ]  # fmt: skip
+        "a",
+        "a",
+        "b",
+        "c",
+        "c",
+    ]

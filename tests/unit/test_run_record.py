@@ -41,8 +41,15 @@ def test_the_previous_record_moves_aside_and_the_launchers_files_stay(tmp_path):
     assert moved.parent == tmp_path / "previous"
     assert moved.name == time.strftime("%Y%m%d-%H%M%S", time.localtime(1_700_000_100))
     assert sorted(p.name for p in moved.iterdir()) == sorted(
-        ["metrics.jsonl", "summary.json", "reward_curve.png", "report.html",
-         "train_samples.jsonl", "checkpoints"])  # fmt: skip
+        [
+            "metrics.jsonl",
+            "summary.json",
+            "reward_curve.png",
+            "report.html",
+            "train_samples.jsonl",
+            "checkpoints",
+        ]
+    )
     assert (moved / "checkpoints" / "final" / "model.safetensors").is_file()
     assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoints").exists()
     for kept in ("endpoints.json", "logs/router.log", "config.trainer.yaml"):

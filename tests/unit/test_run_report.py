@@ -16,11 +16,20 @@ VAL = "val-core/arith/reward/mean@1"
 
 
 def step_row(step: int, score: float) -> dict:
-    return {"step": step, "training/global_step": float(step), "critic/score/mean": score,
-            "actor/entropy": 0.6, "response_length/mean": 4.0, "timing_s/step": 1.0,
-            "timing_s/gen": 0.5, "timing_s/reward": 0.1, "timing_s/ref": 0.05,
-            "timing_s/old_log_prob": 0.05, "timing_s/update_actor": 0.2,
-            "timing_s/push_weights": 0.1}  # fmt: skip
+    return {
+        "step": step,
+        "training/global_step": float(step),
+        "critic/score/mean": score,
+        "actor/entropy": 0.6,
+        "response_length/mean": 4.0,
+        "timing_s/step": 1.0,
+        "timing_s/gen": 0.5,
+        "timing_s/reward": 0.1,
+        "timing_s/ref": 0.05,
+        "timing_s/old_log_prob": 0.05,
+        "timing_s/update_actor": 0.2,
+        "timing_s/push_weights": 0.1,
+    }
 
 
 @pytest.fixture
@@ -35,8 +44,15 @@ def history(tmp_path) -> list[dict]:
     return read_rows(path)
 
 
-SUMMARY = {"steps": 6, "wall_time_s": 12.3, "training_time_s": 6.0, "target_accuracy": 0.85,
-           "time_to_target_s": None, "val_before": {VAL: 0.25}, "val_after": {VAL: 0.875}}  # fmt: skip
+SUMMARY = {
+    "steps": 6,
+    "wall_time_s": 12.3,
+    "training_time_s": 6.0,
+    "target_accuracy": 0.85,
+    "time_to_target_s": None,
+    "val_before": {VAL: 0.25},
+    "val_after": {VAL: 0.875},
+}
 
 
 def test_series_hold_the_reward_and_the_held_out_accuracy_at_every_validation(history):
@@ -73,8 +89,9 @@ def test_phase_means_group_the_timings_by_phase(history):
 
 def test_report_html_holds_the_curves_the_phases_and_the_numbers(history, tmp_path):
     series = report.curve_series(history, {VAL: 0.25}, {VAL: 0.875}, 6, 0.85)
-    path = report.write_report(series, history, {"run_dir": "runs/x", **SUMMARY},
-                               tmp_path / "report.html")  # fmt: skip
+    path = report.write_report(
+        series, history, {"run_dir": "runs/x", **SUMMARY}, tmp_path / "report.html"
+    )
     text = path.read_text()
     assert text.startswith("<!doctype html>")
     assert f"held-out {VAL}: 0.250 &rarr; 0.875" in text  # the final numbers

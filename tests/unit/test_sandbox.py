@@ -231,8 +231,14 @@ def test_scrub_takes_every_secret_value_out(monkeypatch):
 
 
 def test_what_the_log_says_of_the_kernel_layers():
-    full = {"namespaces": ["pid", "mount", "net", "ipc", "uts"], "fallback": "", "cgroup": True,
-            "readonly": True, "proc": "own", "capabilities": False}  # fmt: skip
+    full = {
+        "namespaces": ["pid", "mount", "net", "ipc", "uts"],
+        "fallback": "",
+        "cgroup": True,
+        "readonly": True,
+        "proc": "own",
+        "capabilities": False,
+    }
     line = describe_isolation(full)
     assert "pid+mount+net+ipc+uts" in line and "FALLBACK" not in line
     assert "read-only filesystem: yes" in line and "capabilities dropped: yes" in line

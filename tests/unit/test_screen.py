@@ -55,11 +55,16 @@ def test_on_a_terminal_a_line_goes_above_the_bar_and_the_bar_is_drawn_again(monk
     shown.line("trainer", b"[trainer] 2/2\n")  # the bar closed: its last state stays
     shown.line("router", b"[router] bye\n")
     assert out.written() == (
-        WIPE + b"[trainer] 1/2"
-        + WIPE + b"[rollout-0] hello\n" + WIPE + b"[trainer] 1/2"
-        + WIPE + b"[trainer] 2/2\n"
+        WIPE
+        + b"[trainer] 1/2"
+        + WIPE
+        + b"[rollout-0] hello\n"
+        + WIPE
+        + b"[trainer] 1/2"
+        + WIPE
+        + b"[trainer] 2/2\n"
         + b"[router] bye\n"
-    )  # fmt: skip
+    )
 
 
 def test_elsewhere_each_finished_redraw_is_a_line(monkeypatch):

@@ -164,9 +164,13 @@ def sft_actor(micro: int = 0):
     from rlfleet.trainer.actor import Actor
 
     overrides = [
-        "trainer.mode=sft", "trainer.lr=0.01", f"trainer.ppo_micro_batch_size={micro}",
-        "data.train_batch_size=4", "rollout.n=1", "trainer.use_kl_loss=false",
-    ]  # fmt: skip
+        "trainer.mode=sft",
+        "trainer.lr=0.01",
+        f"trainer.ppo_micro_batch_size={micro}",
+        "data.train_batch_size=4",
+        "rollout.n=1",
+        "trainer.use_kl_loss=false",
+    ]
     config = load_config(None, overrides)
     return Actor(config, random_qwen2(hidden=16, layers=1, heads=2, kv_heads=1), pad_id=0)
 
@@ -174,9 +178,11 @@ def sft_actor(micro: int = 0):
 def toy_batch() -> tuple[SftBatch, torch.Tensor]:
     from rlfleet.trainer.rollout_batch import response_mask
 
-    batch = SftBatch([[1, 4, 5], [1, 6], [1, 4, 5], [1, 7]],
-                     [[8, 9, 2], [10, 2], [11, 12, 2], [13, 14, 2]],
-                     [[1, 1, 1], [1, 1], [1, 0, 1], [1, 1, 1]])  # fmt: skip
+    batch = SftBatch(
+        [[1, 4, 5], [1, 6], [1, 4, 5], [1, 7]],
+        [[8, 9, 2], [10, 2], [11, 12, 2], [13, 14, 2]],
+        [[1, 1, 1], [1, 1], [1, 0, 1], [1, 1, 1]],
+    )
     return batch, response_mask([len(r) for r in batch.responses], batch.loss_masks)
 
 
@@ -203,8 +209,16 @@ def test_micro_batches_give_the_loss_of_the_whole_batch():
 
 
 def test_sft_mode_needs_no_reference_critic_or_groups():
-    config = load_config(None, ["trainer.mode=sft", "rollout.n=1", "algorithm.adv_estimator=gae",
-                                "trainer.use_kl_loss=true", "trainer.kl_loss_coef=0.1"])  # fmt: skip
+    config = load_config(
+        None,
+        [
+            "trainer.mode=sft",
+            "rollout.n=1",
+            "algorithm.adv_estimator=gae",
+            "trainer.use_kl_loss=true",
+            "trainer.kl_loss_coef=0.1",
+        ],
+    )
     assert not config.needs_reference and not config.needs_critic and not config.needs_refcritic
 
 
@@ -232,9 +246,11 @@ def test_a_warmup_without_demonstrations_is_refused_at_load():
     with pytest.raises(ValueError, match="needs data.sft_files"):
         load_config(CONFIGS / "default.yaml", ["trainer.sft_warmup_steps=2"], env={})
     with pytest.raises(ValueError, match="leaves no RL step"):
-        load_config(CONFIGS / "default.yaml",
-                    ["trainer.sft_warmup_steps=2", "trainer.total_steps=2",
-                     "data.sft_files=[x.jsonl]"], env={})  # fmt: skip
+        load_config(
+            CONFIGS / "default.yaml",
+            ["trainer.sft_warmup_steps=2", "trainer.total_steps=2", "data.sft_files=[x.jsonl]"],
+            env={},
+        )
 
 
 async def test_a_warmup_resumed_inside_it_does_the_steps_left_on_unseen_batches(monkeypatch):
@@ -245,9 +261,11 @@ async def test_a_warmup_resumed_inside_it_does_the_steps_left_on_unseen_batches(
     from rlfleet.trainer import sft
     from rlfleet.trainer.data import batches
 
-    config = load_config(CONFIGS / "default.yaml",
-                         ["trainer.sft_warmup_steps=4", "data.sft_files=[demos.jsonl]",
-                          "data.sft_batch_size=2"], env={})  # fmt: skip
+    config = load_config(
+        CONFIGS / "default.yaml",
+        ["trainer.sft_warmup_steps=4", "data.sft_files=[demos.jsonl]", "data.sft_batch_size=2"],
+        env={},
+    )
     records = list(range(10))  # stand-ins: the step only sees which records it got
     monkeypatch.setattr(sft, "load_sft_records", lambda *args: records)
     trained, finished = [], []
@@ -264,8 +282,14 @@ async def test_a_warmup_resumed_inside_it_does_the_steps_left_on_unseen_batches(
         finished.append(True)
 
     monkeypatch.setattr(sft, "sft_step", fake_step)
-    trainer = SimpleNamespace(config=config, step=2, batches_consumed=7, tokenizer=None,
-                              wait_if_paused=no_wait, pushes=SimpleNamespace(finish=finish))  # fmt: skip
+    trainer = SimpleNamespace(
+        config=config,
+        step=2,
+        batches_consumed=7,
+        tokenizer=None,
+        wait_if_paused=no_wait,
+        pushes=SimpleNamespace(finish=finish),
+    )
 
     async def step_done(metrics):
         trainer.step += 1

@@ -21,22 +21,34 @@ from rlfleet.trainer.tinker.types import ForwardResult, SampledSequence
 
 def sdk_body(data: list[types.Datum], loss_fn: str = "ppo", config=None) -> bytes:
     request = types.ForwardBackwardRequest(
-        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss_fn,
-                                                          loss_fn_config=config),
-        model_id="session-1:train:0", seq_id=3)  # fmt: skip
+        forward_backward_input=types.ForwardBackwardInput(
+            data=data, loss_fn=loss_fn, loss_fn_config=config
+        ),
+        model_id="session-1:train:0",
+        seq_id=3,
+    )
     return forward_backward_request_to_proto(request).SerializeToString()
 
 
 def test_a_forward_backward_body_reads_as_the_sdk_wrote_it() -> None:
     targets = torch.tensor([[5, 0], [0, 7]])  # 2-D: the SDK sends it sparse (CSR)
     data = [
-        types.Datum(model_input=types.ModelInput.from_ints([1, 5, 6]),
-                    loss_fn_inputs={"target_tokens": [5, 6, 7], "logprobs": [-0.5, -1.0, -2.0],
-                                    "advantages": np.array([0.0, 1.0, -1.0], np.float32)}),
-        types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
-                    loss_fn_inputs={"target_tokens": types.TensorData.from_torch_sparse(targets),
-                                    "weights": [1.0, 1.0]}),
-    ]  # fmt: skip
+        types.Datum(
+            model_input=types.ModelInput.from_ints([1, 5, 6]),
+            loss_fn_inputs={
+                "target_tokens": [5, 6, 7],
+                "logprobs": [-0.5, -1.0, -2.0],
+                "advantages": np.array([0.0, 1.0, -1.0], np.float32),
+            },
+        ),
+        types.Datum(
+            model_input=types.ModelInput.from_ints([1, 2]),
+            loss_fn_inputs={
+                "target_tokens": types.TensorData.from_torch_sparse(targets),
+                "weights": [1.0, 1.0],
+            },
+        ),
+    ]
     call = convert.forward_call(sdk_body(data, config={"clip_low_threshold": 0.7}))
     assert (call.model_id, call.seq_id, call.loss_fn) == ("session-1:train:0", 3, "ppo")
     assert call.config == {"clip_low_threshold": pytest.approx(0.7)}
@@ -47,9 +59,11 @@ def test_a_forward_backward_body_reads_as_the_sdk_wrote_it() -> None:
 
 
 def test_our_answers_read_back_in_the_sdk() -> None:
-    result = ForwardResult([np.array([-0.5, -1.5], np.float32), np.array([-2.0], np.float32)],
-                           [np.array([0.5, 1.5], np.float32), np.array([2.0], np.float32)],
-                           {"loss:sum": 4.0})  # fmt: skip
+    result = ForwardResult(
+        [np.array([-0.5, -1.5], np.float32), np.array([-2.0], np.float32)],
+        [np.array([0.5, 1.5], np.float32), np.array([2.0], np.float32)],
+        {"loss:sum": 4.0},
+    )
     out = deserialize_forward_backward_output(convert.forward_output(result))
     assert out.metrics == {"loss:sum": 4.0}
     assert [o["logprobs"].tolist() for o in out.loss_fn_outputs] == [[-0.5, -1.5], [-2.0]]

@@ -24,10 +24,16 @@ from rlfleet.trainer.staleness import drop_stale, staleness_metrics
 
 def crossed() -> GenerateResult:
     """Two samples: one finished before an update (v3), one crossed it (v3 then v4)."""
-    return GenerateResult("r1", [
-        Completion([5, 6], [-0.5, -0.25], "12", "stop", [3, 3]),
-        Completion([7, 8, 9], [-1.0, -2.0, -0.125], "345", "length", [3, 4, 4]),
-    ], 3, "rep-a", [1, 2])  # fmt: skip
+    return GenerateResult(
+        "r1",
+        [
+            Completion([5, 6], [-0.5, -0.25], "12", "stop", [3, 3]),
+            Completion([7, 8, 9], [-1.0, -2.0, -0.125], "345", "length", [3, 4, 4]),
+        ],
+        3,
+        "rep-a",
+        [1, 2],
+    )
 
 
 def test_packed_json_and_proto_forms_keep_every_tokens_version() -> None:
@@ -44,8 +50,15 @@ def test_a_packed_answer_from_before_per_token_versions_still_decodes() -> None:
     from array import array
 
     head = json.dumps(["r", 2, "rep", 1, [["ab", "stop", 2, 2]]]).encode()
-    blob = b"".join([PACKED_MAGIC, struct.pack("<I", len(head)), head,
-                     array("i", [1, 5, 6]).tobytes(), array("f", [-0.5, -1.5]).tobytes()])  # fmt: skip
+    blob = b"".join(
+        [
+            PACKED_MAGIC,
+            struct.pack("<I", len(head)),
+            head,
+            array("i", [1, 5, 6]).tobytes(),
+            array("f", [-0.5, -1.5]).tobytes(),
+        ]
+    )
     [c] = GenerateResult.decode(blob).completions
     assert (c.token_ids, c.logprobs, c.weight_versions) == ([5, 6], [-0.5, -1.5], [])
     assert c.versions(2) == [2, 2]  # a completion without them: the result's version
@@ -106,14 +119,24 @@ def test_masking_pre_update_segments_trains_only_after_the_last_update() -> None
 def test_zero_staleness_with_fresh_tokens_is_the_synchronous_batch() -> None:
     """k = 0 and every token from the trainer's version: nothing dropped or masked, the loss
     sees exactly the rows and mask a synchronous step would."""
-    fresh = GenerateResult("r", [Completion([5, 6], [-1.0, -1.0], "", "stop", [4, 4]),
-                                 Completion([7], [-1.0], "", "stop", [4])], 4, "a", [1])  # fmt: skip
+    fresh = GenerateResult(
+        "r",
+        [
+            Completion([5, 6], [-1.0, -1.0], "", "stop", [4, 4]),
+            Completion([7], [-1.0], "", "stop", [4]),
+        ],
+        4,
+        "a",
+        [1],
+    )
     for how in ("drop_sample", "mask"):
         kept, dropped = drop_stale(batch_of(fresh), 4 - 0, how, mask_pre_update=True)
         sync = batch_of(fresh)
         assert (dropped, kept.responses, kept.stale_masked_tokens) == (0, sync.responses, 0)
-        assert torch.equal(response_mask(kept.response_lengths(), kept.row_loss_masks()),
-                           response_mask(sync.response_lengths(), sync.row_loss_masks()))  # fmt: skip
+        assert torch.equal(
+            response_mask(kept.response_lengths(), kept.row_loss_masks()),
+            response_mask(sync.response_lengths(), sync.row_loss_masks()),
+        )
 
 
 def test_importance_weights_use_each_tokens_own_behaviour_logprob() -> None:

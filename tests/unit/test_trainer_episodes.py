@@ -163,16 +163,19 @@ def branched_episode(episode_id: str, reward: float, branches: int) -> Episode:
     another), each one sampled turn after its own prompt."""
     records = [Trajectory.of_call([1, 2, b], [5, 6], [-1.0, -1.0], [0, 0]) for b in range(branches)]
     *earlier, last = records
-    return Episode(episode_id=episode_id, **vars(last), earlier=earlier, reward=reward,
-                   num_turns=branches)  # fmt: skip
+    return Episode(
+        episode_id=episode_id, **vars(last), earlier=earlier, reward=reward, num_turns=branches
+    )
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo", "reinforce_plus_plus_baseline"])
 def test_every_branch_gets_its_episodes_advantage(estimator: EstimatorName) -> None:
     rewards, branches = [1.0, 0.0, 1.0, 0.0], [3, 1, 1, 2]
     split, whole = RolloutBatch(), RolloutBatch()
-    results = [result(branched_episode(f"e{i}", r, k))
-               for i, (r, k) in enumerate(zip(rewards, branches, strict=True))]  # fmt: skip
+    results = [
+        result(branched_episode(f"e{i}", r, k))
+        for i, (r, k) in enumerate(zip(rewards, branches, strict=True))
+    ]
     split.add_episode_group(prompts(1)[0], 0, results)
     whole.add_episode_group(
         prompts(1)[0], 0, [result(branched_episode(f"w{i}", r, 1)) for i, r in enumerate(rewards)]
@@ -191,9 +194,12 @@ def test_every_branch_gets_its_episodes_advantage(estimator: EstimatorName) -> N
 def advantages_of(batch: RolloutBatch, params: AdvantageParams) -> torch.Tensor:
     """Each row's advantage (on its one sampled turn)."""
     lengths, masks = batch.response_lengths(), batch.row_loss_masks()
-    inputs = AdvantageInputs(token_level_rewards(batch.scores, lengths, masks),
-                             response_mask(lengths, masks), batch.group_ids,
-                             episode_index=batch.row_episodes())  # fmt: skip
+    inputs = AdvantageInputs(
+        token_level_rewards(batch.scores, lengths, masks),
+        response_mask(lengths, masks),
+        batch.group_ids,
+        episode_index=batch.row_episodes(),
+    )
     return compute_advantage(params, inputs)[0][:, -1]
 
 

@@ -31,8 +31,9 @@ class ReportingRollout(SamplingRollout):
             picked = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])
             noisy = picked[:, 0] + 0.05 * torch.randn(len(c.token_ids))
             completions.append(Completion(c.token_ids, noisy.tolist(), c.text, c.finish_reason))
-        return GenerateResult(result.request_id, completions, result.weight_version,
-                              result.replica_id)  # fmt: skip
+        return GenerateResult(
+            result.request_id, completions, result.weight_version, result.replica_id
+        )
 
 
 def reporting_trainer(**overrides):
@@ -54,9 +55,13 @@ def batch() -> RolloutBatch:
 
 
 def test_decoupled_correction_weights_and_rejects_once_per_batch():
-    cfg = config(**{"algorithm.rollout_correction.rollout_is": "token",
-                    "algorithm.rollout_correction.rollout_rs": "token_k1",
-                    "algorithm.rollout_correction.rollout_rs_threshold": "'0.5_2'"})  # fmt: skip
+    cfg = config(
+        **{
+            "algorithm.rollout_correction.rollout_is": "token",
+            "algorithm.rollout_correction.rollout_rs": "token_k1",
+            "algorithm.rollout_correction.rollout_rs_threshold": "'0.5_2'",
+        }
+    )
     rows = batch()
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     kept, metrics = correct_batch(rows, mask, cfg, actor_old=True)
@@ -78,16 +83,24 @@ def test_without_correction_the_metrics_are_measured_where_the_log_probs_meet():
 
 
 @pytest.mark.parametrize(
-    "preset", [None, "decoupled_token_is", "decoupled_seq_is_rs", "bypass_ppo_clip_k3_rs",
-               "bypass_pg_is"],
-)  # fmt: skip
+    "preset",
+    [None, "decoupled_token_is", "decoupled_seq_is_rs", "bypass_ppo_clip_k3_rs", "bypass_pg_is"],
+)
 def test_a_step_with_each_kind_of_correction_reports_verl_metrics(preset):
     overrides = {"algorithm.rollout_correction.preset": preset} if preset else {}
     trainer = reporting_trainer(**overrides)
     asyncio.run(trainer.start(1, 1.0))
     metrics = asyncio.run(trainer.train_step(prompts()))
-    for name in ("kl", "k3_kl", "training_ppl", "rollout_ppl", "log_ppl_diff", "ppl_ratio",
-                 "chi2_token", "chi2_seq"):  # fmt: skip
+    for name in (
+        "kl",
+        "k3_kl",
+        "training_ppl",
+        "rollout_ppl",
+        "log_ppl_diff",
+        "ppl_ratio",
+        "chi2_token",
+        "chi2_seq",
+    ):
         assert f"rollout_corr/{name}" in metrics, name
     assert metrics["rollout_corr/kl"] == pytest.approx(metrics["rollout_corr/kl"])  # not nan
     if preset and "is" in preset.split("_"):
@@ -110,8 +123,12 @@ def test_bypass_mode_uses_the_engine_log_probs_as_the_old_policy_without_a_forwa
 def test_async_steps_with_stale_rows_report_the_mismatch(preset):
     from test_async_training import LaggingRollout, run
 
-    overrides = {"trainer.mode": "async", "trainer.max_staleness": 1, "trainer.total_steps": 3,
-                 "data.train_batch_size": 4}  # fmt: skip
+    overrides = {
+        "trainer.mode": "async",
+        "trainer.max_staleness": 1,
+        "trainer.total_steps": 3,
+        "data.train_batch_size": 4,
+    }
     if preset:
         overrides["algorithm.rollout_correction.preset"] = preset
     trainer = reporting_trainer(**overrides)

@@ -30,9 +30,11 @@ def test_a_call_on_top_masks_what_was_added_between() -> None:
 def test_the_dict_form_round_trips_and_is_checked() -> None:
     merged = record()
     assert Trajectory.from_dict(merged.to_dict()) == merged
-    for damage, says in [({"response_mask": [1, 1, 1, 1]}, "sampled token"),
-                         ({"prompt_ids": [-1]}, "not a token id"),
-                         ({"extra": 1}, "exactly")]:  # fmt: skip
+    for damage, says in [
+        ({"response_mask": [1, 1, 1, 1]}, "sampled token"),
+        ({"prompt_ids": [-1]}, "not a token id"),
+        ({"extra": 1}, "exactly"),
+    ]:
         with pytest.raises(TrajectoryError, match=says):
             Trajectory.from_dict({**merged.to_dict(), **damage})
 
@@ -56,8 +58,9 @@ def test_each_tokens_version_or_the_rows() -> None:
 
 
 def test_a_generate_result_uses_the_same_frame() -> None:
-    result = GenerateResult("r", [Completion([5, 6], [-0.5, -1.0], "ab", "stop", [2, 3])], 2,
-                            "rep", [1, 2, 3])  # fmt: skip
+    result = GenerateResult(
+        "r", [Completion([5, 6], [-0.5, -1.0], "ab", "stop", [2, 3])], 2, "rep", [1, 2, 3]
+    )
     data = result.encode()
     assert packed.is_packed(PACKED_MAGIC, data) and GenerateResult.decode(data) == result
     with pytest.raises(packed.PackedError):

@@ -47,10 +47,14 @@ class ScriptedEngine(Engine):
         self.calls.append((len(prompt_token_ids), sampling.max_tokens))
         self._live[request_id] = False
         try:
-            return list(await asyncio.gather(*(
-                self._sample(request_id, len(prompt_token_ids), sampling)
-                for _ in range(sampling.n)
-            )))  # fmt: skip
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._sample(request_id, len(prompt_token_ids), sampling)
+                        for _ in range(sampling.n)
+                    )
+                )
+            )
         finally:
             self._live.pop(request_id, None)
 
@@ -92,8 +96,11 @@ async def run_with_updates(
     (``drain_s``: ``rollout.drain_timeout_s``)."""
     engine, inflight = ScriptedEngine(), InFlight("r")
     prompt = list(range(5))
-    task = inflight.track(lambda key: continuation.generate(
-        inflight.gate, engine, key, prompt, sampling, lambda: engine.weights))  # fmt: skip
+    task = inflight.track(
+        lambda key: continuation.generate(
+            inflight.gate, engine, key, prompt, sampling, lambda: engine.weights
+        )
+    )
     for _ in range(updates):
         await asyncio.sleep(every_s)
         await inflight.make_way(engine, policy, drain_s)
@@ -163,8 +170,11 @@ class FullBudgetEngine(ScriptedEngine):
 
 async def test_an_update_arriving_when_the_budget_is_zero_ends_the_sample_as_length() -> None:
     engine, inflight = FullBudgetEngine(), InFlight("r")
-    task = inflight.track(lambda key: continuation.generate(
-        inflight.gate, engine, key, [1, 2], SamplingParams(max_tokens=8), lambda: 1))  # fmt: skip
+    task = inflight.track(
+        lambda key: continuation.generate(
+            inflight.gate, engine, key, [1, 2], SamplingParams(max_tokens=8), lambda: 1
+        )
+    )
     await asyncio.sleep(0.01)
     await inflight.make_way(engine, "keep", 5.0)
     inflight.reopen()
@@ -178,8 +188,11 @@ def test_a_stop_string_straddling_the_update_is_found_in_the_joined_tokens() -> 
     done = Completion([97, 98, 99], [-1.0] * 3, "abc", "abort", [1, 1, 1])
     more = Completion([100, 101], [-2.0] * 2, "de", "length", [2, 2])
     joined = continuation.join(done, more, engine, sampling)
-    assert (joined.token_ids, joined.text, joined.finish_reason) == ([97, 98, 99, 100], "ab",
-                                                                     "stop")  # fmt: skip
+    assert (joined.token_ids, joined.text, joined.finish_reason) == (
+        [97, 98, 99, 100],
+        "ab",
+        "stop",
+    )
     assert joined.weight_versions == [1, 1, 1, 2] and joined.logprobs == [-1.0] * 3 + [-2.0]
 
 

@@ -103,8 +103,9 @@ class DigitTokenizer:
 
 def evaluator(**overrides) -> Evaluator:
     config = load_config(None, [f"{k}={v}" for k, v in overrides.items()], env={})
-    return Evaluator(config, Fleet(ScriptedRollout(), TruthReward(), None, RecordingSync()),
-                     DigitTokenizer())  # fmt: skip
+    return Evaluator(
+        config, Fleet(ScriptedRollout(), TruthReward(), None, RecordingSync()), DigitTokenizer()
+    )
 
 
 RECORDS = [
@@ -119,8 +120,11 @@ def test_validation_is_greedy_mean_at_1_then_sampled_metrics_and_sample_rows():
         evaluator(**{"trainer.val_n": 4, "trainer.log_val_generations": 2}).validate(RECORDS, 1)
     )
     # greedy answers 5, 1, 7 -> all: 2 / 3 first (two sources), a: (1 + 0) / 2, b: 1
-    assert list(result.metrics)[:3] == ["val-core/all/reward/mean@1", "val-core/a/reward/mean@1",
-                                        "val-core/b/reward/mean@1"]  # fmt: skip
+    assert list(result.metrics)[:3] == [
+        "val-core/all/reward/mean@1",
+        "val-core/a/reward/mean@1",
+        "val-core/b/reward/mean@1",
+    ]
     assert result.metrics["val-core/all/reward/mean@1"] == pytest.approx(2 / 3)
     assert result.metrics["val-core/a/reward/mean@1"] == 0.5
     assert result.metrics["val-core/b/reward/mean@1"] == 1.0
@@ -139,8 +143,10 @@ def test_validation_is_greedy_mean_at_1_then_sampled_metrics_and_sample_rows():
 def test_one_sample_means_greedy_only():
     result = asyncio.run(evaluator().validate(RECORDS, 1))
     assert sorted(result.metrics) == [
-        "val-core/a/reward/mean@1", "val-core/all/reward/mean@1", "val-core/b/reward/mean@1"
-    ]  # fmt: skip
+        "val-core/a/reward/mean@1",
+        "val-core/all/reward/mean@1",
+        "val-core/b/reward/mean@1",
+    ]
     one_source = asyncio.run(evaluator().validate(RECORDS[:2], 1))
     assert list(one_source.metrics) == ["val-core/a/reward/mean@1"]  # no "all" for one source
 

@@ -48,17 +48,26 @@ def test_rlfleet_names_keep_their_own_scorers(row):
 def test_the_issues_cases_differ_as_measured():
     """The differences the issue names: 0 under verl's name, 1 under rlfleet's."""
     by_why = {r["why"]: r for r in ROWS}
-    for why in ["no space after ####", "a dollar sign after '#### '",
-                "the same number written 42.0", "the answer, then more than 300 characters",
-                "a decimal for a fraction"]:  # fmt: skip
+    for why in [
+        "no space after ####",
+        "a dollar sign after '#### '",
+        "the same number written 42.0",
+        "the answer, then more than 300 characters",
+        "a decimal for a fraction",
+    ]:
         assert (by_why[why]["verl"], by_why[why]["rlfleet"]) == (0.0, 1.0), why
 
 
 @pytest.mark.parametrize(
     ("source", "scorer"),
-    [*((s, "verl_gsm8k") for s in GSM8K_SOURCES), *((s, "verl_math") for s in MATH_SOURCES),
-     ("gsm8k", "gsm8k"), ("math", "math"), ("lighteval/MATH-Hard", "math")],
-)  # fmt: skip
+    [
+        *((s, "verl_gsm8k") for s in GSM8K_SOURCES),
+        *((s, "verl_math") for s in MATH_SOURCES),
+        ("gsm8k", "gsm8k"),
+        ("math", "math"),
+        ("lighteval/MATH-Hard", "math"),
+    ],
+)
 def test_selection_by_name(source, scorer):
     assert REGISTRY.select(ScoreRequest("r", source, "x")).name == scorer
 

@@ -31,8 +31,14 @@ FROZEN = ("model.embed_tokens.weight",)
 
 
 def config(delta: str = "always"):
-    return load_config(overrides=[f"model.path={TINY}", "model.dtype=float32",
-                                  "rollout.backend=hf", f"trainer.weight_delta={delta}"])  # fmt: skip
+    return load_config(
+        overrides=[
+            f"model.path={TINY}",
+            "model.dtype=float32",
+            "rollout.backend=hf",
+            f"trainer.weight_delta={delta}",
+        ]
+    )
 
 
 def base_state() -> dict[str, torch.Tensor]:
@@ -76,8 +82,10 @@ async def deliver(updater: WeightUpdater, header: weights.WeightHeader, payload)
 
 
 def engine_bits(engine: HFEngine) -> dict[str, bytes]:
-    return {n: t.detach().contiguous().view(torch.uint8).numpy().tobytes()
-            for n, t in engine.model.state_dict().items()}  # fmt: skip
+    return {
+        n: t.detach().contiguous().view(torch.uint8).numpy().tobytes()
+        for n, t in engine.model.state_dict().items()
+    }
 
 
 async def test_a_delta_on_the_right_base_gives_the_full_push_bit_for_bit() -> None:
@@ -114,9 +122,14 @@ async def test_a_delta_on_another_version_is_refused_from_its_header() -> None:
         with pytest.raises(FailedPrecondition, match="keeps no base"):
             updater.check(delta2.encoded.header)  # nothing loaded yet
         await deliver(updater, full1.header, full1.payload)
-        skipped = replace(delta2.encoded.header, version=4, tensors=[
-            replace(delta2.encoded.header.tensors[0], name=f"{weights_delta.META}3"),
-            *delta2.encoded.header.tensors[1:]])  # fmt: skip
+        skipped = replace(
+            delta2.encoded.header,
+            version=4,
+            tensors=[
+                replace(delta2.encoded.header.tensors[0], name=f"{weights_delta.META}3"),
+                *delta2.encoded.header.tensors[1:],
+            ],
+        )
         before = engine_bits(engine)
         with pytest.raises(FailedPrecondition, match="serves v1"):
             updater.check(skipped)
@@ -181,9 +194,13 @@ def test_the_transport_sends_a_delta_only_when_it_is_smaller() -> None:
     v1 = base_state()
     everything = {name: t + 1e-3 for name, t in v1.items()}  # every tensor moved
     one = stepped(v1, 1, only="model.norm.weight")
-    for mode, state, wanted in [("always", everything, False), ("always", one, True),
-                                ("auto", stepped(v1, 1), False), ("auto", one, True),
-                                ("never", one, False)]:  # fmt: skip
+    for mode, state, wanted in [
+        ("always", everything, False),
+        ("always", one, True),
+        ("auto", stepped(v1, 1), False),
+        ("auto", one, True),
+        ("never", one, False),
+    ]:
         transport = new_transport(mode)
         plan(transport, v1, 1)
         _, delta = plan(transport, state, 2)
@@ -223,5 +240,7 @@ def test_the_trainers_fleet_sends_deltas_as_its_config_says():
             await fleet.close()
 
     assert [asyncio.run(delta_mode(m)) for m in ("never", "auto", "always")] == [
-        "never", "auto", "always"
-    ]  # fmt: skip
+        "never",
+        "auto",
+        "always",
+    ]

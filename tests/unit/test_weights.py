@@ -61,8 +61,10 @@ def test_prepared_messages_parse_as_the_proto_the_replica_expects():
     update = PreparedUpdate.of(header, payload, chunk_bytes=16)
     first, *data = [rollout_pb2.WeightChunk.FromString(m) for m in update.messages]
     assert (first.header.version, first.header.force, first.header.checksum) == (
-        3, True, header.checksum
-    )  # fmt: skip
+        3,
+        True,
+        header.checksum,
+    )
     assert b"".join(m.data for m in data) == bytes(payload)
     big = memoryview(bytes(range(256)) * 1024)  # a multi-byte varint length
     big_update = PreparedUpdate.of(header, big, chunk_bytes=200_000)

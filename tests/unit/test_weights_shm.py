@@ -72,8 +72,12 @@ def test_a_missing_file_is_not_found_and_a_wrong_size_is_refused():
 
 
 def test_files_of_dead_trainers_are_removed_once_old_and_live_ones_kept():
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     orphan = weights_shm.SHM_DIR / f"{weights_shm.PREFIX}{dead.stdout.strip()}-{uuid.uuid4().hex}"
     orphan.write_bytes(b"x")
     live = weights_shm.SharedPayload(4)
@@ -118,10 +122,11 @@ class FakeReplica:
 
 async def test_the_transport_streams_to_replicas_that_cannot_see_the_file_and_remembers():
     replicas = {"local:1": FakeReplica(True), "remote:1": FakeReplica(False)}
-    transport = GrpcWeightTransport(replicas.__getitem__, PreparedUpdate.of, 8,
-                                    shared_memory=True)  # fmt: skip
-    targets = [ReplicaStatus(f"r{i}", address, 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
-               for i, address in enumerate(replicas)]  # fmt: skip
+    transport = GrpcWeightTransport(replicas.__getitem__, PreparedUpdate.of, 8, shared_memory=True)
+    targets = [
+        ReplicaStatus(f"r{i}", address, 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
+        for i, address in enumerate(replicas)
+    ]
     files = []
     for version in (1, 2):
         results = await transport.push(state(), version, True, targets)
@@ -145,10 +150,11 @@ class FailingReplica(FakeReplica):
 
 async def test_a_push_that_a_replica_failed_removes_its_file_and_the_next_writes_a_new_one():
     replicas = {"ok:1": FakeReplica(True), "slow:1": FailingReplica(True)}
-    transport = GrpcWeightTransport(replicas.__getitem__, PreparedUpdate.of, 8,
-                                    shared_memory=True)  # fmt: skip
-    targets = [ReplicaStatus(f"r{i}", address, 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
-               for i, address in enumerate(replicas)]  # fmt: skip
+    transport = GrpcWeightTransport(replicas.__getitem__, PreparedUpdate.of, 8, shared_memory=True)
+    targets = [
+        ReplicaStatus(f"r{i}", address, 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
+        for i, address in enumerate(replicas)
+    ]
     results = await transport.push(state(), 1, True, targets)
     assert [r.ok for r in results] == [True, False]
     assert our_files() == []  # the failed replica may still read it: never written again

@@ -36,8 +36,10 @@ NOT_TEXT = frozenset({"metadata", "reward", "done"})
 
 def is_openenv_client(cls: type) -> bool:
     """An ``EnvClient`` or ``SyncEnvClient`` subclass (only when the user's code imported them)."""
-    bases = [getattr(sys.modules.get(f"openenv.core.{m}"), n, None)
-             for m, n in (("env_client", "EnvClient"), ("sync_client", "SyncEnvClient"))]  # fmt: skip
+    bases = [
+        getattr(sys.modules.get(f"openenv.core.{m}"), n, None)
+        for m, n in (("env_client", "EnvClient"), ("sync_client", "SyncEnvClient"))
+    ]
     kinds = tuple(base for base in bases if isinstance(base, type))
     return bool(kinds) and isinstance(cls, type) and issubclass(cls, kinds)
 
@@ -46,9 +48,13 @@ class OpenEnvTextEnv:
     """One episode of an OpenEnv client (see the module doc for the defaults)."""
 
     def __init__(
-        self, client: Any, *, action_from_text: Callable[[str], Any] | None = None,
-        action_field: str | None = None, observation_text: Callable[[Any], str] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        client: Any,
+        *,
+        action_from_text: Callable[[str], Any] | None = None,
+        action_field: str | None = None,
+        observation_text: Callable[[Any], str] | None = None,
+    ) -> None:
         self.client, self.closed = client, False
         if action_from_text is None:
             wrapped = getattr(client, "async_client", client)  # what a SyncEnvClient wraps
@@ -101,16 +107,20 @@ def text_action(cls: type | None, field: str | None) -> Callable[[str], Any]:
     field; a plain dict when the client takes dicts (``GenericEnvClient``)."""
     if cls is None:
         if field is None:
-            raise ValueError("this OpenEnv client has no typed Action: set action_field or "
-                             "action_from_text in agent.env_kwargs")  # fmt: skip
+            raise ValueError(
+                "this OpenEnv client has no typed Action: set action_field or "
+                "action_from_text in agent.env_kwargs"
+            )
         return lambda text: {field: text}
     if field is None:
         names = [
             n for n, f in cls.model_fields.items() if f.annotation is str and n not in NOT_TEXT
         ]
         if len(names) != 1:
-            raise ValueError(f"{cls.__name__} has string fields {names}, not one: set "
-                             "action_field or action_from_text in agent.env_kwargs")  # fmt: skip
+            raise ValueError(
+                f"{cls.__name__} has string fields {names}, not one: set "
+                "action_field or action_from_text in agent.env_kwargs"
+            )
         field = names[0]
     return lambda text: cls(**{field: text})
 

@@ -53,8 +53,12 @@ def is_verifiers_env(cls: type) -> bool:
 
 def is_load_environment(target: object) -> bool:
     """A module's ``load_environment`` function while verifiers is imported."""
-    return (callable(target) and not isinstance(target, type) and "verifiers" in sys.modules
-            and getattr(target, "__name__", "") == "load_environment")  # fmt: skip
+    return (
+        callable(target)
+        and not isinstance(target, type)
+        and "verifiers" in sys.modules
+        and getattr(target, "__name__", "") == "load_environment"
+    )
 
 
 def from_class(cls: type, kwargs: dict[str, Any]) -> Callable[[], VerifiersEnv]:
@@ -67,8 +71,10 @@ def from_load_environment(load: Callable[..., Any], kwargs: dict[str, Any]) -> C
     """``load_environment(**env_kwargs)`` called once; ValueError when it is not verifiers'."""
     env = keeping_signals(lambda: load(**kwargs))
     if not is_verifiers_env(type(env)):
-        raise ValueError(f"load_environment returned a {type(env).__name__}, not a verifiers "
-                         "Environment (vf.SingleTurnEnv, vf.ToolEnv, vf.MultiTurnEnv, ...)")  # fmt: skip
+        raise ValueError(
+            f"load_environment returned a {type(env).__name__}, not a verifiers "
+            "Environment (vf.SingleTurnEnv, vf.ToolEnv, vf.MultiTurnEnv, ...)"
+        )
     shared = VerifiersEnv(env)
     return lambda: shared
 
@@ -105,13 +111,19 @@ class VerifiersEnv:
         import verifiers as vf
         from openai import AsyncOpenAI
 
-        client = AsyncOpenAI(base_url=run.base_url, api_key=run.key, max_retries=0,
-                             default_headers={"X-Session-ID": session_id})  # fmt: skip
+        client = AsyncOpenAI(
+            base_url=run.base_url,
+            api_key=run.key,
+            max_retries=0,
+            default_headers={"X-Session-ID": session_id},
+        )
         try:
             return await self.env.run_rollout(
-                rollout_input(self.env, task), vf.OpenAIChatCompletionsClient(client),
-                MODEL_NAME, sampling_args(run.sampling),
-            )  # fmt: skip
+                rollout_input(self.env, task),
+                vf.OpenAIChatCompletionsClient(client),
+                MODEL_NAME,
+                sampling_args(run.sampling),
+            )
         finally:
             await client.close()
 
@@ -120,8 +132,12 @@ def rollout_input(env: Any, task: dict[str, Any]) -> dict[str, Any]:
     """A task row as verifiers' ``RolloutInput`` (see the module doc)."""
     truth = task.get("answer", task_truth(task))
     info = task.get("info", task.get("extra_info")) or {}
-    return {"prompt": _prompt(env, task), "example_id": int(task.get("example_id", 0) or 0),
-            "answer": "" if truth is None else str(truth), "info": info}  # fmt: skip
+    return {
+        "prompt": _prompt(env, task),
+        "example_id": int(task.get("example_id", 0) or 0),
+        "answer": "" if truth is None else str(truth),
+        "info": info,
+    }
 
 
 def _prompt(env: Any, task: dict[str, Any]) -> list[dict[str, Any]]:
@@ -145,8 +161,12 @@ def _prompt(env: Any, task: dict[str, Any]) -> list[dict[str, Any]]:
 
 def sampling_args(sampling: SamplingParams) -> dict[str, Any]:
     """The fleet's per-turn sampling as verifiers' ``sampling_args`` (OpenAI's names)."""
-    args: dict[str, Any] = {"max_tokens": sampling.max_tokens, "temperature": sampling.temperature,
-                            "top_p": sampling.top_p, "extra_body": {"return_token_ids": True}}  # fmt: skip
+    args: dict[str, Any] = {
+        "max_tokens": sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "extra_body": {"return_token_ids": True},
+    }
     if sampling.seed is not None:
         args["seed"] = sampling.seed
     return args

@@ -102,16 +102,24 @@ def from_workflow(run: Workflow, kwargs: dict[str, Any]) -> Callable[[], Workflo
 class GatewaySessions:
     """The gateway's ``/rl/*`` routes, for one episode's worker."""
 
-    def __init__(self, base_url: str, api_key: str | None,
-                 timeout_s: float = SESSION_CALL_TIMEOUT_S,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        timeout_s: float = SESSION_CALL_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         root = base_url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # A connection per call: the episode runs between start and end, longer than a server
         # keeps an idle connection, so reusing start's connection for end raced its close.
-        self._http = httpx.AsyncClient(base_url=root, headers=headers, timeout=timeout_s,
-                                       limits=httpx.Limits(max_keepalive_connections=0),
-                                       transport=transport)  # fmt: skip
+        self._http = httpx.AsyncClient(
+            base_url=root,
+            headers=headers,
+            timeout=timeout_s,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            transport=transport,
+        )
 
     async def start(self) -> str:
         answer = await self._post("/rl/start_session", {}, retry_on=httpx.ConnectError)
@@ -124,8 +132,9 @@ class GatewaySessions:
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def _post(self, path: str, body: dict[str, Any],
-                    retry_on: type[Exception]) -> dict[str, Any]:  # fmt: skip
+    async def _post(
+        self, path: str, body: dict[str, Any], retry_on: type[Exception]
+    ) -> dict[str, Any]:
         """POST ``body``; a ``retry_on`` failure is tried again (``SESSION_CALL_TRIES`` in all,
         backing off), what else fails raises."""
         for attempt in range(SESSION_CALL_TRIES):
@@ -152,8 +161,9 @@ class WorkflowEnv:
 
     async def play(self, task: dict[str, Any], run: GatewayRun) -> Episode:
         async def drive(session_id: str) -> Any:
-            return await self.run(task, base_url=run.base_url, api_key=run.key,
-                                  session_id=session_id, **self.kwargs)  # fmt: skip
+            return await self.run(
+                task, base_url=run.base_url, api_key=run.key, session_id=session_id, **self.kwargs
+            )
 
         return await play_in_session(run, drive, "workflow")
 
@@ -189,8 +199,7 @@ async def _end_quietly(
     try:
         return await sessions.end(session_id, multi_call)
     except Exception as exc:  # noqa: BLE001 - the episode fails either way
-        log.warning("could not end gateway session %s: %s: %s", session_id,
-                    type(exc).__name__, exc)  # fmt: skip
+        log.warning("could not end gateway session %s: %s: %s", session_id, type(exc).__name__, exc)
         return None
 
 
@@ -216,11 +225,17 @@ def episode_of(episode_id: str, record: dict[str, Any], outcome: Any) -> Episode
     except TrajectoryError as exc:
         raise WorkflowError(f"the gateway's session record is not an episode: {exc}") from exc
     reward, parts = reward_of(outcome, record.get("reward"))
-    episode = Episode(episode_id=episode_id, **vars(last), earlier=earlier, reward=reward,
-                      reward_parts=parts, num_turns=int(record.get("num_calls") or 0),
-                      tool_calls=int(record.get("tool_calls") or 0),
-                      tool_errors=int(record.get("tool_errors") or 0),
-                      messages=list(record.get("messages") or []))  # fmt: skip
+    episode = Episode(
+        episode_id=episode_id,
+        **vars(last),
+        earlier=earlier,
+        reward=reward,
+        reward_parts=parts,
+        num_turns=int(record.get("num_calls") or 0),
+        tool_calls=int(record.get("tool_calls") or 0),
+        tool_errors=int(record.get("tool_errors") or 0),
+        messages=list(record.get("messages") or []),
+    )
     episode.validate()
     return episode
 
@@ -241,7 +256,7 @@ def reward_of(outcome: Any, recorded: float | None) -> tuple[float, dict[str, fl
             raise WorkflowError("a workflow's reward_parts must be a dict of name to number")
         return _number(outcome["reward"], "reward"), {
             str(k): _number(v, f"reward part {k!r}") for k, v in parts.items()
-        }  # fmt: skip
+        }
     return _number(outcome, "reward"), {}
 
 

@@ -108,8 +108,10 @@ class AgentConfig(Section):
         if self.tools and not self.env:
             raise ValueError("agent.tools needs agent.env (the environment that answers calls)")
         if self.tools and ":" not in self.env:
-            raise ValueError(f"agent.tools: the built-in environment {self.env!r} brings its "
-                             "own tools; name an environment module:attr to give it these")  # fmt: skip
+            raise ValueError(
+                f"agent.tools: the built-in environment {self.env!r} brings its "
+                "own tools; name an environment module:attr to give it these"
+            )
 
     def check_model_len(self, max_model_len: int) -> None:
         """In agent mode an episode's whole context goes to a replica as one prompt."""

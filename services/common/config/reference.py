@@ -94,14 +94,24 @@ def section_rows(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 def section_table(title: str, rows: list[str]) -> list[str]:
     summary = f"<details><summary><code>{title}</code> ({len(rows)} fields)</summary>"
-    return [summary, "", "| field | default | options, meaning |", "|---|---|---|", *rows, "",
-            "</details>"]  # fmt: skip
+    return [
+        summary,
+        "",
+        "| field | default | options, meaning |",
+        "|---|---|---|",
+        *rows,
+        "",
+        "</details>",
+    ]
 
 
 def markdown_reference() -> str:
     """Every config field, one collapsible table per section, between ``BEGIN`` and ``END``."""
-    top = [field_row(name, field) for name, field in RlfleetConfig.model_fields.items()
-           if _section_of(field.annotation) is None]  # fmt: skip
+    top = [
+        field_row(name, field)
+        for name, field in RlfleetConfig.model_fields.items()
+        if _section_of(field.annotation) is None
+    ]
     lines = [BEGIN, *section_table("top level", top)]
     for name, field in RlfleetConfig.model_fields.items():
         section = _section_of(field.annotation)

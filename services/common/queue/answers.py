@@ -109,8 +109,12 @@ class Answers:
         """A counted waiter (see ``wait_answer``) gives up without an answer; the last one out
         gives the request up as ``unbind`` does. True if it was given up."""
         k = self.keys
-        keys = [k.waiters(request_id), k.request(request_id), k.cancel(request_id),
-                k.result(request_id)]  # fmt: skip
+        keys = [
+            k.waiters(request_id),
+            k.request(request_id),
+            k.cancel(request_id),
+            k.result(request_id),
+        ]
         return bool(await self._scripts.leave(keys=keys, args=[marker_ttl_s]))
 
     async def bound_to(self, request_id: str) -> str | None:
@@ -127,9 +131,13 @@ class Answers:
         return bool(notify) and bool(await self._redis.blpop(notify, timeout=timeout))
 
     async def wait_all(
-        self, request_ids: list[str], deadline: float, poll_s: float | None = None,
-        epoch: str | None = None, resubmit: Callable[[list[str]], Awaitable[None]] | None = None,
-    ) -> dict[str, Result]:  # fmt: skip
+        self,
+        request_ids: list[str],
+        deadline: float,
+        poll_s: float | None = None,
+        epoch: str | None = None,
+        resubmit: Callable[[list[str]], Awaitable[None]] | None = None,
+    ) -> dict[str, Result]:
         """Every answer that comes by ``deadline`` (event-loop time); absent: none by then.
         Two round trips per wake-up: one MGET, then one BLPOP on the wake-up lists of those
         still unanswered, for at most ``poll_s`` (default ``self.poll_s``). For ids only this
@@ -160,8 +168,9 @@ class Answers:
         """``get_results`` and, with ``epoch``, the current epoch, in one MGET."""
         if epoch is None:
             return await self.get_results(request_ids), None
-        raws = await self._redis.mget([*(self.keys.result(r) for r in request_ids),
-                                       self.keys.epoch])  # fmt: skip
+        raws = await self._redis.mget(
+            [*(self.keys.result(r) for r in request_ids), self.keys.epoch]
+        )
         pairs = zip(request_ids, raws[:-1], strict=True)
         now = None if raws[-1] is None else text(raws[-1])
         return {rid: decode_result(rid, _bytes(raw)) for rid, raw in pairs if raw is not None}, now

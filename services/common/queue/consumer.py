@@ -76,8 +76,15 @@ class Consumer(QueueStream):
         counts = await self._counts([(job.entry_id, {}) for job in jobs])
         async with self._redis.pipeline(transaction=False) as pipe:
             for entry_id, delivered in counts.items():
-                pipe.xclaim(self.stream, self.group, consumer, 0, [entry_id],
-                            retrycount=max(0, delivered - 1), justid=True)  # fmt: skip
+                pipe.xclaim(
+                    self.stream,
+                    self.group,
+                    consumer,
+                    0,
+                    [entry_id],
+                    retrycount=max(0, delivered - 1),
+                    justid=True,
+                )
             await pipe.execute()
 
     async def complete(self, job: Job, payload: bytes, failure: Failure | None = None) -> bool:
@@ -106,8 +113,13 @@ class Consumer(QueueStream):
         already; None when there was no such loss (the answer is discarded)."""
         members = members or {}
         k = self.keys
-        keys = [k.epoch, k.result(job.request_id), k.notify(job.request_id),
-                k.waiters(job.request_id), *(k.result(m) for m in members)]  # fmt: skip
+        keys = [
+            k.epoch,
+            k.result(job.request_id),
+            k.notify(job.request_id),
+            k.waiters(job.request_id),
+            *(k.result(m) for m in members),
+        ]
         args = [job.epoch, self.result_ttl_s, self._notify_ttl_s, answer, *members.values()]
         stored = int(await self._scripts.salvage(keys=keys, args=args))
         return None if stored < 0 else Finish(stored)
@@ -138,8 +150,11 @@ class Consumer(QueueStream):
         if not tagged:
             return []
         marks = await self._redis.mget([self.keys.cancel(job.request_id) for job in tagged])
-        return [job for job, mark in zip(tagged, marks, strict=True)
-                if mark is not None and text(mark) == job.submission]  # fmt: skip
+        return [
+            job
+            for job, mark in zip(tagged, marks, strict=True)
+            if mark is not None and text(mark) == job.submission
+        ]
 
     async def answered(self, job: Job) -> bool:
         """Whether the job has an answer already: its caller withdrew it
@@ -168,8 +183,11 @@ class Consumer(QueueStream):
         if stale:
             await self._redis.xack(self.stream, self.group, *stale)
         epoch = self._epoch or ""
-        jobs = [job_of(eid, fields, (counts or {}).get(eid, 1), epoch)
-                for eid, fields in entries if fields]  # fmt: skip
+        jobs = [
+            job_of(eid, fields, (counts or {}).get(eid, 1), epoch)
+            for eid, fields in entries
+            if fields
+        ]
         for job in jobs:
             if job.deliveries > self.max_deliveries:
                 await self.dead_letter(job, f"delivered {job.deliveries} times")

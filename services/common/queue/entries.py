@@ -52,8 +52,15 @@ def job_of(entry_id: str, fields: dict[bytes, bytes], deliveries: int, epoch: st
     prior = int(fields.get(PRIOR.encode(), 0))
     weight = int(fields.get(WEIGHT.encode(), 1))
     submission = text(fields.get(SUBMISSION.encode(), b""))
-    return Job(entry_id, request_id_of(fields), fields[PAYLOAD.encode()], deliveries + prior,
-               weight, submission, epoch)  # fmt: skip
+    return Job(
+        entry_id,
+        request_id_of(fields),
+        fields[PAYLOAD.encode()],
+        deliveries + prior,
+        weight,
+        submission,
+        epoch,
+    )
 
 
 def request_id_of(fields: dict[bytes, bytes]) -> str:

@@ -39,9 +39,13 @@ class ScatterGather:
     """
 
     def __init__(
-        self, queue: Producer, timeout_s: float, workers: str, concurrency: int = 32,
+        self,
+        queue: Producer,
+        timeout_s: float,
+        workers: str,
+        concurrency: int = 32,
         withdraw: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.queue, self.timeout_s, self.workers = queue, timeout_s, workers
         self.withdraw, self.withdrawn = withdraw, 0
         self._slots = asyncio.Semaphore(concurrency)

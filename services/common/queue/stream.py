@@ -91,8 +91,13 @@ class QueueStream(Answers):
         """Give up on a job: error answer for its waiters, a copy in the dead-letter stream.
         Also for a drained job, whose entry is gone already; with ``queued`` only if its
         entry is still here (a mover racing a consumer). True if it was dead-lettered."""
-        fields = {"id": job.request_id, "payload": job.payload, "reason": reason,
-                  "stream": self.stream, "deliveries": job.deliveries}  # fmt: skip
+        fields = {
+            "id": job.request_id,
+            "payload": job.payload,
+            "reason": reason,
+            "stream": self.stream,
+            "deliveries": job.deliveries,
+        }
         what = (
             "dead-lettered after too many deliveries" if code is ErrorCode.INTERNAL else "refused"
         )
@@ -103,9 +108,13 @@ class QueueStream(Answers):
         return done
 
     async def _finish(
-        self, job: Job, answer: bytes, dead: dict[str, Any] | None = None,
-        members: dict[str, bytes] | None = None, queued: bool = False,
-    ) -> int:  # fmt: skip
+        self,
+        job: Job,
+        answer: bytes,
+        dead: dict[str, Any] | None = None,
+        members: dict[str, bytes] | None = None,
+        queued: bool = False,
+    ) -> int:
         """One step (``scripts.FINISH_LUA``): check the fence, store the answer unless one
         exists, wake waiters, ack and delete the entry, file it as dead if asked."""
         fence_key, token = self.fence or (self.stream, "")
@@ -120,9 +129,18 @@ class QueueStream(Answers):
             self.keys.waiters(job.request_id),
             *(self.keys.result(m) for m in members),
         ]
-        args = [self.group, job.entry_id, token, self.result_ttl_s, self._notify_ttl_s,
-                "1" if token or queued else "0", len(dead_args), *dead_args, answer,
-                *members.values()]  # fmt: skip
+        args = [
+            self.group,
+            job.entry_id,
+            token,
+            self.result_ttl_s,
+            self._notify_ttl_s,
+            "1" if token or queued else "0",
+            len(dead_args),
+            *dead_args,
+            answer,
+            *members.values(),
+        ]
         return int(await self._scripts.finish(keys=keys, args=args))
 
     async def _entries(self) -> AsyncIterator[list[Entry]]:

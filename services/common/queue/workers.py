@@ -112,8 +112,12 @@ class JobWorker:
             self.close()
             with contextlib.suppress(RedisError, OSError):  # a stopped worker waits no more
                 await self._say_waiting(False)
-            log.log(self.LIFECYCLE_LEVEL, "worker %s stopped after %d jobs", self.consumer,
-                    self.answered)  # fmt: skip
+            log.log(
+                self.LIFECYCLE_LEVEL,
+                "worker %s stopped after %d jobs",
+                self.consumer,
+                self.answered,
+            )
 
     async def _step_or_pause(self) -> None:
         await self._survive(self.step())

@@ -17,10 +17,15 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "RunOutcome": "parent", "SandboxError": "parent", "SandboxProcess": "parent",
-    "describe_exit": "parent", "isolation_report": "parent", "run_program": "parent",
-    "add_secret": "scrub", "scrub": "scrub",
-}  # fmt: skip
+    "RunOutcome": "parent",
+    "SandboxError": "parent",
+    "SandboxProcess": "parent",
+    "describe_exit": "parent",
+    "isolation_report": "parent",
+    "run_program": "parent",
+    "add_secret": "scrub",
+    "scrub": "scrub",
+}
 __all__ = sorted(_HOMES)
 
 

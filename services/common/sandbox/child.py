@@ -85,8 +85,13 @@ def serve(spec: dict[str, Any], isolation: Isolation) -> None:
     except Exception as exc:  # noqa: BLE001 - any load failure is reported to the parent
         replies.write(json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n")
         return
-    ready = {"ready": True, "network_isolated": "net" in isolation.namespaces,
-             "isolation": isolation.as_dict(), "pid": os.getpid(), **about}  # fmt: skip
+    ready = {
+        "ready": True,
+        "network_isolated": "net" in isolation.namespaces,
+        "isolation": isolation.as_dict(),
+        "pid": os.getpid(),
+        **about,
+    }
     replies.write(json.dumps(ready) + "\n")
     own_pids = "pid" in isolation.namespaces
     for line in sys.stdin.buffer:

@@ -15,18 +15,53 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-BLOCKED_EVENTS = frozenset({
-    "os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-    "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill",
-    "socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo",
-    "ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata",
-    "resource.setrlimit", "resource.prlimit", "os.setuid", "os.setgid", "sys.remote_exec",
-})  # fmt: skip
-PATH_EVENTS = frozenset({
-    "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate", "os.utime",
-    "os.symlink", "os.link", "os.rename", "shutil.rmtree", "shutil.move", "shutil.copyfile",
-    "sqlite3.connect",
-})  # fmt: skip
+BLOCKED_EVENTS = frozenset(
+    {
+        "os.fork",
+        "os.forkpty",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "subprocess.Popen",
+        "pty.spawn",
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        "socket.__new__",
+        "socket.connect",
+        "socket.bind",
+        "socket.sendto",
+        "socket.getaddrinfo",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.dlsym/handle",
+        "ctypes.cdata",
+        "resource.setrlimit",
+        "resource.prlimit",
+        "os.setuid",
+        "os.setgid",
+        "sys.remote_exec",
+    }
+)
+PATH_EVENTS = frozenset(
+    {
+        "os.remove",
+        "os.rmdir",
+        "os.mkdir",
+        "os.chmod",
+        "os.chown",
+        "os.truncate",
+        "os.utime",
+        "os.symlink",
+        "os.link",
+        "os.rename",
+        "shutil.rmtree",
+        "shutil.move",
+        "shutil.copyfile",
+        "sqlite3.connect",
+    }
+)
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 

@@ -50,8 +50,14 @@ SIGNAL_MEANING = {
 
 def child_env(home: str) -> dict[str, str]:
     """All a child sees of the environment: nothing of ours (no keys, no Redis URL)."""
-    return {"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
-            "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"}  # fmt: skip
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONIOENCODING": "utf-8",
+    }
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -97,15 +103,25 @@ async def spawn(
 ) -> Child:
     """A confined child in ``workdir``; stdin and stdout are pipes."""
     group = cgroup.create(limits.processes)
-    spec = {**spec, "limits": limits.model_dump(), "parent_pid": os.getpid(),
-            "workdir": workdir, "cgroup": str(group) if group else None}  # fmt: skip
+    spec = {
+        **spec,
+        "limits": limits.model_dump(),
+        "parent_pid": os.getpid(),
+        "workdir": workdir,
+        "cgroup": str(group) if group else None,
+    }
     argv = [sys.executable, "-I", "-m", CHILD_MODULE, mode, json.dumps(spec)]
     try:
         process = await asyncio.create_subprocess_exec(
-            *argv, cwd=workdir, env=child_env(workdir), stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=stderr, start_new_session=True,
+            *argv,
+            cwd=workdir,
+            env=child_env(workdir),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=stderr,
+            start_new_session=True,
             limit=LINE_LIMIT,
-        )  # fmt: skip
+        )
     except BaseException:
         if group is not None:
             await cgroup.remove(group)
@@ -160,8 +176,9 @@ async def _supervise(child: Child, stdin: bytes, limits: SandboxLimits) -> RunOu
     code = process.returncode
     if not reason and code is not None and code < 0:
         reason = describe_exit(code)
-    return RunOutcome(code, scrub(out.decode(errors="replace")),
-                      scrub(err.decode(errors="replace")), reason)  # fmt: skip
+    return RunOutcome(
+        code, scrub(out.decode(errors="replace")), scrub(err.decode(errors="replace")), reason
+    )
 
 
 async def _feed(process: Any, data: bytes) -> None:
@@ -197,8 +214,9 @@ class SandboxProcess:
         self.process = child.process
 
     @classmethod
-    async def start(cls, handler: str, payload: dict[str, Any], limits: SandboxLimits,
-                    label: str) -> SandboxProcess:  # fmt: skip
+    async def start(
+        cls, handler: str, payload: dict[str, Any], limits: SandboxLimits, label: str
+    ) -> SandboxProcess:
         """Start ``handler`` (a module the child imports, see ``child.serve``) on ``payload``
         and wait until it is loaded; ValueError naming ``label`` when it cannot be."""
         workdir = tempfile.TemporaryDirectory(prefix="rlfleet-sandbox-")
@@ -294,11 +312,13 @@ async def _probe() -> dict[str, Any]:
 def describe_isolation(report: dict[str, Any]) -> str:
     """The probe's findings in one line."""
     spaces = report.get("namespaces") or []
-    parts = [f"namespaces: {'+'.join(spaces) or 'none'}",
-             f"pids cgroup: {'yes' if report.get('cgroup') else 'no'}",
-             f"read-only filesystem: {'yes' if report.get('readonly') else 'no'}",
-             f"/proc: {report.get('proc', 'host')}",
-             f"capabilities dropped: {'no' if report.get('capabilities', True) else 'yes'}"]  # fmt: skip
+    parts = [
+        f"namespaces: {'+'.join(spaces) or 'none'}",
+        f"pids cgroup: {'yes' if report.get('cgroup') else 'no'}",
+        f"read-only filesystem: {'yes' if report.get('readonly') else 'no'}",
+        f"/proc: {report.get('proc', 'host')}",
+        f"capabilities dropped: {'no' if report.get('capabilities', True) else 'yes'}",
+    ]
     if "pid" not in spaces:
         parts.append(f"FALLBACK, the audit hook and rlimits carry more: {report.get('fallback')}")
     elif "user" in spaces:

@@ -15,10 +15,17 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "ScoreFn": "base", "Scorer": "base", "error_result": "base", "to_result": "base",
-    "builtin_scorers": "builtin", "DEFAULT_MARK": "registry", "ScorerRegistry": "registry",
-    "build_registry": "registry", "load_user_function": "user", "user_scorer": "user",
-}  # fmt: skip
+    "ScoreFn": "base",
+    "Scorer": "base",
+    "error_result": "base",
+    "to_result": "base",
+    "builtin_scorers": "builtin",
+    "DEFAULT_MARK": "registry",
+    "ScorerRegistry": "registry",
+    "build_registry": "registry",
+    "load_user_function": "user",
+    "user_scorer": "user",
+}
 __all__ = sorted(_HOMES)
 
 

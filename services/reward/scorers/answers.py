@@ -68,8 +68,16 @@ def normalise(answer: str) -> str:
     """A plain form for string comparison: no spaces, ``\\left``/``\\right``, ``\\text{}``
     wrappers, ``$``, degree marks or trailing dot; ``dfrac``/``tfrac`` read as ``frac``."""
     text = re.sub(r"\\text\{([^}]*)\}", r"\1", str(answer))
-    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("dfrac", "frac"),
-                     ("tfrac", "frac"), ("^\\circ", ""), ("^{\\circ}", ""), ("$", "")):  # fmt: skip
+    for old, new in (
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("dfrac", "frac"),
+        ("tfrac", "frac"),
+        ("^\\circ", ""),
+        ("^{\\circ}", ""),
+        ("$", ""),
+    ):
         text = text.replace(old, new)
     text = re.sub(r"\s+", "", text).rstrip(".")
     number = to_number(text)

@@ -53,17 +53,23 @@ class Scorer:
     self_timed: bool = False  # enforces its own time limits in-process (the judge)
 
     def arguments(self, request: ScoreRequest) -> dict[str, Any]:
-        args = {"data_source": request.data_source, "solution_str": request.solution_str,
-                "ground_truth": request.ground_truth, "extra_info": request.extra_info}  # fmt: skip
+        args = {
+            "data_source": request.data_source,
+            "solution_str": request.solution_str,
+            "ground_truth": request.ground_truth,
+            "extra_info": request.extra_info,
+        }
         if self.takes_prompt:
             args["prompt"] = request.prompt
         return {**args, **self.kwargs}
 
     def batch_arguments(self, requests: Sequence[ScoreRequest]) -> dict[str, Any]:
-        args = {"data_sources": [r.data_source for r in requests],
-                "solution_strs": [r.solution_str for r in requests],
-                "ground_truths": [r.ground_truth for r in requests],
-                "extra_infos": [r.extra_info for r in requests]}  # fmt: skip
+        args = {
+            "data_sources": [r.data_source for r in requests],
+            "solution_strs": [r.solution_str for r in requests],
+            "ground_truths": [r.ground_truth for r in requests],
+            "extra_infos": [r.extra_info for r in requests],
+        }
         if self.takes_prompt:
             args["prompts"] = [r.prompt for r in requests]
         return {**args, **self.kwargs}

@@ -58,21 +58,32 @@ def countdown_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
     """1.0 when the answer uses exactly the given numbers and equals the target."""
     numbers, target = countdown.parse_truth(ground_truth)
     found = countdown.check(solution_str, numbers, target)
-    return {"score": float(found.correct), "acc": float(found.correct),
-            "expression": float(found.expression is not None),
-            "uses_numbers": float(found.uses_numbers)}  # fmt: skip
+    return {
+        "score": float(found.correct),
+        "acc": float(found.correct),
+        "expression": float(found.expression is not None),
+        "uses_numbers": float(found.uses_numbers),
+    }
 
 
 def gsm_symbolic_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
     found = gsm_symbolic.check(solution_str, ground_truth)
-    return {"score": float(found.correct), "acc": float(found.correct),
-            "extracted": float(found.answer is not None), "marked": float(found.marked)}  # fmt: skip
+    return {
+        "score": float(found.correct),
+        "acc": float(found.correct),
+        "extracted": float(found.answer is not None),
+        "marked": float(found.marked),
+    }
 
 
 def basic_math_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
     found = basic_math.check(solution_str, ground_truth)
-    return {"score": float(found.correct), "acc": float(found.correct),
-            "extracted": float(found.answer is not None), "marked": float(found.marked)}  # fmt: skip
+    return {
+        "score": float(found.correct),
+        "acc": float(found.correct),
+        "extracted": float(found.answer is not None),
+        "marked": float(found.marked),
+    }
 
 
 def exact_match_score(solution_str: str, ground_truth: Any, **_: Any) -> float:
@@ -112,39 +123,73 @@ def _part_score(part: Scorer, arguments: dict[str, Any]) -> float:
 
 
 def _builtin(name: str, fn: ScoreFn, description: str, **extra: Any) -> Scorer:
-    return Scorer(name=name, kind="builtin", fn=fn, description=description,
-                  blocking=extra.pop("blocking", False), **extra)  # fmt: skip
+    return Scorer(
+        name=name,
+        kind="builtin",
+        fn=fn,
+        description=description,
+        blocking=extra.pop("blocking", False),
+        **extra,
+    )
 
 
 def builtin_scorers(weights: Mapping[str, float]) -> list[Scorer]:
     """Pure Python and fast, so they run inline in a worker; ``math`` (sympy) in a thread."""
     scorers = [
-        _builtin("arith", arith_score, "1.0 if the response starts with the integer ground truth",
-                 data_sources=[arith.DATA_SOURCE]),
-        _builtin("gsm8k", gsm8k_score, "the number after '####' equals the ground truth (strict)",
-                 aliases=GSM8K_SOURCES),
+        _builtin(
+            "arith",
+            arith_score,
+            "1.0 if the response starts with the integer ground truth",
+            data_sources=[arith.DATA_SOURCE],
+        ),
+        _builtin(
+            "gsm8k",
+            gsm8k_score,
+            "the number after '####' equals the ground truth (strict)",
+            aliases=GSM8K_SOURCES,
+        ),
         _builtin("gsm8k_flexible", gsm8k_flexible_score, "the last number equals the ground truth"),
-        _builtin("math", math_score, "the last \\boxed{} answer is equivalent (math-verify)",
-                 aliases=MATH_SOURCES, blocking=True),
-        _builtin("verl_gsm8k", verl_parity.verl_gsm8k_score,
-                 "verl's openai/gsm8k: '#### ' + the exact answer string in the last 300 chars",
-                 aliases=verl_parity.GSM8K_SOURCES),
-        _builtin("verl_math", verl_parity.verl_math_score,
-                 "verl's MATH: the last \\boxed{} answer, string-normalised, equals the truth",
-                 aliases=verl_parity.MATH_SOURCES),
-        _builtin("countdown", countdown_score,
-                 "the expression uses exactly the given numbers and equals the target",
-                 data_sources=[countdown.DATA_SOURCE]),
-        _builtin("gsm_symbolic", gsm_symbolic_score,
-                 "the number after the last '####' (else the last number) equals the answer",
-                 data_sources=[gsm_symbolic.DATA_SOURCE]),
-        _builtin("basic_math", basic_math_score,
-                 "the number after the last 'Answer:' (else the last number) equals the answer",
-                 data_sources=list(basic_math.DATA_SOURCES)),
+        _builtin(
+            "math",
+            math_score,
+            "the last \\boxed{} answer is equivalent (math-verify)",
+            aliases=MATH_SOURCES,
+            blocking=True,
+        ),
+        _builtin(
+            "verl_gsm8k",
+            verl_parity.verl_gsm8k_score,
+            "verl's openai/gsm8k: '#### ' + the exact answer string in the last 300 chars",
+            aliases=verl_parity.GSM8K_SOURCES,
+        ),
+        _builtin(
+            "verl_math",
+            verl_parity.verl_math_score,
+            "verl's MATH: the last \\boxed{} answer, string-normalised, equals the truth",
+            aliases=verl_parity.MATH_SOURCES,
+        ),
+        _builtin(
+            "countdown",
+            countdown_score,
+            "the expression uses exactly the given numbers and equals the target",
+            data_sources=[countdown.DATA_SOURCE],
+        ),
+        _builtin(
+            "gsm_symbolic",
+            gsm_symbolic_score,
+            "the number after the last '####' (else the last number) equals the answer",
+            data_sources=[gsm_symbolic.DATA_SOURCE],
+        ),
+        _builtin(
+            "basic_math",
+            basic_math_score,
+            "the number after the last 'Answer:' (else the last number) equals the answer",
+            data_sources=list(basic_math.DATA_SOURCES),
+        ),
         _builtin("exact_match", exact_match_score, "the trimmed response equals the ground truth"),
         _builtin("regex", regex_score, "the ground truth (a regex) is found in the response"),
         _builtin("format", format_score, "the response has <think>..</think><answer>..</answer>"),
-    ]  # fmt: skip
+    ]
     return [*scorers, composite_scorer(weights, {s.name: s for s in scorers})]
 
 

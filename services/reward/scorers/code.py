@@ -122,7 +122,11 @@ class CodeRunner:
 def code_scorer(limits: SandboxLimits, mode: str = "fraction") -> Scorer:
     runner = CodeRunner(limits, mode)
     return Scorer(
-        name="code", kind="builtin", fn=runner.score, is_async=True, sandboxed=True,
+        name="code",
+        kind="builtin",
+        fn=runner.score,
+        is_async=True,
+        sandboxed=True,
         data_sources=[humaneval.DATA_SOURCE, "humaneval"],
         description="fraction of the ground truth's tests the solution passes (sandboxed)",
-    )  # fmt: skip
+    )

@@ -37,8 +37,12 @@ class ScorerRegistry:
         self._by_name[scorer.name] = scorer
         for source in scorer.data_sources:
             if source in self._by_source:
-                log.info("data_source %r: %s replaces %s", source, scorer.name,
-                         self._by_source[source].name)  # fmt: skip
+                log.info(
+                    "data_source %r: %s replaces %s",
+                    source,
+                    scorer.name,
+                    self._by_source[source].name,
+                )
             self._by_source[source] = scorer
         self._by_alias.update(dict.fromkeys(scorer.aliases, scorer))
         if default:

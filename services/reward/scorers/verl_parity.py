@@ -118,8 +118,16 @@ def verl_math_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
 # --- strip_string: verl's (lm-evaluation-harness') normalisation, step by step -------------
 
 _DROPPED = ["\n", "\\!"]
-_RENAMED = [("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"), ("\\left", ""),
-            ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", "")]  # fmt: skip
+_RENAMED = [
+    ("\\\\", "\\"),
+    ("tfrac", "frac"),
+    ("dfrac", "frac"),
+    ("\\left", ""),
+    ("\\right", ""),
+    ("^{\\circ}", ""),
+    ("^\\circ", ""),
+    ("\\$", ""),
+]
 
 
 def normalise(text: str) -> str:

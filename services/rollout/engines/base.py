@@ -69,8 +69,10 @@ class Engine(abc.ABC):
             raise InvalidArgument(f"prompt token id {max(prompt)} >= vocab size {self.vocab_size}")
         limit = self.config.rollout.max_model_len
         if len(prompt) + max_tokens > limit:
-            raise InvalidArgument(f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) "
-                                  f"> rollout.max_model_len {limit}")  # fmt: skip
+            raise InvalidArgument(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) "
+                f"> rollout.max_model_len {limit}"
+            )
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -164,8 +166,9 @@ def check_state_dict(
     unknown = sorted(names - set(expected) - optional)
     missing = sorted(set(expected) - names)
     if unknown or missing:
-        raise InvalidArgument(f"weight names do not match the model: unknown={unknown[:5]} "
-                              f"missing={missing[:5]}")  # fmt: skip
+        raise InvalidArgument(
+            f"weight names do not match the model: unknown={unknown[:5]} missing={missing[:5]}"
+        )
     for name, tensor in state_dict.items():
         want = expected.get(name)
         if want is not None and tuple(tensor.shape) != tuple(want):

@@ -174,16 +174,22 @@ class HFEngine(Engine):
             cache = shared_prompt_cache(self._model, ids, mask)  # before the hook: not a step
             with picked.hooked(self._model):
                 sequences = self._model.generate(
-                    input_ids=ids, attention_mask=mask,
+                    input_ids=ids,
+                    attention_mask=mask,
                     max_new_tokens=max(r.sampling.max_tokens for r in group),
                     past_key_values=cache,
-                    pad_token_id=self._pad_id, eos_token_id=sorted(self._eos_ids),
+                    pad_token_id=self._pad_id,
+                    eos_token_id=sorted(self._eos_ids),
                     return_dict_in_generate=False,  # the ids only: nothing kept per step
-                    stopping_criteria=StoppingCriteriaList([
-                        AbortRows(owners, ids.shape[1]), picked,
-                        *step_delays(self.config.rollout.debug_step_delay_s)]),  # delay last
+                    stopping_criteria=StoppingCriteriaList(
+                        [
+                            AbortRows(owners, ids.shape[1]),
+                            picked,
+                            *step_delays(self.config.rollout.debug_step_delay_s),
+                        ]
+                    ),  # delay last
                     **sampling_kwargs(sampling),
-                )  # fmt: skip
+                )
         rows = iter(row_results(sequences, ids.shape[1], picked))
         return [[self._completion(r, *next(rows)) for _ in range(r.sampling.n)] for r in group]
 
@@ -192,9 +198,10 @@ class HFEngine(Engine):
     ) -> Completion:
         tokens, reason = cut_row(row, self._eos_ids, request.abort_step, request.sampling)
         tokens, hit_stop = tokens_until_stop(
-            tokens, lambda t: self.tokenizer.decode(t, skip_special_tokens=True),
+            tokens,
+            lambda t: self.tokenizer.decode(t, skip_special_tokens=True),
             request.sampling.stop,
-        )  # fmt: skip
+        )
         text, _ = self.decode(tokens, request.sampling.stop)
         logprobs = row_logprobs[: len(tokens)] if request.sampling.logprobs else []
         return Completion(tokens, logprobs, text, "stop" if hit_stop else reason)

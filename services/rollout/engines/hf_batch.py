@@ -174,8 +174,12 @@ def left_pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 def sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
     if sampling.temperature == 0:
         return {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-    return {"do_sample": True, "temperature": sampling.temperature,
-            "top_p": sampling.top_p, "top_k": max(sampling.top_k, 0)}  # fmt: skip
+    return {
+        "do_sample": True,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": max(sampling.top_k, 0),
+    }
 
 
 @contextlib.contextmanager

@@ -159,12 +159,16 @@ class VllmEngine(Engine):
         rollout = self.config.rollout
         extra = {"gpu_memory_utilization": rollout.gpu_memory_utilization}
         args = AsyncEngineArgs(
-            model=model_dir, dtype=self.dtype,
-            max_model_len=rollout.max_model_len, enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs", disable_log_stats=True,
+            model=model_dir,
+            dtype=self.dtype,
+            max_model_len=rollout.max_model_len,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
             enforce_eager=rollout.enforce_eager,
-            **(extra if torch.cuda.is_available() else {}), **lora_engine_args(self.config),
-        )  # fmt: skip
+            **(extra if torch.cuda.is_available() else {}),
+            **lora_engine_args(self.config),
+        )
         return AsyncLLM.from_engine_args(args)
 
     async def generate(
@@ -214,12 +218,16 @@ class VllmEngine(Engine):
 
         try:
             return VllmSamplingParams(
-                n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=max(sampling.top_k, 0), max_tokens=sampling.max_tokens,
-                stop=list(sampling.stop) or None, seed=sampling.seed,
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=max(sampling.top_k, 0),
+                max_tokens=sampling.max_tokens,
+                stop=list(sampling.stop) or None,
+                seed=sampling.seed,
                 logprobs=0 if sampling.logprobs else None,
                 output_kind=RequestOutputKind.FINAL_ONLY,
-            )  # fmt: skip
+            )
         except ValueError as exc:
             raise InvalidArgument(f"sampling parameters rejected by vLLM: {exc}") from exc
 
@@ -286,8 +294,11 @@ class VllmEngine(Engine):
         import torch
 
         dtype = getattr(torch, self.dtype)
-        tensors = {name: tensor.to(dtype).contiguous() for name, tensor in state_dict.items()
-                   if name not in self._optional}  # fmt: skip
+        tensors = {
+            name: tensor.to(dtype).contiguous()
+            for name, tensor in state_dict.items()
+            if name not in self._optional
+        }
         safetensors.torch.save_file(tensors, str(path))
 
     def prefix_cache_tokens(self) -> tuple[int, int]:

@@ -53,9 +53,11 @@ class Fleet(Protocol):
 
 
 def create_app(
-    fleet: Fleet, policy: Policy, api_key: str | None = None,
+    fleet: Fleet,
+    policy: Policy,
+    api_key: str | None = None,
     sessions: SessionStore | None = None,
-) -> FastAPI:  # fmt: skip
+) -> FastAPI:
     """The FastAPI app over ``fleet``; ``api_key`` None leaves it open (loopback use);
     ``sessions`` None serves no ``/rl/*`` routes and records nothing."""
     app = guarded_app("rlfleet router", api_key)  # its schema and docs need the key too
@@ -77,8 +79,9 @@ def create_app(
         results = await _generate(fleet, oai.requests_for(prompts, sampling, body, session))
         chosen = gw.choices_of(results, None, tools_on=False)
         await _after(recorder, session, param, chosen, time.perf_counter() - started)
-        choices = oai.completion_choices(results, policy.tokenizer, body.logprobs is not None,
-                                         gw.wants_token_ids(body))  # fmt: skip
+        choices = oai.completion_choices(
+            results, policy.tokenizer, body.logprobs is not None, gw.wants_token_ids(body)
+        )
         return _answer("text_completion", policy, choices, results, body)
 
     @app.post("/v1/chat/completions", dependencies=auth)
@@ -90,8 +93,9 @@ def create_app(
         token_ids = gw.wants_token_ids(body)
         messages = oai.chat_messages(body, policy.limits)  # bounded before templating
         prompt = await asyncio.to_thread(_chat_prompt, policy, messages, tools)  # off the loop
-        sampling = oai.chat_sampling(body, len(prompt), policy.max_model_len,
-                                     need_logprobs=token_ids or param is not None)  # fmt: skip
+        sampling = oai.chat_sampling(
+            body, len(prompt), policy.max_model_len, need_logprobs=token_ids or param is not None
+        )
         started = time.perf_counter()
         results = await _generate(fleet, oai.requests_for([prompt], sampling, body, session))
         chosen = gw.choices_of(results, policy.tokenizer, tools is not None)
@@ -112,16 +116,22 @@ async def _generate(fleet: Fleet, requests: list[GenerateRequest]) -> list[Gener
     return await fleet.generate_batch(requests)
 
 
-async def _before(recorder: Recorder | None, session: str, header: str | None,
-                  samples: int) -> str | None:  # fmt: skip
+async def _before(
+    recorder: Recorder | None, session: str, header: str | None, samples: int
+) -> str | None:
     """The field naming a recorded session (None: the call is not recorded)."""
     if recorder is None:
         return None
     return await recorder.before(session, header is not None, samples)
 
 
-async def _after(recorder: Recorder | None, session: str, param: str | None,
-                 chosen: list[gw.Choice], generate_s: float) -> None:  # fmt: skip
+async def _after(
+    recorder: Recorder | None,
+    session: str,
+    param: str | None,
+    chosen: list[gw.Choice],
+    generate_s: float,
+) -> None:
     if recorder is not None:
         records = [choice.record() for choice in chosen]
         for record in records:
@@ -130,9 +140,13 @@ async def _after(recorder: Recorder | None, session: str, param: str | None,
 
 
 def _answer(
-    kind: str, policy: Policy, choices: list, results: list[GenerateResult], body: oai.Body,
+    kind: str,
+    policy: Policy,
+    choices: list,
+    results: list[GenerateResult],
+    body: oai.Body,
     extra: dict[str, Any] | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     """The response body, or its server-sent-event stream when ``stream`` asked for one."""
     head = oai.envelope(kind, policy.name, results)
     response = {**head, **(extra or {}), "choices": choices, "usage": oai.usage(results)}
@@ -156,19 +170,30 @@ def _chat_prompt(
     if there is none)."""
     tokenizer = policy.tokenizer
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise oai.BadField("messages", f"the policy's tokenizer ({policy.path}) has no chat "
-                           "template; use /v1/completions with a prompt string instead")  # fmt: skip
+        raise oai.BadField(
+            "messages",
+            f"the policy's tokenizer ({policy.path}) has no chat "
+            "template; use /v1/completions with a prompt string instead",
+        )
     return gw.chat_prompt_ids(tokenizer, messages, tools)
 
 
 async def _model_card(fleet: Fleet, policy: Policy) -> dict[str, Any]:
     """The policy and the newest weight version a serving replica holds (-1: none serves)."""
-    return {"id": policy.name, "object": "model", "created": 0, "owned_by": "rlfleet",
-            "root": policy.path, "weight_version": await fleet.serving_version(),
-            "max_model_len": policy.max_model_len}  # fmt: skip
+    return {
+        "id": policy.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "rlfleet",
+        "root": policy.path,
+        "weight_version": await fleet.serving_version(),
+        "max_model_len": policy.max_model_len,
+    }
 
 
 def _check_model(model: str | None, policy: Policy) -> None:
     if model and model not in (policy.name, policy.path):
-        raise errors.NotFound(f"model {model!r} is not served here; this router serves "
-                              f"{policy.name!r} (GET /v1/models)")  # fmt: skip
+        raise errors.NotFound(
+            f"model {model!r} is not served here; this router serves "
+            f"{policy.name!r} (GET /v1/models)"
+        )

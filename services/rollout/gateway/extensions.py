@@ -47,9 +47,14 @@ class Choice:
 
     def record(self) -> CallRecord:
         """The session record of this choice (``trajectory.CallRecord``)."""
-        return CallRecord.of(self.result, self.completion, finish_reason=self.finish_reason,
-                             tool_calls=self.tool_calls, tool_errors=self.tool_errors,
-                             message=self.message)  # fmt: skip
+        return CallRecord.of(
+            self.result,
+            self.completion,
+            finish_reason=self.finish_reason,
+            tool_calls=self.tool_calls,
+            tool_errors=self.tool_errors,
+            message=self.message,
+        )
 
 
 def wants_token_ids(body: Body) -> bool:
@@ -66,8 +71,10 @@ def tools_of(body: ChatBody) -> list[dict[str, Any]] | None:
     for i, tool in enumerate(body.tools):
         function = tool.get("function") if tool.get("type", "function") == "function" else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise BadField(f"tools[{i}]", "must be {\"type\": \"function\", \"function\": "
-                           "{\"name\": ..., \"parameters\": {...}}}")  # fmt: skip
+            raise BadField(
+                f"tools[{i}]",
+                'must be {"type": "function", "function": {"name": ..., "parameters": {...}}}',
+            )
     return list(body.tools)
 
 
@@ -82,8 +89,12 @@ def _choice(
     result: GenerateResult, completion: Completion, tokenizer: Tokenizer | None, tools_on: bool
 ) -> Choice:
     if not tools_on or tokenizer is None:
-        return Choice(result, completion, {"role": "assistant", "content": completion.text},
-                      completion.finish_reason)  # fmt: skip
+        return Choice(
+            result,
+            completion,
+            {"role": "assistant", "content": completion.text},
+            completion.finish_reason,
+        )
     turn = parse_tool_calls(_raw_text(completion.token_ids, tokenizer))
     if not turn.attempted:
         return _choice(result, completion, tokenizer, tools_on=False)
@@ -115,9 +126,11 @@ def _tool_message(turn: ParsedTurn) -> dict[str, Any]:
 
 def _whole_text(turn: ParsedTurn) -> str:
     """The text as written when no call parsed: content, then each broken call in its tags."""
-    blocks = "".join(f"<tool_call>{error.raw}" + ("" if error.reason.startswith("no closing")
-                                                  else "</tool_call>")
-                     for error in turn.errors)  # fmt: skip
+    blocks = "".join(
+        f"<tool_call>{error.raw}"
+        + ("" if error.reason.startswith("no closing") else "</tool_call>")
+        for error in turn.errors
+    )
     return turn.content + blocks
 
 
@@ -125,23 +138,34 @@ def chat_choice_bodies(
     choices: Sequence[Choice], tokenizer: Tokenizer | None, logprobs: bool, token_ids: bool
 ) -> list[dict[str, Any]]:
     """The ``choices`` of a chat response."""
-    return [{"index": i, "message": choice.message, "finish_reason": choice.finish_reason,
-             "logprobs": chat_logprobs(choice.completion, tokenizer)
-             if logprobs or token_ids else None,
-             **(_token_fields(choice) if token_ids else {})}
-            for i, choice in enumerate(choices)]  # fmt: skip
+    return [
+        {
+            "index": i,
+            "message": choice.message,
+            "finish_reason": choice.finish_reason,
+            "logprobs": chat_logprobs(choice.completion, tokenizer)
+            if logprobs or token_ids
+            else None,
+            **(_token_fields(choice) if token_ids else {}),
+        }
+        for i, choice in enumerate(choices)
+    ]
 
 
 def _token_fields(choice: Choice) -> dict[str, Any]:
-    return {"token_ids": list(choice.completion.token_ids),
-            "weight_version": choice.result.weight_version,
-            "token_weight_versions": choice.completion.versions(choice.result.weight_version)}  # fmt: skip
+    return {
+        "token_ids": list(choice.completion.token_ids),
+        "weight_version": choice.result.weight_version,
+        "token_weight_versions": choice.completion.versions(choice.result.weight_version),
+    }
 
 
 def response_token_fields(results: Sequence[GenerateResult]) -> dict[str, Any]:
     """``prompt_token_ids`` (the chat prompt, one per call) and the call's weight version."""
-    return {"prompt_token_ids": list(results[0].prompt_token_ids) if results else [],
-            "weight_version": max((r.weight_version for r in results), default=-1)}  # fmt: skip
+    return {
+        "prompt_token_ids": list(results[0].prompt_token_ids) if results else [],
+        "weight_version": max((r.weight_version for r in results), default=-1),
+    }
 
 
 def chat_prompt_ids(
@@ -149,7 +173,8 @@ def chat_prompt_ids(
 ) -> list[int]:
     """The messages (and tools) through the chat template, as the generation prompt's ids; the
     tokenizer adds its special tokens unless the template already starts with BOS."""
-    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                         add_generation_prompt=True)  # fmt: skip
+    text = tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
+    )
     bos = getattr(tokenizer, "bos_token", None)
     return list(tokenizer(text, add_special_tokens=not (bos and text.startswith(bos))).input_ids)

@@ -118,8 +118,11 @@ def _sampling(body: Body, max_tokens: int, logprobs: bool) -> SamplingParams:
         n=1 if body.n is None else body.n,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
-        max_tokens=max_tokens, stop=stop, seed=body.seed, logprobs=int(logprobs),
-    )  # fmt: skip
+        max_tokens=max_tokens,
+        stop=stop,
+        seed=body.seed,
+        logprobs=int(logprobs),
+    )
 
 
 def requests_for(
@@ -128,11 +131,15 @@ def requests_for(
     """One validated GenerateRequest per prompt; field names as the OpenAI body has them."""
     base = f"oai-{uuid.uuid4().hex}"
     requests = [
-        GenerateRequest(f"{base}-{i}", sampling, session_id=session,
-                        min_weight_version=body.min_weight_version,
-                        **({"prompt_text": p} if isinstance(p, str) else {"prompt_token_ids": p}))
+        GenerateRequest(
+            f"{base}-{i}",
+            sampling,
+            session_id=session,
+            min_weight_version=body.min_weight_version,
+            **({"prompt_text": p} if isinstance(p, str) else {"prompt_token_ids": p}),
+        )
         for i, p in enumerate(prompts)
-    ]  # fmt: skip
+    ]
     for request in requests:
         request.validate()
     return requests
@@ -145,31 +152,53 @@ def session_of(body: Body, header: str | None) -> str:
 def usage(results: Sequence[GenerateResult]) -> dict[str, int]:
     prompt = sum(len(r.prompt_token_ids) for r in results)
     completion = sum(len(c.token_ids) for r in results for c in r.completions)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def completion_choices(
-    results: Sequence[GenerateResult], tokenizer: Tokenizer | None, logprobs: bool,
+    results: Sequence[GenerateResult],
+    tokenizer: Tokenizer | None,
+    logprobs: bool,
     token_ids: bool = False,
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """Choices in OpenAI order: prompt by prompt, each prompt's ``n`` samples in turn; with
     ``token_ids`` (``return_token_ids``) each carries its prompt's and its own ids (vLLM)."""
     flat = [(r, c) for r in results for c in r.completions]
-    return [{"index": i, "text": c.text, "finish_reason": c.finish_reason,
-             "logprobs": _text_logprobs(c, tokenizer) if logprobs else None,
-             **({"prompt_token_ids": list(r.prompt_token_ids), "token_ids": list(c.token_ids),
-                 "weight_version": r.weight_version,
-                 "token_weight_versions": c.versions(r.weight_version)} if token_ids else {})}
-            for i, (r, c) in enumerate(flat)]  # fmt: skip
+    return [
+        {
+            "index": i,
+            "text": c.text,
+            "finish_reason": c.finish_reason,
+            "logprobs": _text_logprobs(c, tokenizer) if logprobs else None,
+            **(
+                {
+                    "prompt_token_ids": list(r.prompt_token_ids),
+                    "token_ids": list(c.token_ids),
+                    "weight_version": r.weight_version,
+                    "token_weight_versions": c.versions(r.weight_version),
+                }
+                if token_ids
+                else {}
+            ),
+        }
+        for i, (r, c) in enumerate(flat)
+    ]
 
 
 def envelope(kind: str, model: str, results: Sequence[GenerateResult]) -> dict[str, Any]:
     """The fields around ``choices``; ``system_fingerprint`` names the weight version."""
     versions = sorted({r.weight_version for r in results})
-    return {"id": f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}",
-            "object": kind, "created": int(time.time()), "model": model,
-            "system_fingerprint": "weights-v" + ",".join(map(str, versions))}  # fmt: skip
+    return {
+        "id": f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": "weights-v" + ",".join(map(str, versions)),
+    }
 
 
 def stream_chunks(
@@ -179,8 +208,10 @@ def stream_chunks(
     the usage chunk when ``stream_options.include_usage`` asked for it."""
     kind = "chat.completion.chunk" if chat else "text_completion"
     head = {k: v for k, v in response.items() if k not in ("choices", "usage", "object")}
-    chunks = [{**head, "object": kind, "choices": [_delta(choice) if chat else choice]}
-              for choice in response["choices"]]  # fmt: skip
+    chunks = [
+        {**head, "object": kind, "choices": [_delta(choice) if chat else choice]}
+        for choice in response["choices"]
+    ]
     if include_usage:
         chunks.append({**head, "object": kind, "choices": [], "usage": response["usage"]})
     return chunks
@@ -191,8 +222,9 @@ def _delta(choice: dict[str, Any]) -> dict[str, Any]:
     delta = {k: v for k, v in choice.items() if k != "message"}
     message = dict(choice["message"])
     if message.get("tool_calls"):
-        message["tool_calls"] = [{"index": i, **call}
-                                 for i, call in enumerate(message["tool_calls"])]  # fmt: skip
+        message["tool_calls"] = [
+            {"index": i, **call} for i, call in enumerate(message["tool_calls"])
+        ]
     return {**delta, "delta": message}
 
 
@@ -208,14 +240,22 @@ def _text_logprobs(completion: Completion, tokenizer: Tokenizer | None) -> dict[
     for token in tokens:
         offsets.append(at)
         at += len(token)
-    return {"tokens": tokens, "token_logprobs": list(completion.logprobs),
-            "top_logprobs": None, "text_offset": offsets}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "token_logprobs": list(completion.logprobs),
+        "top_logprobs": None,
+        "text_offset": offsets,
+    }
 
 
 def chat_logprobs(completion: Completion, tokenizer: Tokenizer | None) -> dict[str, Any]:
     pairs = zip(_token_texts(completion, tokenizer), completion.logprobs, strict=False)
-    return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()),
-                         "top_logprobs": []} for t, lp in pairs]}  # fmt: skip
+    return {
+        "content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in pairs
+        ]
+    }
 
 
 def chat_messages(body: ChatBody, limits: PromptLimits | None = None) -> list[dict[str, Any]]:

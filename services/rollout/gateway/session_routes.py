@@ -68,9 +68,12 @@ class Recorder:
             return None
         param = "X-Session-ID" if from_header else "user"
         if samples != 1:
-            raise BadSessionField(f"n must be 1 in a recorded session, with one prompt (the "
-                                  f"call asks for {samples} answers): a session is one "
-                                  "conversation", "n")  # fmt: skip
+            raise BadSessionField(
+                f"n must be 1 in a recorded session, with one prompt (the "
+                f"call asks for {samples} answers): a session is one "
+                "conversation",
+                "n",
+            )
         await self.store.check_open(session, param)
         return param
 
@@ -99,8 +102,12 @@ def add_session_routes(app: FastAPI, store: SessionStore, auth: list[Any]) -> No
         reward = None if body.reward is None else check_reward(body.reward)
         episode = await store.end(check_session_id(body.session_id), reward, body.multi_call)
         if not episode["token_native"]:
-            log.debug("session %s: %d calls in %d branches (a prompt did not extend the one "
-                      "before)", body.session_id, episode["num_calls"], episode["num_branches"])  # fmt: skip
+            log.debug(
+                "session %s: %d calls in %d branches (a prompt did not extend the one before)",
+                body.session_id,
+                episode["num_calls"],
+                episode["num_branches"],
+            )
         return episode
 
     @app.get("/rl/stats", dependencies=auth)

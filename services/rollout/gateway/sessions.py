@@ -150,8 +150,11 @@ def is_session_id(value: str | None) -> bool:
 
 def check_session_id(value: object, param: str = "session_id") -> str:
     if not isinstance(value, str) or not SESSION_ID.match(value):
-        raise BadSessionField(f"{param} must be a session id from /rl/start_session "
-                              f"(rls-<32 hex>), got {value!r:.80}", param)  # fmt: skip
+        raise BadSessionField(
+            f"{param} must be a session id from /rl/start_session "
+            f"(rls-<32 hex>), got {value!r:.80}",
+            param,
+        )
     return value
 
 
@@ -161,9 +164,16 @@ class SessionStore:
     def __init__(self, redis: Redis, keys: Keys, ttl_s: float, max_calls: int = MAX_CALLS):
         self._redis, self._prefix = redis, keys.prefix
         self.ttl_ms, self.max_calls = max(1, int(ttl_s * 1000)), max_calls
-        self._scripts = {name: redis.register_script(source) for name, source in (
-            ("start", _START), ("record", _RECORD), ("reward", _REWARD), ("end", _END),
-            ("sweep", _SWEEP))}  # fmt: skip
+        self._scripts = {
+            name: redis.register_script(source)
+            for name, source in (
+                ("start", _START),
+                ("record", _RECORD),
+                ("reward", _REWARD),
+                ("end", _END),
+                ("sweep", _SWEEP),
+            )
+        }
 
     @classmethod
     def for_config(cls, redis: Redis, config: RlfleetConfig) -> SessionStore:
@@ -171,8 +181,12 @@ class SessionStore:
         return cls(redis, Keys(config.cluster), config.agent.gateway_session_ttl_s)
 
     def _keys(self, session_id: str) -> list[str]:
-        return [f"{self._prefix}:session:{session_id}", f"{self._prefix}:session_calls:{session_id}",
-                self._index, self._stats]  # fmt: skip
+        return [
+            f"{self._prefix}:session:{session_id}",
+            f"{self._prefix}:session_calls:{session_id}",
+            self._index,
+            self._stats,
+        ]
 
     @property
     def _index(self) -> str:
@@ -188,8 +202,9 @@ class SessionStore:
         while True:
             session_id = SESSION_PREFIX + uuid.uuid4().hex
             keys = self._keys(session_id)
-            if await self._scripts["start"](keys=[keys[0], keys[2], keys[3]],
-                                            args=[self.ttl_ms, session_id]):  # fmt: skip
+            if await self._scripts["start"](
+                keys=[keys[0], keys[2], keys[3]], args=[self.ttl_ms, session_id]
+            ):
                 return session_id
 
     async def check_open(self, session_id: str, param: str) -> None:
@@ -200,27 +215,34 @@ class SessionStore:
     async def record(self, session_id: str, calls: list[CallRecord], param: str) -> int:
         """Append the calls; the session's call count after them."""
         payloads = [json.dumps(call.to_dict(), separators=(",", ":")) for call in calls]
-        code = await self._scripts["record"](keys=self._keys(session_id),
-                                             args=[self.ttl_ms, session_id, self.max_calls,
-                                                   *payloads])  # fmt: skip
+        code = await self._scripts["record"](
+            keys=self._keys(session_id), args=[self.ttl_ms, session_id, self.max_calls, *payloads]
+        )
         self._refuse(session_id, param, code)
         return int(code)
 
     async def set_reward(self, session_id: str, reward: float) -> None:
         check_session_id(session_id)
-        code = await self._scripts["reward"](keys=self._keys(session_id)[:3],
-                                             args=[self.ttl_ms, session_id, repr(reward)])  # fmt: skip
+        code = await self._scripts["reward"](
+            keys=self._keys(session_id)[:3], args=[self.ttl_ms, session_id, repr(reward)]
+        )
         self._refuse(session_id, "session_id", code)
 
-    async def end(self, session_id: str, reward: float | None = None,
-                  mode: MultiCall = "merge_prefixes") -> dict:  # fmt: skip
+    async def end(
+        self, session_id: str, reward: float | None = None, mode: MultiCall = "merge_prefixes"
+    ) -> dict:
         """The session's episode (``trajectory.session_episode``, its calls as ``mode``
         branches); the session is ended. Asked again soon after, the same episode."""
         check_session_id(session_id)
-        answer = await self._scripts["end"](keys=self._keys(session_id),
-                                            args=[self.ttl_ms, session_id,
-                                                  "" if reward is None else repr(reward),
-                                                  int(ENDED_ANSWER_S * 1000)])  # fmt: skip
+        answer = await self._scripts["end"](
+            keys=self._keys(session_id),
+            args=[
+                self.ttl_ms,
+                session_id,
+                "" if reward is None else repr(reward),
+                int(ENDED_ANSWER_S * 1000),
+            ],
+        )
         self._refuse(session_id, "session_id", int(answer[0]))
         calls = [CallRecord.from_dict(json.loads(raw)) for raw in answer[2:]]
         if int(answer[0]) == 1 and not is_token_native(calls):
@@ -230,10 +252,12 @@ class SessionStore:
 
     async def sweep(self) -> int:
         """Drop the sessions past their deadline that never ended, counting them ``expired``."""
-        return int(await self._scripts["sweep"](
-            keys=[self._index, self._stats],
-            args=[f"{self._prefix}:session:", f"{self._prefix}:session_calls:", SWEEP_LIMIT],
-        ))  # fmt: skip
+        return int(
+            await self._scripts["sweep"](
+                keys=[self._index, self._stats],
+                args=[f"{self._prefix}:session:", f"{self._prefix}:session_calls:", SWEEP_LIMIT],
+            )
+        )
 
     async def stats(self) -> dict[str, int]:
         """The counters, and how many sessions are open now."""
@@ -241,18 +265,26 @@ class SessionStore:
         raw = await self._redis.hgetall(self._stats)
         counts = {_text(k): int(v) for k, v in raw.items()}
         names = ("started", "ended", "expired", "segmented", "calls")
-        return {**{name: counts.get(name, 0) for name in names},
-                "open": int(await self._redis.zcard(self._index))}  # fmt: skip
+        return {
+            **{name: counts.get(name, 0) for name in names},
+            "open": int(await self._redis.zcard(self._index)),
+        }
 
     def _refuse(self, session_id: str, param: str, code: int) -> None:
         if code == -1:
-            raise UnknownSession(f"{param} {session_id!r} is not an open session of this "
-                                 "gateway (never started here, or expired)", param)  # fmt: skip
+            raise UnknownSession(
+                f"{param} {session_id!r} is not an open session of this "
+                "gateway (never started here, or expired)",
+                param,
+            )
         if code == -2:
             raise EndedSession(f"{param} {session_id!r} has ended", param)
         if code == -3:
-            raise EndedSession(f"{param} {session_id!r} holds {self.max_calls} calls, the most "
-                               "one session records", param)  # fmt: skip
+            raise EndedSession(
+                f"{param} {session_id!r} holds {self.max_calls} calls, the most "
+                "one session records",
+                param,
+            )
 
 
 def check_reward(value: object, param: str = "reward") -> float:

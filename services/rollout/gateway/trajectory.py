@@ -48,9 +48,13 @@ class CallRecord:
         """The record of one choice (``parsed``: the gateway's finish reason, tool-call counts
         and message)."""
         parsed.setdefault("finish_reason", completion.finish_reason)
-        return cls(list(result.prompt_token_ids), list(completion.token_ids),
-                   [float(x) for x in completion.logprobs],
-                   completion.versions(result.weight_version), **parsed)  # fmt: skip
+        return cls(
+            list(result.prompt_token_ids),
+            list(completion.token_ids),
+            [float(x) for x in completion.logprobs],
+            completion.versions(result.weight_version),
+            **parsed,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,8 +73,9 @@ def branches_of(
         if mode == "merge_prefixes" and branches and branches[-1].extended_by(call.prompt_ids):
             branches[-1].add_call(call.prompt_ids, call.token_ids, call.logprobs, call.versions)
         else:
-            branches.append(Trajectory.of_call(call.prompt_ids, call.token_ids, call.logprobs,
-                                               call.versions))  # fmt: skip
+            branches.append(
+                Trajectory.of_call(call.prompt_ids, call.token_ids, call.logprobs, call.versions)
+            )
     return branches
 
 
@@ -79,15 +84,24 @@ def is_token_native(calls: Sequence[CallRecord]) -> bool:
     return len(branches_of(calls)) <= 1
 
 
-def session_episode(session_id: str, calls: Sequence[CallRecord], reward: float | None,
-                    mode: MultiCall = "merge_prefixes") -> dict[str, Any]:  # fmt: skip
+def session_episode(
+    session_id: str,
+    calls: Sequence[CallRecord],
+    reward: float | None,
+    mode: MultiCall = "merge_prefixes",
+) -> dict[str, Any]:
     """``/rl/end_session``'s answer: the session's calls summed up and its branches."""
     branches = branches_of(calls, mode)
-    return {"session_id": session_id, "reward": reward, "num_calls": len(calls),
-            "multi_call": mode, "token_native": is_token_native(calls),
-            "num_branches": len(branches),
-            "tool_calls": sum(call.tool_calls for call in calls),
-            "tool_errors": sum(call.tool_errors for call in calls),
-            "generate_s": sum(call.generate_s for call in calls),
-            "messages": [call.message for call in calls if call.message],
-            "branches": [branch.to_dict() for branch in branches]}  # fmt: skip
+    return {
+        "session_id": session_id,
+        "reward": reward,
+        "num_calls": len(calls),
+        "multi_call": mode,
+        "token_native": is_token_native(calls),
+        "num_branches": len(branches),
+        "tool_calls": sum(call.tool_calls for call in calls),
+        "tool_errors": sum(call.tool_errors for call in calls),
+        "generate_s": sum(call.generate_s for call in calls),
+        "messages": [call.message for call in calls if call.message],
+        "branches": [branch.to_dict() for branch in branches],
+    }

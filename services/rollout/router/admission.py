@@ -42,6 +42,8 @@ def admit(
 
 def _full_message(queued: dict[str, int], limit: int, count: int) -> str:
     asked = f"{count} requests" if count > 1 else "a request"
-    return (f"every replica's queue is full: no room for {asked} ({len(queued)} replicas hold "
-            f"{sum(queued.values())} requests, router.max_queue_per_replica={limit}); "
-            "retry later")  # fmt: skip
+    return (
+        f"every replica's queue is full: no room for {asked} ({len(queued)} replicas hold "
+        f"{sum(queued.values())} requests, router.max_queue_per_replica={limit}); "
+        "retry later"
+    )

@@ -50,8 +50,13 @@ async def serve(config: RlfleetConfig, port: int) -> None:
     core.start()
     try:
         async with http_front(core, config, redis) as http_url:
-            log.info("router ready on %s:%d (cluster %s)%s", config.router.host, server.port,
-                     config.cluster, f", HTTP at {http_url}" if http_url else "")  # fmt: skip
+            log.info(
+                "router ready on %s:%d (cluster %s)%s",
+                config.router.host,
+                server.port,
+                config.cluster,
+                f", HTTP at {http_url}" if http_url else "",
+            )
             await stop.wait()
             log.info("router stopping")
     finally:

@@ -44,9 +44,12 @@ class Assignment:
 
 
 def assign(
-    requests: Sequence[GenerateRequest], snap: RegistrySnapshot, max_inflight: int,
-    rng: random.Random, round_robin: RoundRobin | None = None,
-) -> Assignment:  # fmt: skip
+    requests: Sequence[GenerateRequest],
+    snap: RegistrySnapshot,
+    max_inflight: int,
+    rng: random.Random,
+    round_robin: RoundRobin | None = None,
+) -> Assignment:
     """Route every request from one snapshot; raises Unavailable (saying why) when one of them
     has no eligible replica. Counts and stickies are updated as requests are placed, so the
     batch spreads like the same requests sent one after another."""
@@ -68,9 +71,12 @@ def assign(
 
 
 async def wait_entries(
-    answers: Answers, entry_ids: Sequence[str], deadline: float,
-    on_timeout: Callable[[list[str]], Exception], epoch: str | None = None,
-) -> dict[str, Result]:  # fmt: skip
+    answers: Answers,
+    entry_ids: Sequence[str],
+    deadline: float,
+    on_timeout: Callable[[list[str]], Exception],
+    epoch: str | None = None,
+) -> dict[str, Result]:
     """Every entry's answer (``Answers.wait_all``: one MGET, then one BLPOP on the notify keys
     of those still pending, per wake-up); ``on_timeout(pending ids)`` is raised at the deadline,
     ``Vanished`` when the server lost its data since ``epoch`` (read before submitting)."""

@@ -40,10 +40,14 @@ class BatchPath:
     """Answers a batch of requests, in order; the first failure in order fails the call."""
 
     def __init__(
-        self, cfg: RouterConfig, registry: ReplicaRegistry, rng: random.Random,
-        round_robin: RoundRobin | None, queue: Callable[[str], WorkQueue],
+        self,
+        cfg: RouterConfig,
+        registry: ReplicaRegistry,
+        rng: random.Random,
+        round_robin: RoundRobin | None,
+        queue: Callable[[str], WorkQueue],
         answers: Answers,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._cfg, self.registry, self._rng, self._round_robin = cfg, registry, rng, round_robin
         self._queue, self._answers = queue, answers  # a replica's queue; every request's answer
         self._route_wait_s = cfg.route_wait_s
@@ -80,11 +84,19 @@ class BatchPath:
         entries = {f"batch-{uuid.uuid4().hex}-{rid}": rid for rid in plan.groups}
         served = plan.counts  # released as routed unless answers say who served
         try:
-            await asyncio.gather(*(self._queue(rid).submit(eid, pack_requests(plan.groups[rid]))
-                                   for eid, rid in entries.items()))  # fmt: skip
-            done = await wait_entries(self._answers, list(entries), deadline,
-                                      lambda pending: _batch_timeout(pending, entries),
-                                      epoch)  # fmt: skip
+            await asyncio.gather(
+                *(
+                    self._queue(rid).submit(eid, pack_requests(plan.groups[rid]))
+                    for eid, rid in entries.items()
+                )
+            )
+            done = await wait_entries(
+                self._answers,
+                list(entries),
+                deadline,
+                lambda pending: _batch_timeout(pending, entries),
+                epoch,
+            )
             outcomes, served = await self._collect(entries, plan, done, epoch)
             return outcomes
         finally:
@@ -98,9 +110,12 @@ class BatchPath:
         cap = self._cfg.max_inflight_per_replica
         while True:
             started = loop.time()
-            snap = admit(await self.registry.snapshot(sessions=sessions),
-                         min(r.min_weight_version for r in requests),
-                         self._cfg.max_queue_per_replica, len(requests))  # fmt: skip
+            snap = admit(
+                await self.registry.snapshot(sessions=sessions),
+                min(r.min_weight_version for r in requests),
+                self._cfg.max_queue_per_replica,
+                len(requests),
+            )
             give_up = route_give_up(give_up, started, loop.time(), self._route_wait_s, deadline)
             try:
                 plan = assign(requests, snap, cap, self._rng, self._round_robin)
@@ -119,8 +134,9 @@ class BatchPath:
         requests each serving replica held (a migrated entry counts where it was served).
         Members whose answers vanished with the server's data after their entry's answer was
         seen (an empty restart in between) raise ``Vanished``, so they are queued again."""
-        answered = [r.request_id for eid, rid in entries.items() if done[eid].ok
-                    for r in plan.groups[rid]]  # fmt: skip
+        answered = [
+            r.request_id for eid, rid in entries.items() if done[eid].ok for r in plan.groups[rid]
+        ]
         stored = await self._answers.get_results(answered)
         lost = [rid for rid in answered if rid not in stored]
         if lost and await self._answers.epoch() != epoch:
@@ -139,8 +155,9 @@ class BatchPath:
 
 def _batch_timeout(pending: list[str], entries: dict[str, str]) -> TimeoutError:
     where = ", ".join(sorted(entries[eid] for eid in pending))
-    return TimeoutError(f"{len(pending)} of {len(entries)} batch entries (routed to {where}) "
-                        "got no answer in time")  # fmt: skip
+    return TimeoutError(
+        f"{len(pending)} of {len(entries)} batch entries (routed to {where}) got no answer in time"
+    )
 
 
 def _validate_batch(requests: Sequence[GenerateRequest]) -> None:

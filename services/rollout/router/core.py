@@ -74,8 +74,16 @@ class ReplicaView:
 
     def status(self) -> ReplicaStatus:
         info = self.info
-        return ReplicaStatus(info.replica_id, info.address, info.weight_version, self.state,
-                             self.in_flight, info.backend, info.served, info.heartbeat_age_s)  # fmt: skip
+        return ReplicaStatus(
+            info.replica_id,
+            info.address,
+            info.weight_version,
+            self.state,
+            self.in_flight,
+            info.backend,
+            info.served,
+            info.heartbeat_age_s,
+        )
 
 
 class RouterCore:
@@ -94,12 +102,25 @@ class RouterCore:
         self._round_robin = RoundRobin() if config.router.policy == "round_robin" else None
         self.metrics = RouterMetrics()
         enqueuer = Enqueuer(redis, keys)
-        self._single = RequestPath(self._cfg, self.registry, self._snapshots, enqueuer,
-                                   self._rng, self._round_robin, self.answers)  # fmt: skip
-        self._batch = BatchPath(self._cfg, self.registry, self._rng, self._round_robin,
-                                self.queue, self.answers)  # fmt: skip
-        self.janitor = Janitor(self, self.registry, config.router.janitor_interval_s,
-                               self.metrics.migrated, config.router.debug_move_delay_s)  # fmt: skip
+        self._single = RequestPath(
+            self._cfg,
+            self.registry,
+            self._snapshots,
+            enqueuer,
+            self._rng,
+            self._round_robin,
+            self.answers,
+        )
+        self._batch = BatchPath(
+            self._cfg, self.registry, self._rng, self._round_robin, self.queue, self.answers
+        )
+        self.janitor = Janitor(
+            self,
+            self.registry,
+            config.router.janitor_interval_s,
+            self.metrics.migrated,
+            config.router.debug_move_delay_s,
+        )
 
     def start(self) -> None:
         """Start the janitor that rescues work queued on dead or departed replicas."""
@@ -147,8 +168,9 @@ class RouterCore:
     async def serving_version(self) -> int:
         """The newest weight version a serving replica holds (-1: none serves)."""
         views = await self.list_replicas()
-        return max((v.info.weight_version for v in views if v.state is ReplicaState.SERVING),
-                   default=-1)  # fmt: skip
+        return max(
+            (v.info.weight_version for v in views if v.state is ReplicaState.SERVING), default=-1
+        )
 
     async def drain_replica(self, replica_id: str) -> ReplicaView:
         """Stop routing new work to a replica; it keeps answering what is already queued."""
@@ -165,8 +187,9 @@ class RouterCore:
     async def scrape_metrics(self) -> bytes:
         """The Prometheus text, with per-replica gauges read from Redis just now."""
         views = await self.list_replicas()
-        self.metrics.set_replicas((v.info.replica_id, v.in_flight, v.info.weight_version)
-                                  for v in views)  # fmt: skip
+        self.metrics.set_replicas(
+            (v.info.replica_id, v.in_flight, v.info.weight_version) for v in views
+        )
         return self.metrics.render()
 
     # ---- per-replica queues ------------------------------------------------------------

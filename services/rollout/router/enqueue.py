@@ -158,21 +158,47 @@ class Enqueuer:
         self._script = redis.register_script(_ENQUEUE_LUA)
 
     async def enqueue(
-        self, request: GenerateRequest, fingerprint: str, submission: str,
-        candidates: list[str], placement: Placement, waiters_ttl_s: int, pin: bool = True,
-    ) -> Enqueued:  # fmt: skip
+        self,
+        request: GenerateRequest,
+        fingerprint: str,
+        submission: str,
+        candidates: list[str],
+        placement: Placement,
+        waiters_ttl_s: int,
+        pin: bool = True,
+    ) -> Enqueued:
         """Bind, place among ``candidates`` (non-empty, sorted) and queue, in one step.
         ``pin=False`` (round robin) ignores the session: no pin is read or written."""
         k, rid = self._keys, request.request_id
         session = request.session_id if pin else ""
-        keys = [k.request(rid), k.result(rid), k.sticky(session) if session else k.request(rid),
-                k.waiters(rid), k.inflight, k.draining]  # fmt: skip
-        args = [rid, fingerprint, submission, self._result_ttl_s, waiters_ttl_s,
-                request.to_json(), 1, k.rollout_stream_prefix, k.replica_prefix,
-                "1" if session else "0", placement.cap, repr(placement.coin),
-                max(1, int(placement.sticky_ttl_s * 1000)), request.min_weight_version,
-                placement.limit or 0, k.pinned_prefix, ACTIVE_SESSION_WINDOW_MS,
-                *candidates]  # fmt: skip
+        keys = [
+            k.request(rid),
+            k.result(rid),
+            k.sticky(session) if session else k.request(rid),
+            k.waiters(rid),
+            k.inflight,
+            k.draining,
+        ]
+        args = [
+            rid,
+            fingerprint,
+            submission,
+            self._result_ttl_s,
+            waiters_ttl_s,
+            request.to_json(),
+            1,
+            k.rollout_stream_prefix,
+            k.replica_prefix,
+            "1" if session else "0",
+            placement.cap,
+            repr(placement.coin),
+            max(1, int(placement.sticky_ttl_s * 1000)),
+            request.min_weight_version,
+            placement.limit or 0,
+            k.pinned_prefix,
+            ACTIVE_SESSION_WINDOW_MS,
+            *candidates,
+        ]
         reply = await self._script(keys=keys, args=args)
         outcome = Placed(int(reply[0]))
         if outcome is Placed.ANSWERED:

@@ -67,9 +67,13 @@ class Janitor:
     """Periodic sweeps over the registry; ``sweep()`` is one pass (tests call it directly)."""
 
     def __init__(
-        self, core: Routes, registry: ReplicaRegistry, interval_s: float,
-        on_migrated: Callable[[int], None] = lambda moved: None, move_delay_s: float = 0.0,
-    ) -> None:  # fmt: skip
+        self,
+        core: Routes,
+        registry: ReplicaRegistry,
+        interval_s: float,
+        on_migrated: Callable[[int], None] = lambda moved: None,
+        move_delay_s: float = 0.0,
+    ) -> None:
         self._core, self._registry, self._interval_s = core, registry, interval_s
         self._on_migrated = on_migrated  # told how many requests each sweep moved (metrics)
         self._move_delay_s = move_delay_s  # testing aid: a pause after each move
@@ -160,9 +164,11 @@ class Janitor:
         if moved or (waiting and self._waiting.get(replica_id) != waiting):  # not every sweep
             log.warning(
                 "replica %s is gone: re-routed %d of its %d queued requests%s",
-                replica_id, moved, sum(fates.values()),
+                replica_id,
+                moved,
+                sum(fates.values()),
                 f"; {waiting} wait: {self._why}" if waiting else "",
-            )  # fmt: skip
+            )
         self._waiting[replica_id] = waiting
         return moved
 
@@ -171,9 +177,11 @@ class Janitor:
         (delivered ``max_deliveries`` times already, each delivery outlived by its replica;
         or unreadable), ``waiting`` for a replica (left in place), or ``gone`` meanwhile."""
         if job.deliveries >= queue.max_deliveries:
-            why = (f"delivered {job.deliveries} times and never answered: each replica that "
-                   f"took it (the last, on {queue.stream}) died or lost its lease "
-                   "while holding it")  # fmt: skip
+            why = (
+                f"delivered {job.deliveries} times and never answered: each replica that "
+                f"took it (the last, on {queue.stream}) died or lost its lease "
+                "while holding it"
+            )
             return "dead" if await queue.dead_letter(job, why, queued=True) else "gone"
         try:
             min_version, weight = entry_demand(job.payload)

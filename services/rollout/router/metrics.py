@@ -26,18 +26,42 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         reg = self.registry
-        self.requests = Counter("rlfleet_router_requests", "Generate requests answered, by API "
-                                "and outcome code", ["api", "code"], registry=reg)  # fmt: skip
-        self.latency = Histogram("rlfleet_router_request_seconds", "Time to answer a call",
-                                 ["api"], buckets=LATENCY_BUCKETS, registry=reg)  # fmt: skip
-        self.rejections = Counter("rlfleet_router_rejections", "Requests refused or failed, "
-                                  "by reason (status code)", ["reason"], registry=reg)  # fmt: skip
-        self.migrations = Counter("rlfleet_router_migrations", "Queued requests moved off dead "
-                                  "or departed replicas by this router's janitor", registry=reg)  # fmt: skip
-        self.inflight = Gauge("rlfleet_router_replica_inflight", "Requests in flight per "
-                              "replica (fleet-wide, from Redis)", ["replica"], registry=reg)  # fmt: skip
-        self.weight_version = Gauge("rlfleet_router_replica_weight_version", "Weight version "
-                                    "each replica serves", ["replica"], registry=reg)  # fmt: skip
+        self.requests = Counter(
+            "rlfleet_router_requests",
+            "Generate requests answered, by API and outcome code",
+            ["api", "code"],
+            registry=reg,
+        )
+        self.latency = Histogram(
+            "rlfleet_router_request_seconds",
+            "Time to answer a call",
+            ["api"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.rejections = Counter(
+            "rlfleet_router_rejections",
+            "Requests refused or failed, by reason (status code)",
+            ["reason"],
+            registry=reg,
+        )
+        self.migrations = Counter(
+            "rlfleet_router_migrations",
+            "Queued requests moved off dead or departed replicas by this router's janitor",
+            registry=reg,
+        )
+        self.inflight = Gauge(
+            "rlfleet_router_replica_inflight",
+            "Requests in flight per replica (fleet-wide, from Redis)",
+            ["replica"],
+            registry=reg,
+        )
+        self.weight_version = Gauge(
+            "rlfleet_router_replica_weight_version",
+            "Weight version each replica serves",
+            ["replica"],
+            registry=reg,
+        )
 
     @contextmanager
     def track(self, api: str, requests: int = 1) -> Iterator[None]:

@@ -39,10 +39,15 @@ class RequestPath:
     """Answers single requests; ``close`` waits for the releases still under way."""
 
     def __init__(
-        self, cfg: RouterConfig, registry: ReplicaRegistry, snapshots: SnapshotCache,
-        enqueuer: Enqueuer, rng: random.Random, round_robin: RoundRobin | None,
+        self,
+        cfg: RouterConfig,
+        registry: ReplicaRegistry,
+        snapshots: SnapshotCache,
+        enqueuer: Enqueuer,
+        rng: random.Random,
+        round_robin: RoundRobin | None,
         answers: Answers,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self._cfg, self.registry, self._snapshots = cfg, registry, snapshots
         self._enqueuer, self._rng, self._round_robin = enqueuer, rng, round_robin
         self._answers = answers  # each request's answer, binding and waiters
@@ -135,8 +140,12 @@ class RequestPath:
             if placed is not None and placed.outcome not in (Placed.STALE, Placed.FULL):
                 return placed
             if placed is not None and fresh:
-                _refuse(placed, request.request_id, self._cfg.max_queue_per_replica,
-                        loop.time() + ROUTE_POLL_S > give_up)  # fmt: skip
+                _refuse(
+                    placed,
+                    request.request_id,
+                    self._cfg.max_queue_per_replica,
+                    loop.time() + ROUTE_POLL_S > give_up,
+                )
             if fresh:
                 await asyncio.sleep(ROUTE_POLL_S)
             fresh = True
@@ -151,12 +160,22 @@ class RequestPath:
             snap = admit(snap, min_version, self._cfg.max_queue_per_replica)
         candidates = self._candidates(snap, min_version)
         cfg, loop = self._cfg, asyncio.get_running_loop()
-        placement = Placement(cfg.max_inflight_per_replica, cfg.max_queue_per_replica,
-                              cfg.sticky_ttl_s, self._rng.random())  # fmt: skip
+        placement = Placement(
+            cfg.max_inflight_per_replica,
+            cfg.max_queue_per_replica,
+            cfg.sticky_ttl_s,
+            self._rng.random(),
+        )
         waiters_ttl_s = int(max(0.0, deadline - loop.time())) + 60
-        placed = await self._enqueuer.enqueue(request, request.fingerprint(), submission,
-                                              candidates, placement, waiters_ttl_s,
-                                              pin=self._round_robin is None)  # fmt: skip
+        placed = await self._enqueuer.enqueue(
+            request,
+            request.fingerprint(),
+            submission,
+            candidates,
+            placement,
+            waiters_ttl_s,
+            pin=self._round_robin is None,
+        )
         if placed.outcome is Placed.CONFLICT:
             raise InvalidArgument(_REUSED.format(request.request_id))
         return placed
@@ -178,12 +197,14 @@ class RequestPath:
         while True:
             remaining = max(0.0, deadline - loop.time())
             try:
-                result = await self._answers.wait_answer(request_id, remaining, WAKE_POLL_S,
-                                                           bound=True)  # fmt: skip
+                result = await self._answers.wait_answer(
+                    request_id, remaining, WAKE_POLL_S, bound=True
+                )
                 break
             except Vanished:
-                log.warning("request %s was lost by Redis (restarted empty?): queued again",
-                            request_id)  # fmt: skip
+                log.warning(
+                    "request %s was lost by Redis (restarted empty?): queued again", request_id
+                )
                 placed = await self._place(request, deadline)
                 if placed.stored is not None:
                     return placed.stored
@@ -198,8 +219,12 @@ def _refuse(placed: Enqueued, request_id: str, limit: int | None, late: bool) ->
     """A fresh read did not explain a refusal of the Lua step: raise at once when every queue
     is full (admission), or when it keeps happening past the routing wait."""
     if placed.outcome is Placed.FULL:
-        raise ResourceExhausted(f"every replica's queue is full (router.max_queue_per_replica="
-                                f"{limit}): no room for request {request_id}; retry later")  # fmt: skip
+        raise ResourceExhausted(
+            f"every replica's queue is full (router.max_queue_per_replica="
+            f"{limit}): no room for request {request_id}; retry later"
+        )
     if late:
-        raise Unavailable(f"replica {placed.replica_id} kept changing state while request "
-                          f"{request_id} was routed; retry")  # fmt: skip
+        raise Unavailable(
+            f"replica {placed.replica_id} kept changing state while request "
+            f"{request_id} was routed; retry"
+        )

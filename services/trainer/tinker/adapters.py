@@ -43,8 +43,10 @@ def linear_modules(model) -> dict[str, list[str]]:
 
 def target_modules(spec: LoraSpec, available: Mapping[str, list[str]]) -> list[str]:
     """The modules ``spec`` trains (``train_unembed`` is refused before this)."""
-    return [*(available["attn"] if spec.train_attn else []),
-            *(available["mlp"] if spec.train_mlp else [])]  # fmt: skip
+    return [
+        *(available["attn"] if spec.train_attn else []),
+        *(available["mlp"] if spec.train_mlp else []),
+    ]
 
 
 class AdapterPool:
@@ -62,8 +64,14 @@ class AdapterPool:
         """Add adapter ``name`` (B = 0: it starts as the base); returns its target modules."""
         peft = lora._peft()
         modules = target_modules(spec, self.modules)
-        config = peft.LoraConfig(r=spec.rank, lora_alpha=self.lora_alpha, lora_dropout=0.0,
-                                 target_modules=modules, bias="none", task_type="CAUSAL_LM")  # fmt: skip
+        config = peft.LoraConfig(
+            r=spec.rank,
+            lora_alpha=self.lora_alpha,
+            lora_dropout=0.0,
+            target_modules=modules,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
         if spec.seed is not None:
             torch.manual_seed(spec.seed)
         if self.model is None:
@@ -72,8 +80,9 @@ class AdapterPool:
             self.model.add_adapter(name, config)
         self.model.eval()
         self.specs[name] = spec
-        self.optimizers[name] = torch.optim.AdamW(self.parameters(name), lr=1e-4,
-                                                  betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0)  # fmt: skip
+        self.optimizers[name] = torch.optim.AdamW(
+            self.parameters(name), lr=1e-4, betas=(0.9, 0.95), eps=1e-12, weight_decay=0.0
+        )
         return modules
 
     def parameters(self, name: str) -> list[torch.nn.Parameter]:
@@ -83,17 +92,25 @@ class AdapterPool:
         """Adapter ``name``'s parameters, keyed without the adapter's name (so two adapters of
         one shape have the same keys)."""
         marker = f".{name}."
-        return [(key.replace(marker, "."), p) for key, p in self.model.named_parameters()
-                if ".lora_" in key and marker in key]  # fmt: skip
+        return [
+            (key.replace(marker, "."), p)
+            for key, p in self.model.named_parameters()
+            if ".lora_" in key and marker in key
+        ]
 
     def activate(self, name: str) -> None:
         if self.model.active_adapter != name:
             self.model.set_adapter(name)
 
     def forward(
-        self, name: str, datums: Sequence[Datum], loss: DatumLoss, config: Mapping[str, float],
-        backward: bool, micro_batch_tokens: int,
-    ) -> ForwardResult:  # fmt: skip
+        self,
+        name: str,
+        datums: Sequence[Datum],
+        loss: DatumLoss,
+        config: Mapping[str, float],
+        backward: bool,
+        micro_batch_tokens: int,
+    ) -> ForwardResult:
         self.activate(name)
         return run_datums(self.model, datums, loss, config, backward, micro_batch_tokens)
 
@@ -102,14 +119,23 @@ class AdapterPool:
         last step (then cleared); the gradient norm before clipping."""
         params = self.parameters(name)
         grads = [p.grad for p in params if p.grad is not None]
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g)
-                                                           for g in grads]))) if grads else 0.0  # fmt: skip
+        norm = (
+            float(
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            )
+            if grads
+            else 0.0
+        )
         if adam.grad_clip_norm > 0 and grads:
             torch.nn.utils.clip_grad_norm_(params, adam.grad_clip_norm)
         optimizer = self.optimizers[name]
         for group in optimizer.param_groups:
-            group.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
-                         weight_decay=adam.weight_decay)  # fmt: skip
+            group.update(
+                lr=adam.learning_rate,
+                betas=(adam.beta1, adam.beta2),
+                eps=adam.eps,
+                weight_decay=adam.weight_decay,
+            )
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return {"grad_norm:mean": norm, "learning_rate:mean": adam.learning_rate}
@@ -135,8 +161,10 @@ class AdapterPool:
         saved = safetensors.torch.load_file(str(directory / ADAPTER_FILE))
         mine = dict(self.named_parameters(name))
         if set(saved) != set(mine) or any(saved[k].shape != mine[k].shape for k in mine):
-            raise InvalidArgument(f"the checkpoint in {directory.name} does not fit this "
-                                  "adapter (another rank or other modules)")  # fmt: skip
+            raise InvalidArgument(
+                f"the checkpoint in {directory.name} does not fit this "
+                "adapter (another rank or other modules)"
+            )
         with torch.no_grad():
             for key, param in mine.items():
                 param.copy_(saved[key])

@@ -26,22 +26,32 @@ log = logging.getLogger(__name__)
 PROTO = "application/x-protobuf"
 PINNED_SDK = "0.38.0"
 CLIENT_CONFIG = {
-    "pjwt_auth_enabled": False, "use_pyqwest_transport": False, "parallel_fwdbwd_chunks": True,
-    "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
-    "custom_loss_server_side": False, "sample_join_sampling_session": False,
-}  # fmt: skip
+    "pjwt_auth_enabled": False,
+    "use_pyqwest_transport": False,
+    "parallel_fwdbwd_chunks": True,
+    "proto_compress_fwdbwd": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+}
 """The SDK's feature flags: the plain API-key, JSON-polling paths this server implements."""
-STATUS = [(errors.Unauthenticated, 401), (errors.NotFound, 404), (errors.InvalidArgument, 400),
-          (errors.FailedPrecondition, 400), (errors.Unavailable, 503),
-          ((KeyError, ValueError, TypeError), 400)]  # fmt: skip
+STATUS = [
+    (errors.Unauthenticated, 401),
+    (errors.NotFound, 404),
+    (errors.InvalidArgument, 400),
+    (errors.FailedPrecondition, 400),
+    (errors.Unavailable, 503),
+    ((KeyError, ValueError, TypeError), 400),
+]
 """HTTP status by exception; a body without a field the SDK always sends, or with a value of
 the wrong type, is bad input (400: the SDK does not retry it), not a server error."""
 USER_ERRORS = (errors.InvalidArgument, errors.NotFound, errors.FailedPrecondition)
 
 
 def create_app(service: TinkerService, api_key: str | None) -> FastAPI:
-    app = FastAPI(title="rlfleet Tinker API", version="1", openapi_url=None, docs_url=None,
-                  redoc_url=None)  # fmt: skip
+    app = FastAPI(
+        title="rlfleet Tinker API", version="1", openapi_url=None, docs_url=None, redoc_url=None
+    )
     _guard(app, api_key)
     _session_routes(app, service)
     _training_routes(app, service)
@@ -50,9 +60,13 @@ def create_app(service: TinkerService, api_key: str | None) -> FastAPI:
 
     @app.api_route("/api/v1/{rest:path}", methods=["GET", "POST", "PUT", "DELETE"])
     async def unsupported(request: Request, rest: str) -> JSONResponse:
-        return JSONResponse({"detail": f"{request.method} /api/v1/{rest} is not supported by "
-                                       "this server (rlfleet's Tinker API; docs/tinker.md)"},
-                            status_code=404)  # fmt: skip
+        return JSONResponse(
+            {
+                "detail": f"{request.method} /api/v1/{rest} is not supported by "
+                "this server (rlfleet's Tinker API; docs/tinker.md)"
+            },
+            status_code=404,
+        )
 
     app.add_exception_handler(Exception, _error)
     return app
@@ -90,18 +104,28 @@ def _session_routes(app: FastAPI, service: TinkerService) -> None:
     @app.get("/api/v1/get_server_capabilities")
     async def capabilities() -> dict[str, Any]:
         served = service.served
-        model = {"model_name": served.name, "max_context_length": served.max_context,
-                 "trainable": True, "sampleable": True}  # fmt: skip
+        model = {
+            "model_name": served.name,
+            "max_context_length": served.max_context,
+            "trainable": True,
+            "sampleable": True,
+        }
         return {"supported_models": [model]}
 
     @app.post("/api/v1/create_session")
     async def create_session(request: Request) -> dict[str, Any]:
         body = await request.json()
         version = body.get("sdk_version")
-        warning = None if version == PINNED_SDK else (
-            f"this server is tested with tinker {PINNED_SDK}; you run {version}")  # fmt: skip
-        return {"type": "create_session", "session_id": service.create_session(),
-                "warning_message": warning}  # fmt: skip
+        warning = (
+            None
+            if version == PINNED_SDK
+            else (f"this server is tested with tinker {PINNED_SDK}; you run {version}")
+        )
+        return {
+            "type": "create_session",
+            "session_id": service.create_session(),
+            "warning_message": warning,
+        }
 
     @app.post("/api/v1/session_heartbeat")
     async def heartbeat(request: Request) -> dict[str, str]:
@@ -118,18 +142,32 @@ def _training_routes(app: FastAPI, service: TinkerService) -> None:
     @app.post("/api/v1/create_model")
     async def create_model(request: Request) -> dict[str, Any]:
         body = await request.json()
-        request_id = service.create_model(body["session_id"], int(body["model_seq_id"]),
-                                          body["base_model"], convert.lora_spec(body))  # fmt: skip
-        return {"request_id": request_id, "model_id": f"{body['session_id']}:train:"
-                                                      f"{body['model_seq_id']}"}  # fmt: skip
+        request_id = service.create_model(
+            body["session_id"],
+            int(body["model_seq_id"]),
+            body["base_model"],
+            convert.lora_spec(body),
+        )
+        return {
+            "request_id": request_id,
+            "model_id": f"{body['session_id']}:train:{body['model_seq_id']}",
+        }
 
     @app.post("/api/v1/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
         info = service.info((await request.json())["model_id"])
-        return {"type": "get_info", "model_id": info.model_id, "is_lora": True,
-                "lora_rank": info.lora_rank, "model_name": info.model_name,
-                "model_data": {"arch": info.arch, "model_name": info.model_name,
-                               "tokenizer_id": info.tokenizer_id}}  # fmt: skip
+        return {
+            "type": "get_info",
+            "model_id": info.model_id,
+            "is_lora": True,
+            "lora_rank": info.lora_rank,
+            "model_name": info.model_name,
+            "model_data": {
+                "arch": info.arch,
+                "model_name": info.model_name,
+                "tokenizer_id": info.tokenizer_id,
+            },
+        }
 
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request) -> dict[str, Any]:
@@ -138,8 +176,9 @@ def _training_routes(app: FastAPI, service: TinkerService) -> None:
         if request.headers.get("content-encoding"):
             raise InvalidArgument("compressed forward_backward bodies are not supported")
         call = convert.forward_call(await request.body())
-        request_id = service.forward_backward(call.model_id, call.seq_id, call.data, call.loss_fn,
-                                              call.config, call.forward_only)  # fmt: skip
+        request_id = service.forward_backward(
+            call.model_id, call.seq_id, call.data, call.loss_fn, call.config, call.forward_only
+        )
         return {"request_id": request_id, "model_id": call.model_id}
 
     @app.post("/api/v1/optim_step")
@@ -151,28 +190,38 @@ def _training_routes(app: FastAPI, service: TinkerService) -> None:
     @app.post("/api/v1/save_weights")
     async def save_weights(request: Request) -> dict[str, Any]:
         body = await request.json()
-        rid = service.save_state(body["model_id"], body.get("seq_id"), body.get("path") or "",
-                                 bool(body.get("overwrite")), body.get("ttl_seconds"))  # fmt: skip
+        rid = service.save_state(
+            body["model_id"],
+            body.get("seq_id"),
+            body.get("path") or "",
+            bool(body.get("overwrite")),
+            body.get("ttl_seconds"),
+        )
         return {"request_id": rid, "model_id": body["model_id"]}
 
     @app.post("/api/v1/load_weights")
     async def load_weights(request: Request) -> dict[str, Any]:
         body = await request.json()
         if body.get("model_id") is None:
-            raise InvalidArgument("create_training_client_from_state is not supported yet: "
-                                  "create a LoRA training client, then load_state")  # fmt: skip
-        rid = service.load_state(body["model_id"], body.get("seq_id"), body["path"],
-                                 bool(body.get("optimizer")))  # fmt: skip
+            raise InvalidArgument(
+                "create_training_client_from_state is not supported yet: "
+                "create a LoRA training client, then load_state"
+            )
+        rid = service.load_state(
+            body["model_id"], body.get("seq_id"), body["path"], bool(body.get("optimizer"))
+        )
         return {"request_id": rid, "model_id": body["model_id"]}
 
     @app.post("/api/v1/save_weights_for_sampler")
     async def save_for_sampler(request: Request) -> dict[str, Any]:
         body = await request.json()
         if body.get("kind", "snapshot") != "snapshot":
-            raise InvalidArgument(f"sampling client kind {body['kind']!r} is not supported "
-                                  "(snapshot only)")  # fmt: skip
-        rid = service.save_for_sampler(body["model_id"], body.get("seq_id"), body.get("path"),
-                                       body.get("ttl_seconds"))  # fmt: skip
+            raise InvalidArgument(
+                f"sampling client kind {body['kind']!r} is not supported (snapshot only)"
+            )
+        rid = service.save_for_sampler(
+            body["model_id"], body.get("seq_id"), body.get("path"), body.get("ttl_seconds")
+        )
         return {"request_id": rid, "model_id": body["model_id"]}
 
 
@@ -180,8 +229,9 @@ def _sampling_routes(app: FastAPI, service: TinkerService) -> None:
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict[str, Any]:
         body = await request.json()
-        sampler = service.create_sampling_session(body["session_id"], body.get("base_model"),
-                                                  body.get("model_path"))  # fmt: skip
+        sampler = service.create_sampling_session(
+            body["session_id"], body.get("base_model"), body.get("model_path")
+        )
         return {"type": "create_sampling_session", "sampling_session_id": sampler}
 
     @app.get("/api/v1/samplers/{sampler_id}")
@@ -207,12 +257,14 @@ def _future_routes(app: FastAPI, service: TinkerService) -> None:
         request_id = (await request.json())["request_id"]
         outcome = await service.futures.retrieve(request_id)
         if isinstance(outcome, Pending):
-            return JSONResponse({"type": "try_again", "request_id": request_id,
-                                 "queue_state": "active"})  # fmt: skip
+            return JSONResponse(
+                {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+            )
         if isinstance(outcome, Failed):
             user = isinstance(outcome.error, USER_ERRORS)
-            return JSONResponse({"error": str(outcome.error),
-                                 "category": "user" if user else "server"})  # fmt: skip
+            return JSONResponse(
+                {"error": str(outcome.error), "category": "user" if user else "server"}
+            )
         return _answer(outcome, PROTO in request.headers.get("accept", ""))
 
 
@@ -235,7 +287,14 @@ def _answer(outcome: Done, proto: bool) -> Response:
 
 async def _error(request: Request, exc: Exception) -> JSONResponse:
     status = next((code for kind, code in STATUS if isinstance(exc, kind)), 500)
-    log.log(logging.ERROR if status == 500 else logging.INFO, "HTTP %s %s -> %d: %s: %s",
-            request.method, request.url.path, status, type(exc).__name__, exc)  # fmt: skip
+    log.log(
+        logging.ERROR if status == 500 else logging.INFO,
+        "HTTP %s %s -> %d: %s: %s",
+        request.method,
+        request.url.path,
+        status,
+        type(exc).__name__,
+        exc,
+    )
     detail = str(exc) if isinstance(exc, errors.RlfleetError) else f"{type(exc).__name__}: {exc}"
     return JSONResponse({"detail": detail}, status_code=status)

@@ -46,8 +46,10 @@ def parse(uri: str) -> CheckpointPath:
     """``tinker://<model_id>/<kind>/<name>`` -> its parts; InvalidArgument if malformed."""
     parts = uri.removeprefix(SCHEME).split("/") if uri.startswith(SCHEME) else []
     if len(parts) != 3 or parts[1] not in KINDS:
-        raise InvalidArgument(f"not a checkpoint path of this server: {uri!r} (expected "
-                              f"{SCHEME}<model_id>/weights|sampler_weights/<name>)")  # fmt: skip
+        raise InvalidArgument(
+            f"not a checkpoint path of this server: {uri!r} (expected "
+            f"{SCHEME}<model_id>/weights|sampler_weights/<name>)"
+        )
     return CheckpointPath(parts[0], parts[1], checkpoint_name(parts[2]))
 
 

@@ -17,8 +17,9 @@ INT_INPUTS = frozenset({"target_tokens"})
 
 def loss_named(name: str) -> DatumLoss:
     if name not in LOSSES:
-        raise InvalidArgument(f"loss_fn {name!r} is not supported by this server; it supports "
-                              f"{', '.join(LOSSES)}")  # fmt: skip
+        raise InvalidArgument(
+            f"loss_fn {name!r} is not supported by this server; it supports {', '.join(LOSSES)}"
+        )
     return LOSSES[name]
 
 
@@ -27,8 +28,9 @@ def loss_config(name: str, loss: DatumLoss, given: Mapping[str, float]) -> dict[
     unknown = sorted(set(given) - set(loss.config))
     if unknown:
         accepted = ", ".join(loss.config) or "none"
-        raise InvalidArgument(f"loss_fn_config {unknown} is not accepted by {name!r} "
-                              f"(accepted: {accepted})")  # fmt: skip
+        raise InvalidArgument(
+            f"loss_fn_config {unknown} is not accepted by {name!r} (accepted: {accepted})"
+        )
     return {**loss.config, **{key: float(value) for key, value in given.items()}}
 
 
@@ -44,21 +46,30 @@ def datums(data: Sequence[Datum], name: str, loss: DatumLoss, max_tokens: int, v
 def _datum(i: int, d: Datum, name: str, loss: DatumLoss, max_tokens: int, vocab: int) -> None:
     n = len(d.tokens)
     if not 0 < n <= max_tokens:
-        raise InvalidArgument(f"datum {i} has {n} tokens; this server takes 1 to {max_tokens} "
-                              "(the fleet's context, rollout.max_model_len)")  # fmt: skip
+        raise InvalidArgument(
+            f"datum {i} has {n} tokens; this server takes 1 to {max_tokens} "
+            "(the fleet's context, rollout.max_model_len)"
+        )
     required = ("target_tokens", *loss.inputs)
     missing = [key for key in required if key not in d.inputs]
     unknown = sorted(set(d.inputs) - set(required) - set(loss.optional))
     if missing or unknown:
-        raise InvalidArgument(f"datum {i}: loss_fn {name!r} takes loss_fn_inputs "
-                              f"{list(required)} (optional {list(loss.optional)}); "
-                              f"missing {missing}, not accepted {unknown}")  # fmt: skip
+        raise InvalidArgument(
+            f"datum {i}: loss_fn {name!r} takes loss_fn_inputs "
+            f"{list(required)} (optional {list(loss.optional)}); "
+            f"missing {missing}, not accepted {unknown}"
+        )
     for key, value in d.inputs.items():
         if value.shape != (n,):
-            raise InvalidArgument(f"datum {i}: loss_fn_inputs[{key!r}] has shape "
-                                  f"{list(value.shape)}, expected [{n}] (one per input token)"
-                                  + (" (2-D targets, top-K distillation, are not supported)"
-                                     if value.ndim == 2 else ""))  # fmt: skip
+            raise InvalidArgument(
+                f"datum {i}: loss_fn_inputs[{key!r}] has shape "
+                f"{list(value.shape)}, expected [{n}] (one per input token)"
+                + (
+                    " (2-D targets, top-K distillation, are not supported)"
+                    if value.ndim == 2
+                    else ""
+                )
+            )
         if key not in INT_INPUTS and not np.isfinite(value).all():
             raise InvalidArgument(f"datum {i}: loss_fn_inputs[{key!r}] holds NaN or infinity")
     _token_ids(f"datum {i}: model_input", d.tokens, vocab)
@@ -75,18 +86,28 @@ def _token_ids(what: str, ids: Sequence[int], vocab: int) -> None:
 
 def lora_spec(spec: LoraSpec, max_rank: int) -> None:
     if not 1 <= spec.rank <= max_rank:
-        raise InvalidArgument(f"LoRA rank {spec.rank} is not served: this fleet serves ranks 1 "
-                              f"to {max_rank} (model.lora_rank)")  # fmt: skip
+        raise InvalidArgument(
+            f"LoRA rank {spec.rank} is not served: this fleet serves ranks 1 "
+            f"to {max_rank} (model.lora_rank)"
+        )
     if spec.train_unembed:
-        raise InvalidArgument("train_unembed=True (LoRA on the unembedding) is not supported by "
-                              "this server: pass train_unembed=False")  # fmt: skip
+        raise InvalidArgument(
+            "train_unembed=True (LoRA on the unembedding) is not supported by "
+            "this server: pass train_unembed=False"
+        )
     if not (spec.train_attn or spec.train_mlp):
         raise InvalidArgument("train_attn and train_mlp are both False: nothing to train")
 
 
 def adam(step: AdamStep) -> None:
-    values = (step.learning_rate, step.beta1, step.beta2, step.eps, step.weight_decay,
-              step.grad_clip_norm)  # fmt: skip
+    values = (
+        step.learning_rate,
+        step.beta1,
+        step.beta2,
+        step.eps,
+        step.weight_decay,
+        step.grad_clip_norm,
+    )
     if not all(np.isfinite(values)) or step.learning_rate < 0 or step.eps <= 0:
         raise InvalidArgument(f"adam_params {step} must be finite, learning_rate >= 0, eps > 0")
     if not (0 <= step.beta1 < 1 and 0 <= step.beta2 < 1):
@@ -103,9 +124,11 @@ def sample(spec: SampleSpec, max_model_len: int, vocab: int) -> int:
     room = max_model_len - len(spec.prompt)
     wanted = spec.max_tokens if spec.max_tokens is not None else room
     if not spec.prompt or wanted < 1 or wanted > room:
-        raise InvalidArgument(f"a prompt of {len(spec.prompt)} tokens with max_tokens "
-                              f"{spec.max_tokens} does not fit the fleet's context of "
-                              f"{max_model_len} tokens (rollout.max_model_len)")  # fmt: skip
+        raise InvalidArgument(
+            f"a prompt of {len(spec.prompt)} tokens with max_tokens "
+            f"{spec.max_tokens} does not fit the fleet's context of "
+            f"{max_model_len} tokens (rollout.max_model_len)"
+        )
     return wanted
 
 
@@ -122,5 +145,7 @@ def stop_strings(stop: object, eos_ids: set[int]) -> list[str]:
         return list(stop)
     if all(isinstance(s, int) for s in stop) and set(stop) <= eos_ids:
         return []
-    raise InvalidArgument(f"stop token ids {stop} are not supported (only the end-of-sequence "
-                          f"ids {sorted(eos_ids)}, or stop strings)")  # fmt: skip
+    raise InvalidArgument(
+        f"stop token ids {stop} are not supported (only the end-of-sequence "
+        f"ids {sorted(eos_ids)}, or stop strings)"
+    )

@@ -58,9 +58,13 @@ def _tensors(datum: Datum, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def run_datums(
-    model, datums: Sequence[Datum], loss: DatumLoss, config: Mapping[str, float],
-    backward: bool, micro_batch_tokens: int,
-) -> ForwardResult:  # fmt: skip
+    model,
+    datums: Sequence[Datum],
+    loss: DatumLoss,
+    config: Mapping[str, float],
+    backward: bool,
+    micro_batch_tokens: int,
+) -> ForwardResult:
     """Forward every datum (and backward the summed loss when ``backward``); gradients add to
     whatever the trainable parameters already hold (``optim_step`` consumes and clears them)."""
     device = next(model.parameters()).device

@@ -59,8 +59,14 @@ def forward_call(body: bytes, forward_only: bool = False) -> ForwardCall:
             f"forward_backward body is not a ForwardBackwardRequest: {exc}"
         ) from exc
     data = [_datum(i, d) for i, d in enumerate(msg.data)]
-    return ForwardCall(msg.model_id, msg.seq_id, data, msg.loss_fn, _loss_config(msg),
-                       msg.forward_only or forward_only)  # fmt: skip
+    return ForwardCall(
+        msg.model_id,
+        msg.seq_id,
+        data,
+        msg.loss_fn,
+        _loss_config(msg),
+        msg.forward_only or forward_only,
+    )
 
 
 def _loss_config(msg: pb.ForwardBackwardRequest) -> dict[str, float]:
@@ -79,8 +85,9 @@ def _datum(i: int, d: pb.Datum) -> Datum:
     for chunk in d.model_input:
         kind = chunk.WhichOneof("chunk")
         if kind != "encoded_text":
-            raise InvalidArgument(f"datum {i}: {kind or 'empty'} chunks are not supported (text "
-                                  "tokens only)")  # fmt: skip
+            raise InvalidArgument(
+                f"datum {i}: {kind or 'empty'} chunks are not supported (text tokens only)"
+            )
         tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype="<i4").tolist())
     inputs = {key: _array(f"datum {i}: {key}", key, t) for key, t in d.loss_fn_inputs.items()}
     return Datum(tokens, inputs)
@@ -129,8 +136,7 @@ def forward_output(result: ForwardResult) -> bytes:
 def _batched(arrays: Sequence[np.ndarray]) -> pb.BatchedTensor:
     parts = [np.ascontiguousarray(a, dtype="<f4").tobytes() for a in arrays]
     offsets = np.cumsum([0, *map(len, parts)]).astype("<i8")
-    return pb.BatchedTensor(data=b"".join(parts), offsets=offsets.tobytes(),
-                            dtype=pb.DTYPE_FLOAT32)  # fmt: skip
+    return pb.BatchedTensor(data=b"".join(parts), offsets=offsets.tobytes(), dtype=pb.DTYPE_FLOAT32)
 
 
 def sample_response(sequences: Sequence[SampledSequence]) -> bytes:
@@ -161,21 +167,29 @@ def tokens_of(model_input: Mapping[str, Any], what: str = "prompt") -> list[int]
 def lora_spec(body: Mapping[str, Any]) -> LoraSpec:
     lora = body.get("lora_config")
     if lora is None:
-        raise InvalidArgument("create_model without lora_config (full fine-tuning) is not "
-                              "supported: this server trains LoRA adapters")  # fmt: skip
+        raise InvalidArgument(
+            "create_model without lora_config (full fine-tuning) is not "
+            "supported: this server trains LoRA adapters"
+        )
     optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
     if optimizer != "adamw":
         raise InvalidArgument(f"optimizer {optimizer!r} is not supported (adamw only)")
-    return LoraSpec(int(lora["rank"]), lora.get("seed"), bool(lora.get("train_mlp", True)),
-                    bool(lora.get("train_attn", True)), bool(lora.get("train_unembed", True)))  # fmt: skip
+    return LoraSpec(
+        int(lora["rank"]),
+        lora.get("seed"),
+        bool(lora.get("train_mlp", True)),
+        bool(lora.get("train_attn", True)),
+        bool(lora.get("train_unembed", True)),
+    )
 
 
 def adam_step(body: Mapping[str, Any]) -> AdamStep:
     params = body.get("adam_params") or body.get("optim_params")
     if params is None:
         kind = (body.get("optimizer_params") or {}).get("type", "unknown")
-        raise InvalidArgument(f"optimizer parameters of type {kind!r} are not supported "
-                              "(AdamParams only)")  # fmt: skip
+        raise InvalidArgument(
+            f"optimizer parameters of type {kind!r} are not supported (AdamParams only)"
+        )
     fields = AdamStep.__dataclass_fields__
     unknown = sorted(set(params) - set(fields))
     if unknown:
@@ -189,25 +203,38 @@ def sample_spec(body: Mapping[str, Any], eos_ids: set[int]) -> SampleSpec:
             raise InvalidArgument(f"sample({argument}=...) is not supported by this server")
     params = body.get("sampling_params") or {}
     return SampleSpec(
-        prompt=tokens_of(body.get("prompt") or {}), num_samples=int(body.get("num_samples", 1)),
-        max_tokens=params.get("max_tokens"), temperature=float(params.get("temperature", 1.0)),
-        top_p=float(params.get("top_p", 1.0)), top_k=int(params.get("top_k", -1)),
-        seed=params.get("seed"), stop=stop_strings(params.get("stop"), eos_ids),
-    )  # fmt: skip
+        prompt=tokens_of(body.get("prompt") or {}),
+        num_samples=int(body.get("num_samples", 1)),
+        max_tokens=params.get("max_tokens"),
+        temperature=float(params.get("temperature", 1.0)),
+        top_p=float(params.get("top_p", 1.0)),
+        top_k=int(params.get("top_k", -1)),
+        seed=params.get("seed"),
+        stop=stop_strings(params.get("stop"), eos_ids),
+    )
 
 
 def sequences_json(sequences: Sequence[SampledSequence]) -> dict[str, Any]:
     """``SampleResponse`` as JSON (for a caller that does not ask for protobuf)."""
-    return {"type": "sample", "sequences": [
-        {"tokens": s.tokens, "logprobs": s.logprobs, "stop_reason": s.stop_reason}
-        for s in sequences]}  # fmt: skip
+    return {
+        "type": "sample",
+        "sequences": [
+            {"tokens": s.tokens, "logprobs": s.logprobs, "stop_reason": s.stop_reason}
+            for s in sequences
+        ],
+    }
 
 
 def forward_json(result: ForwardResult) -> dict[str, Any]:
     def tensor(a: np.ndarray) -> dict[str, Any]:
         return {"data": a.tolist(), "dtype": "float32", "shape": list(a.shape)}
 
-    outputs = [{"logprobs": tensor(lp), "elementwise_loss": tensor(loss)}
-               for lp, loss in zip(result.logprobs, result.losses, strict=True)]  # fmt: skip
-    return {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs,
-            "metrics": result.metrics}  # fmt: skip
+    outputs = [
+        {"logprobs": tensor(lp), "elementwise_loss": tensor(loss)}
+        for lp, loss in zip(result.logprobs, result.losses, strict=True)
+    ]
+    return {
+        "loss_fn_output_type": "ArrayRecord",
+        "loss_fn_outputs": outputs,
+        "metrics": result.metrics,
+    }

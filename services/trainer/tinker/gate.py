@@ -37,11 +37,13 @@ class SeqGate:
             return
         async with self._moved:
             try:
-                await asyncio.wait_for(self._moved.wait_for(lambda: self.next >= seq_id),
-                                       GAP_WAIT_S)  # fmt: skip
+                await asyncio.wait_for(
+                    self._moved.wait_for(lambda: self.next >= seq_id), GAP_WAIT_S
+                )
             except TimeoutError:
-                log.warning("seq_id %d waited %.0f s for %d: going on", seq_id, GAP_WAIT_S,
-                            self.next)  # fmt: skip
+                log.warning(
+                    "seq_id %d waited %.0f s for %d: going on", seq_id, GAP_WAIT_S, self.next
+                )
                 self.next = seq_id
         try:
             yield

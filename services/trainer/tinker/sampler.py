@@ -70,12 +70,19 @@ class Sampler:
     """One fleet of replicas shared by every sampling session (see the module docstring)."""
 
     def __init__(
-        self, rollout: Generator, weights: WeightPublisher, min_replicas: int,
-        replica_wait_s: float, timeout_s: float,
-    ) -> None:  # fmt: skip
+        self,
+        rollout: Generator,
+        weights: WeightPublisher,
+        min_replicas: int,
+        replica_wait_s: float,
+        timeout_s: float,
+    ) -> None:
         self.weights, self.batcher = weights, Batcher(rollout)
-        self.min_replicas, self.replica_wait_s, self.timeout_s = (min_replicas, replica_wait_s,
-                                                                  timeout_s)  # fmt: skip
+        self.min_replicas, self.replica_wait_s, self.timeout_s = (
+            min_replicas,
+            replica_wait_s,
+            timeout_s,
+        )
         self.current: str | None = None
         """The key of the snapshot the replicas hold (None: not pushed yet)."""
         self.version = 0
@@ -88,16 +95,20 @@ class Sampler:
         await self.batcher.rollout.close()
         await self.weights.close()
 
-    async def sample(self, snapshot: Snapshot, spec: SampleSpec, max_tokens: int,
-                     session: str) -> list[SampledSequence]:  # fmt: skip
+    async def sample(
+        self, snapshot: Snapshot, spec: SampleSpec, max_tokens: int, session: str
+    ) -> list[SampledSequence]:
         """``spec.num_samples`` completions of ``spec.prompt`` under ``snapshot``."""
         await self._enter(snapshot)
         try:
             request = GenerateRequest(
-                request_id=f"tinker-{uuid.uuid4().hex}", sampling=sampling_params(spec, max_tokens),
-                prompt_token_ids=list(spec.prompt), session_id=session,
-                min_weight_version=self.version, timeout_s=self.timeout_s,
-            )  # fmt: skip
+                request_id=f"tinker-{uuid.uuid4().hex}",
+                sampling=sampling_params(spec, max_tokens),
+                prompt_token_ids=list(spec.prompt),
+                session_id=session,
+                min_weight_version=self.version,
+                timeout_s=self.timeout_s,
+            )
             result = await self.batcher.generate(request)
         finally:
             await self._leave()
@@ -129,10 +140,15 @@ class Sampler:
 def sampling_params(spec: SampleSpec, max_tokens: int) -> SamplingParams:
     """The fleet's sampling parameters for ``spec`` (``top_k`` -1, "no limit", is 0 here)."""
     return SamplingParams(
-        n=spec.num_samples, temperature=spec.temperature, top_p=spec.top_p,
-        top_k=max(spec.top_k, 0), max_tokens=max_tokens, stop=list(spec.stop), seed=spec.seed,
+        n=spec.num_samples,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        top_k=max(spec.top_k, 0),
+        max_tokens=max_tokens,
+        stop=list(spec.stop),
+        seed=spec.seed,
         logprobs=1,
-    )  # fmt: skip
+    )
 
 
 def sequence_of(tokens: list[int], logprobs: list[float], finish_reason: str) -> SampledSequence:

@@ -46,12 +46,17 @@ def zero_adapter(base) -> dict:
     plain base (an adapter update restores every weight it does not touch)."""
     import torch
 
-    name, layer = next((n, m) for n, m in base.named_modules()
-                       if isinstance(m, torch.nn.Linear) and ATTENTION.search(n))  # fmt: skip
+    name, layer = next(
+        (n, m)
+        for n, m in base.named_modules()
+        if isinstance(m, torch.nn.Linear) and ATTENTION.search(n)
+    )
     out_features, in_features = layer.weight.shape
     weight = f"{name}.weight"
-    return {lora.adapter_name(weight, "A"): torch.zeros(1, in_features),
-            lora.adapter_name(weight, "B"): torch.zeros(out_features, 1)}  # fmt: skip
+    return {
+        lora.adapter_name(weight, "A"): torch.zeros(1, in_features),
+        lora.adapter_name(weight, "B"): torch.zeros(out_features, 1),
+    }
 
 
 def served_model(config: RlfleetConfig, base, tokenizer, root: Path) -> ServedModel:
@@ -60,13 +65,16 @@ def served_model(config: RlfleetConfig, base, tokenizer, root: Path) -> ServedMo
     model_dir = local_model_dir(config.model.path).resolve()
     eos = {tokenizer.eos_token_id} | set(_as_list(base.generation_config.eos_token_id))
     return ServedModel(
-        name=str(model_dir), aliases=frozenset({config.model.path, model_dir.name}),
+        name=str(model_dir),
+        aliases=frozenset({config.model.path, model_dir.name}),
         tokenizer_id=str(export_tokenizer(model_dir, root / "tokenizer")),
-        max_context=config.rollout.max_model_len, max_rank=config.model.lora_rank,
+        max_context=config.rollout.max_model_len,
+        max_rank=config.model.lora_rank,
         vocab=base.get_input_embeddings().num_embeddings,
         arch=(base.config.architectures or ["unknown"])[0],
-        eos_ids=frozenset(i for i in eos if i is not None), base_state=zero_adapter(base),
-    )  # fmt: skip
+        eos_ids=frozenset(i for i in eos if i is not None),
+        base_state=zero_adapter(base),
+    )
 
 
 def _as_list(value) -> list:
@@ -96,8 +104,9 @@ async def build_service(config: RlfleetConfig) -> TinkerService:
     key, mb, t = config.api_key, config.max_message_mb, config.trainer
     rollout = RolloutClient(config.endpoints.router, api_key=key, max_message_mb=mb)
     weights = grpc_weight_sync(config.endpoints.router, key, mb, t.weight_shared_memory)
-    sampler = Sampler(rollout, weights, t.min_replicas, t.replica_wait_s,
-                      config.tinker.sample_timeout_s)  # fmt: skip
+    sampler = Sampler(
+        rollout, weights, t.min_replicas, t.replica_wait_s, config.tinker.sample_timeout_s
+    )
     return TinkerService(config.tinker, served, pool, sampler, root)
 
 
@@ -106,8 +115,14 @@ async def serve(config: RlfleetConfig) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     service = await build_service(config)
-    health = GrpcServer([], config.trainer.host, config.trainer.port, config.max_message_mb,
-                        config.api_key, config.tls)  # fmt: skip
+    health = GrpcServer(
+        [],
+        config.trainer.host,
+        config.trainer.port,
+        config.max_message_mb,
+        config.api_key,
+        config.tls,
+    )
     await health.start()
     cfg = config.tinker
     server = make_http_server(create_app(service, config.api_key), cfg.host, cfg.port, config.tls)
@@ -120,8 +135,9 @@ async def serve(config: RlfleetConfig) -> None:
     addresses = {"http": f"{scheme}://{cfg.host}:{port}"}
     write_endpoints(config.run_dir, "tinker", addresses)
     log.info("Tinker API: %s (base model %s)", describe("tinker", addresses), service.served.name)
-    await asyncio.wait([serving, asyncio.create_task(stop.wait())],
-                       return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+    await asyncio.wait(
+        [serving, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED
+    )
     server.should_exit = True
     with contextlib.suppress(asyncio.CancelledError):
         await serving

@@ -61,8 +61,14 @@ class Session:
 class TinkerService:
     """Everything the HTTP routes call (see the module docstring)."""
 
-    def __init__(self, cfg: TinkerConfig, served: ServedModel, pool: AdapterPool,
-                 sampler: Sampler, root: Path) -> None:  # fmt: skip
+    def __init__(
+        self,
+        cfg: TinkerConfig,
+        served: ServedModel,
+        pool: AdapterPool,
+        sampler: Sampler,
+        root: Path,
+    ) -> None:
         self.cfg, self.served, self.pool, self.sampler, self.root = cfg, served, pool, sampler, root
         self.futures = Futures(cfg.kept_results, cfg.future_wait_s)
         self.sessions: dict[str, Session] = {}
@@ -108,8 +114,10 @@ class TinkerService:
             self._check_base(base_model)
             checks.lora_spec(spec, self.served.max_rank)
             if len(self.models) >= self.cfg.max_adapters:
-                raise FailedPrecondition(f"this server holds at most {self.cfg.max_adapters} "
-                                         "training clients at once (tinker.max_adapters)")  # fmt: skip
+                raise FailedPrecondition(
+                    f"this server holds at most {self.cfg.max_adapters} "
+                    "training clients at once (tinker.max_adapters)"
+                )
             self.models[model_id] = TrainingModel(model_id, session_id, f"m{next(self._ids)}", spec)
         model = self.models[model_id]
 
@@ -131,21 +139,38 @@ class TinkerService:
         return ModelInfo(model_id, served.name, served.tokenizer_id, model.spec.rank, served.arch)
 
     def forward_backward(
-        self, model_id: str, seq_id: int | None, data: Sequence[Datum], loss_fn: str,
-        config: Mapping[str, float], forward_only: bool,
-    ) -> str:  # fmt: skip
+        self,
+        model_id: str,
+        seq_id: int | None,
+        data: Sequence[Datum],
+        loss_fn: str,
+        config: Mapping[str, float],
+        forward_only: bool,
+    ) -> str:
         model = self.model(model_id)
         if repeat := self._repeat(model, seq_id):
             return repeat
         loss = self._refuse_gap(model, seq_id, lambda: checks.loss_named(loss_fn))
-        self._refuse_gap(model, seq_id, lambda: checks.datums(
-            data, loss_fn, loss, self.served.max_context, self.served.vocab))  # fmt: skip
+        self._refuse_gap(
+            model,
+            seq_id,
+            lambda: checks.datums(data, loss_fn, loss, self.served.max_context, self.served.vocab),
+        )
         settings = self._refuse_gap(
             model, seq_id, lambda: checks.loss_config(loss_fn, loss, config)
         )
         micro = self.cfg.micro_batch_tokens
-        return self._ordered(model, seq_id, self.pool.forward, model.adapter, data, loss, settings,
-                             not forward_only, micro)  # fmt: skip
+        return self._ordered(
+            model,
+            seq_id,
+            self.pool.forward,
+            model.adapter,
+            data,
+            loss,
+            settings,
+            not forward_only,
+            micro,
+        )
 
     def optim_step(self, model_id: str, seq_id: int | None, step: AdamStep) -> str:
         model = self.model(model_id)
@@ -154,17 +179,30 @@ class TinkerService:
         self._refuse_gap(model, seq_id, lambda: checks.adam(step))
         return self._ordered(model, seq_id, self.pool.step, model.adapter, step)
 
-    def save_state(self, model_id: str, seq_id: int | None, name: str, overwrite: bool,
-                   ttl_seconds: int | None) -> str:  # fmt: skip
+    def save_state(
+        self, model_id: str, seq_id: int | None, name: str, overwrite: bool, ttl_seconds: int | None
+    ) -> str:
         model = self.model(model_id)
         if repeat := self._repeat(model, seq_id):
             return repeat
-        path = self._refuse_gap(model, seq_id, lambda: checkpoints.CheckpointPath(
-            model_id, "weights", checkpoints.checkpoint_name(name)))  # fmt: skip
+        path = self._refuse_gap(
+            model,
+            seq_id,
+            lambda: checkpoints.CheckpointPath(
+                model_id, "weights", checkpoints.checkpoint_name(name)
+            ),
+        )
         folder = path.folder(self.root)
         if folder.exists() and not overwrite:
-            self._refuse_gap(model, seq_id, lambda: _raise(InvalidArgument(
-                f"checkpoint {path.uri} exists (pass overwrite=True to replace it)")))  # fmt: skip
+            self._refuse_gap(
+                model,
+                seq_id,
+                lambda: _raise(
+                    InvalidArgument(
+                        f"checkpoint {path.uri} exists (pass overwrite=True to replace it)"
+                    )
+                ),
+            )
         meta = self._meta(model, ttl_seconds)
         return self._ordered(model, seq_id, self._save, model.adapter, folder, meta, path.uri)
 
@@ -173,11 +211,13 @@ class TinkerService:
         if repeat := self._repeat(model, seq_id):
             return repeat
         _, folder = self._refuse_gap(model, seq_id, lambda: checkpoints.existing(uri, self.root))
-        return self._ordered(model, seq_id, self._load, model.adapter, folder, optimizer, uri,
-                             model_id)  # fmt: skip
+        return self._ordered(
+            model, seq_id, self._load, model.adapter, folder, optimizer, uri, model_id
+        )
 
-    def save_for_sampler(self, model_id: str, seq_id: int | None, name: str | None,
-                         ttl_seconds: int | None) -> str:  # fmt: skip
+    def save_for_sampler(
+        self, model_id: str, seq_id: int | None, name: str | None, ttl_seconds: int | None
+    ) -> str:
         """With ``name``: a sampler checkpoint on disk (its ``tinker://`` path); without: a new
         sampling session on a snapshot of the adapter as it is now."""
         model = self.model(model_id)
@@ -185,16 +225,23 @@ class TinkerService:
             return repeat
         if name is None:
             return self._ordered(model, seq_id, self._snapshot, model)
-        path = self._refuse_gap(model, seq_id, lambda: checkpoints.CheckpointPath(
-            model_id, "sampler_weights", checkpoints.checkpoint_name(name)))  # fmt: skip
+        path = self._refuse_gap(
+            model,
+            seq_id,
+            lambda: checkpoints.CheckpointPath(
+                model_id, "sampler_weights", checkpoints.checkpoint_name(name)
+            ),
+        )
         meta = self._meta(model, ttl_seconds)
-        return self._ordered(model, seq_id, self._save, model.adapter, path.folder(self.root),
-                             meta, path.uri)  # fmt: skip
+        return self._ordered(
+            model, seq_id, self._save, model.adapter, path.folder(self.root), meta, path.uri
+        )
 
     # ---- sampling ---------------------------------------------------------------------
 
-    def create_sampling_session(self, session_id: str, base_model: str | None,
-                                model_path: str | None) -> str:  # fmt: skip
+    def create_sampling_session(
+        self, session_id: str, base_model: str | None, model_path: str | None
+    ) -> str:
         """A sampling session on the base model, or on a sampler checkpoint (``model_path``)."""
         session = self.live_session(session_id)
         if model_path is None:
@@ -225,8 +272,10 @@ class TinkerService:
 
     def _check_base(self, base_model: str) -> None:
         if base_model != self.served.name and base_model not in self.served.aliases:
-            raise InvalidArgument(f"base model {base_model!r} is not served here; this fleet "
-                                  f"serves {self.served.name!r} only")  # fmt: skip
+            raise InvalidArgument(
+                f"base model {base_model!r} is not served here; this fleet "
+                f"serves {self.served.name!r} only"
+            )
 
     def _sampling(self, sampling_session_id: str) -> tuple[Snapshot, str]:
         if sampling_session_id not in self.snapshots:
@@ -260,9 +309,15 @@ class TinkerService:
 
     def _meta(self, model: TrainingModel, ttl_seconds: int | None) -> dict[str, Any]:
         spec = model.spec
-        return {"base_model": self.served.name, "rank": spec.rank, "lora_alpha": self.pool.lora_alpha,
-                "train_attn": spec.train_attn, "train_mlp": spec.train_mlp,
-                "model_id": model.model_id, "ttl_seconds": ttl_seconds}  # fmt: skip
+        return {
+            "base_model": self.served.name,
+            "rank": spec.rank,
+            "lora_alpha": self.pool.lora_alpha,
+            "train_attn": spec.train_attn,
+            "train_mlp": spec.train_mlp,
+            "model_id": model.model_id,
+            "ttl_seconds": ttl_seconds,
+        }
 
     def _repeat(self, model: TrainingModel, seq_id: int | None) -> str | None:
         """The request id of an earlier copy of this call (the SDK retried it), if any."""

@@ -6,6 +6,8 @@ What changes against full fine-tuning, and why:
 - A weight push carries only the adapter (``rlfleet.model.lora``'s wire names, ``B`` scaled by
   ``lora_alpha / r``): a few percent of the model's bytes. Replicas keep the base they loaded
   from ``model.path``, so the trainer's base must be that same model.
+  With ``model.lora_push: merged`` it carries every weight with the adapter folded in instead
+  (``merged_state``): a full push, for engines that serve adapters slowly (vLLM on CPU).
 - The reference policy is the base: reference log-probs are the actor's own forward with the
   adapter switched off (``disable_adapter``), so no second copy of the base is kept anywhere
   and the refcritic is not needed for them.
@@ -90,11 +92,32 @@ def adapter_state(model, adapter: str = "default") -> dict[str, torch.Tensor]:
     return state
 
 
+def merged_state(model, adapter: str = "default") -> dict[str, torch.Tensor]:
+    """Every weight of the wrapped model under its plain name (as ``model.path`` has it), with
+    adapter ``adapter`` folded into the layers it wraps: ``W + scale * B @ A`` (new tensors);
+    the other weights are the parameters themselves (detached), tied ones once."""
+    deltas = {
+        base: (layer.lora_B[adapter].weight * layer.scaling[adapter]) @ layer.lora_A[adapter].weight
+        for base, layer in lora_layers(model, adapter)
+    }
+    state = {}
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        plain = name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+        weight = param.detach()
+        state[plain] = weight + deltas[plain].to(weight.dtype) if plain in deltas else weight
+    return state
+
+
 class LoraActor(Actor):
-    """The actor over a peft model: adapter-only pushes, reference = adapter off."""
+    """The actor over a peft model: adapter-only (or merged) pushes, reference = adapter off."""
 
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
-        return adapter_state(self.model)
+        with torch.no_grad():
+            if self.config.model.lora_push == "merged":
+                return merged_state(self.model)
+            return adapter_state(self.model)
 
     @torch.no_grad()
     def ref_logprobs(

@@ -17,7 +17,7 @@ from rlfleet.model import lora, weights
 from rlfleet.model.model_io import load_causal_lm
 from rlfleet.rl.sequences import pack_sequences, response_logprobs, unpack_rows
 from rlfleet.rollout.engines.hf import HFEngine
-from rlfleet.trainer.lora import ADAPTER_DIR, adapter_state, build_lora_actor
+from rlfleet.trainer.lora import ADAPTER_DIR, adapter_state, build_lora_actor, merged_state
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "tiny-qwen2-arith"
 pytestmark = pytest.mark.skipif(
@@ -60,6 +60,26 @@ def test_push_holds_only_the_adapter_and_is_much_smaller() -> None:
     assert set(pairs) <= set(full) and "lm_head.weight" not in pairs
     for name, (a, b) in pairs.items():
         assert a.shape[0] == b.shape[1] == 4 and (b.shape[0], a.shape[1]) == full[name].shape
+
+
+def test_a_merged_push_is_the_base_with_the_adapter_folded_in() -> None:
+    """``model.lora_push=merged``: every weight under the base model's own names, equal to
+    peft's ``merge_and_unload`` of the same adapter, and the wrapped ones moved by it."""
+    import copy
+
+    actor = trained_actor(0, "model.lora_push=merged")
+    state = actor.state_dict_for_rollout()
+    assert not lora.is_adapter_update(state)
+    base = load_causal_lm(str(MODEL))
+    plain = {name: p.detach() for name, p in base.named_parameters()}
+    assert set(state) == set(plain)
+    merged = copy.deepcopy(actor.model).merge_and_unload()
+    expected = {name: p.detach() for name, p in merged.named_parameters()}
+    for name, tensor in state.items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6)
+    moved = [name for name in state if not torch.equal(state[name], plain[name])]
+    assert moved and set(moved) <= set(lora.adapter_pairs(adapter_state(actor.model)))
+    assert merged_state(actor.model).keys() == state.keys()
 
 
 def test_only_the_adapter_trains() -> None:
@@ -164,6 +184,16 @@ async def test_engine_merges_adapter_exactly(engine: HFEngine) -> None:
     with pytest.raises(InvalidArgument):
         await engine.load_weights(bad)
     assert torch.allclose(logits(engine.model, ids), base_logits, atol=0)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_engine_serves_a_merged_push_as_the_actor(engine: HFEngine) -> None:
+    """A merged push is a plain full update: the replica then answers as the LoRA actor does."""
+    ids = PROMPTS[0] + RESPONSES[0]
+    actor = trained_actor(4, "model.lora_push=merged")
+    await engine.load_weights(actor.state_dict_for_rollout())
+    assert not engine.adapter_merged
+    assert torch.allclose(logits(engine.model, ids), logits(actor.model, ids), atol=1e-5)
 
 
 def test_wire_form_saved_as_a_peft_adapter_matches_the_actor(tmp_path: Path) -> None:

@@ -213,5 +213,6 @@ def test_vllm_lora_switches() -> None:
     from rlfleet.rollout.engines.vllm import lora_engine_args
 
     assert lora_engine_args(load_config(overrides=[f"model.path={MODEL}"])) == {}
+    assert lora_engine_args(lora_config("model.lora_push=merged")) == {}  # plain weights
     args = lora_engine_args(lora_config("model.lora_rank=12"))
     assert args["enable_lora"] and args["max_lora_rank"] == 16

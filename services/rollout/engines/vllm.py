@@ -329,7 +329,7 @@ def lora_engine_args(config: RlfleetConfig) -> dict[str, Any]:
     """vLLM's LoRA switches for ``model.lora_rank`` (none when LoRA is off): one adapter in a
     batch (every request uses the newest), room for two while one replaces the other."""
     rank = config.model.lora_rank
-    if not rank:
+    if not rank or config.model.lora_push == "merged":  # merged pushes are plain weights
         return {}
     slot = next((s for s in LORA_RANK_SLOTS if s >= rank), None)
     if slot is None:

@@ -11,6 +11,7 @@ graceful shutdown.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import hmac
 import inspect
 import logging
@@ -226,6 +227,13 @@ class GrpcServer:
         await self._server.wait_for_termination()
 
 
+STOP_DEADLINE_S = 20.0
+"""How long a role may take to stop after SIGTERM/SIGINT before it dumps every thread's stack
+and exits: a stop that waits on something that cannot be cancelled (a model load in a worker
+thread, which ``asyncio.run`` joins at exit) must not outlive the launcher that asked for it.
+Above the launchers' 10 s grace on purpose: a role they stop is SIGKILLed first."""
+
+
 def install_stop_signals(stop_event: asyncio.Event) -> None:
     """SIGTERM/SIGINT set ``stop_event`` so the role can shut down gracefully."""
     loop = asyncio.get_running_loop()
@@ -239,4 +247,6 @@ def _stop_requested(stop_event: asyncio.Event) -> None:
     from rlfleet.common.redis_client import stop_retrying
 
     stop_retrying()
+    if not stop_event.is_set():  # a second signal must not push the deadline back
+        faulthandler.dump_traceback_later(STOP_DEADLINE_S, exit=True)
     stop_event.set()

@@ -16,9 +16,10 @@ ships HumanEval's 164 problems. Like verl's ``examples/data_preprocess`` scripts
     extra_info    {"split", "index", and the task's own fields}
 
 and the files are ``<out>/<task>/{train,test}.parquet`` (HumanEval: ``test`` only; it is an
-evaluation set); basic_math also gets ``sft.parquet``, the train problems with a demonstrated
-``Answer: N`` turn in a ``messages`` column, for ``trainer.mode: sft``. ``<out>`` defaults to ``<rlfleet cache>/data`` (``RLFLEET_CACHE``, else
-``~/.cache/rlfleet``). Train and test come from different seeds; a test problem that also
+evaluation set); basic_math also gets ``sft.parquet``, the train problems with a worked
+solution ending in ``Answer: N`` as the assistant turn in a ``messages`` column, for
+``trainer.mode: sft`` and the SFT warm-up. ``<out>`` defaults to ``<rlfleet cache>/data``
+(``RLFLEET_CACHE``, else ``~/.cache/rlfleet``). Train and test come from different seeds; a test problem that also
 occurs in train is dropped, so held-out accuracy is held out.
 
     python scripts/prepare_data.py [--tasks basic_math countdown gsm_symbolic humaneval]
@@ -39,6 +40,7 @@ from pathlib import Path
 
 from rlfleet.model.local_models import rlfleet_cache_dir
 from rlfleet.tasks import basic_math, countdown, gsm_symbolic, humaneval
+from rlfleet.tasks.basic_math_solutions import worked_solution
 
 log = logging.getLogger("prepare_data")
 
@@ -212,19 +214,25 @@ def prepare(task: str, out: Path, train_size: int, test_size: int, seed: int) ->
     return written
 
 
-SFT_ANSWERS: dict[str, Callable[[object], str]] = {"basic_math": lambda truth: f"Answer: {truth}"}
-"""Tasks with a demonstration answer for ``trainer.mode: sft`` (``<task>/sft.parquet``: the
-train problems, each with an assistant turn giving its answer in the asked-for form)."""
+def worked_basic_math(row: dict) -> str:
+    """A basic_math problem's worked solution, ending in ``Answer: N``."""
+    question = row["extra_info"]["question"]
+    return worked_solution(row["data_source"], question, row["reward_model"]["ground_truth"])
 
 
-def sft_rows(train: list[dict], answer: Callable[[object], str]) -> list[dict]:
+SFT_ANSWERS: dict[str, Callable[[dict], str]] = {"basic_math": worked_basic_math}
+"""Tasks with demonstrations for ``trainer.mode: sft`` and the SFT warm-up
+(``<task>/sft.parquet``: the train problems, each with an assistant turn that works the problem
+in a few short lines and ends in the asked-for form; ``rlfleet.tasks.basic_math_solutions``)."""
+
+
+def sft_rows(train: list[dict], answer: Callable[[dict], str]) -> list[dict]:
     """The train rows as conversations: ``messages`` = the prompt + the demonstrated answer
     (verl's multi-turn SFT column), the RL columns kept."""
-    rows = []
-    for r in train:
-        turn = {"role": "assistant", "content": answer(r["reward_model"]["ground_truth"])}
-        rows.append({**r, "messages": [*r["prompt"], turn]})
-    return rows
+    return [
+        {**r, "messages": [*r["prompt"], {"role": "assistant", "content": answer(r)}]}
+        for r in train
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

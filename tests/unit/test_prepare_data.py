@@ -127,6 +127,18 @@ def test_basic_math_deals_every_family_and_its_answers_score_one(out):
         assert score(row, f"Answer: {int(truth) + 1}") == 0.0
 
 
+def test_basic_math_sft_rows_work_each_train_problem_to_an_answer_that_scores_one(out):
+    train = rows(out, "basic_math", "train")
+    sft = read_rows(out / "basic_math" / "sft.parquet")
+    assert [r["prompt"] for r in sft] == [r["prompt"] for r in train]
+    for row in sft:
+        *prompt, turn = row["messages"]
+        assert prompt == row["prompt"] and turn["role"] == "assistant"
+        assert "\n" in turn["content"]  # working first, then the answer
+        assert turn["content"].endswith(f"Answer: {row['reward_model']['ground_truth']}")
+        assert score(row, turn["content"]) == 1.0
+
+
 def test_test_split_is_held_out(out):
     for task in ("basic_math", "countdown", "gsm_symbolic"):
         train = {prepare_data.problem_key(r) for r in rows(out, task, "train")}

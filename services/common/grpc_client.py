@@ -8,11 +8,12 @@ side maps exceptions to codes in ``grpc_server``), so callers catch ``InvalidArg
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import socket
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, Self, TypeVar
 
 import grpc
 
@@ -21,6 +22,7 @@ from rlfleet.common.config.security import TlsConfig
 from rlfleet.common.grpc_server import message_options
 
 T = TypeVar("T")
+C = TypeVar("C", bound="ServiceClient")
 
 ERROR_BY_STATUS: dict[grpc.StatusCode, type[errors.RlfleetError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.InvalidArgument,
@@ -149,8 +151,6 @@ def auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
 
 async def wait_ready(channel: grpc.aio.Channel, timeout_s: float) -> None:
     """Wait until the channel connects, or raise TimeoutError naming the target."""
-    import asyncio
-
     try:
         await asyncio.wait_for(channel.channel_ready(), timeout_s)
     except TimeoutError as exc:
@@ -170,3 +170,71 @@ async def checked(call: Awaitable[T], service: str = "") -> T:
         return await call
     except grpc.aio.AioRpcError as exc:
         raise error_from_rpc(exc, service) from exc
+
+
+class ServiceClient:
+    """One channel to one role's service: its API key on every call, a deadline of
+    ``timeout_s`` (None: none), and rlfleet exceptions named after ``SERVICE`` instead of gRPC
+    errors. ``async with Client(address) as client`` closes the channel; so does ``close()``."""
+
+    SERVICE = ""
+    """The service's name in the errors its calls raise (``"reward INVALID_ARGUMENT: ..."``)."""
+
+    def __init__(
+        self,
+        address: str,
+        api_key: str | None = None,
+        timeout_s: float | None = None,
+        max_message_mb: int = 64,
+    ) -> None:
+        self.address, self.timeout_s = address, timeout_s
+        self._channel = make_channel(address, max_message_mb)
+        self._metadata = auth_metadata(api_key)
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        await wait_ready(self._channel, timeout_s)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def _call(self, method: Callable[..., Awaitable[T]], message: Any) -> T:
+        call = method(message, metadata=self._metadata, timeout=self.timeout_s)
+        return await checked(call, self.SERVICE)
+
+
+class SyncServiceClient(Generic[C]):
+    """A blocking wrapper over an async client, with an event loop of its own, for scripts and
+    notebooks that have none (not for use inside a running loop)."""
+
+    def __init__(self, make: Callable[[], C]) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._client = self._run(_built(make))
+
+    def _run(self, call: Awaitable[T]) -> T:
+        return self._loop.run_until_complete(call)
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        self._run(self._client.wait_ready(timeout_s))
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._run(self._client.close())
+            self._loop.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _built(make: Callable[[], C]) -> C:
+    """The async client made inside the wrapper's loop (a channel binds to the loop it is
+    made in)."""
+    return make()

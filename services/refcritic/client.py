@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
+from rlfleet.common.grpc_client import ServiceClient
 from rlfleet.proto import refcritic_pb2, refcritic_pb2_grpc
 from rlfleet.refcritic.convert import rows_from_proto, rows_to_proto, sequences_to_proto
 
@@ -22,8 +22,10 @@ class CheckpointInfo:
     step: int
 
 
-class RefCriticClient:
+class RefCriticClient(ServiceClient):
     """One channel to a refcritic; every method is one RPC with a deadline of ``timeout_s``."""
+
+    SERVICE = "refcritic"
 
     def __init__(
         self,
@@ -32,19 +34,10 @@ class RefCriticClient:
         max_message_mb: int = 64,
         timeout_s: float = 600.0,
     ) -> None:
-        self._channel = make_channel(address, max_message_mb)
+        super().__init__(address, api_key, timeout_s, max_message_mb)
         self._stub = refcritic_pb2_grpc.RefCriticStub(self._channel)
-        self._metadata = auth_metadata(api_key)
-        self._timeout_s = timeout_s
         self.critic_step = 0
         """Critic optimizer steps reported by the last update/save/load."""
-
-    async def wait_ready(self, timeout_s: float = 30.0) -> None:
-        await wait_ready(self._channel, timeout_s)
-
-    async def _call(self, method, request):
-        call = method(request, timeout=self._timeout_s, metadata=self._metadata)
-        return await checked(call, "refcritic")
 
     async def ref_logprobs(
         self, prompts: list[list[int]], responses: list[list[int]]
@@ -96,12 +89,3 @@ class RefCriticClient:
         )
         self.critic_step = reply.step
         return CheckpointInfo(reply.path, reply.step)
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> RefCriticClient:
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        await self.close()

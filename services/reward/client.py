@@ -10,22 +10,22 @@ InvalidArgument naming it.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from rlfleet.common.errors import InvalidArgument
-from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
+from rlfleet.common.grpc_client import ServiceClient, SyncServiceClient
 from rlfleet.proto import common_pb2, reward_pb2, reward_pb2_grpc
 from rlfleet.reward import convert as glue
 from rlfleet.reward.types import ScoreRequest, ScoreResult, ScorerInfo, check_types
 
-T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 300.0
 
 
-class RewardClient:
+class RewardClient(ServiceClient):
     """Async client; use ``async with RewardClient(addr) as client`` or call ``close()``."""
+
+    SERVICE = "reward"
 
     def __init__(
         self,
@@ -34,14 +34,8 @@ class RewardClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_message_mb: int = 64,
     ) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self._channel = make_channel(address, max_message_mb)
+        super().__init__(address, api_key, timeout_s, max_message_mb)
         self._stub = reward_pb2_grpc.RewardStub(self._channel)
-        self._metadata = auth_metadata(api_key)
-
-    async def wait_ready(self, timeout_s: float = 30.0) -> None:
-        await wait_ready(self._channel, timeout_s)
 
     async def score(self, request: ScoreRequest | dict[str, Any]) -> ScoreResult:
         """One item: a ScoreRequest, or a dict of its fields."""
@@ -65,46 +59,21 @@ class RewardClient:
         reply = await self._call(self._stub.ListScorers, common_pb2.Empty())
         return [glue.scorer_info_from_proto(info) for info in reply.scorers]
 
-    async def close(self) -> None:
-        await self._channel.close()
 
-    async def __aenter__(self) -> RewardClient:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
-
-    async def _call(self, method: Callable[..., Awaitable[T]], message: Any) -> T:
-        call = method(message, metadata=self._metadata, timeout=self.timeout_s)
-        return await checked(call, "reward")
-
-
-class SyncRewardClient:
-    """Blocking wrapper with its own event loop; not for use inside a running loop."""
+class SyncRewardClient(SyncServiceClient[RewardClient]):
+    """``RewardClient``, blocking; not for use inside a running loop."""
 
     def __init__(self, address: str, api_key: str | None = None, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._client = self._loop.run_until_complete(_make(address, api_key, kwargs))
+        super().__init__(lambda: RewardClient(address, api_key, **kwargs))
 
     def score(self, request: ScoreRequest | dict[str, Any]) -> ScoreResult:
-        return self._loop.run_until_complete(self._client.score(request))
+        return self._run(self._client.score(request))
 
     def score_batch(self, requests: Sequence[ScoreRequest | dict[str, Any]]) -> list[ScoreResult]:
-        return self._loop.run_until_complete(self._client.score_batch(requests))
+        return self._run(self._client.score_batch(requests))
 
     def list_scorers(self) -> list[ScorerInfo]:
-        return self._loop.run_until_complete(self._client.list_scorers())
-
-    def close(self) -> None:
-        if not self._loop.is_closed():
-            self._loop.run_until_complete(self._client.close())
-            self._loop.close()
-
-    def __enter__(self) -> SyncRewardClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        return self._run(self._client.list_scorers())
 
 
 def as_request(item: Any, where: str) -> ScoreRequest:
@@ -121,8 +90,3 @@ def as_request(item: Any, where: str) -> ScoreRequest:
     except InvalidArgument as exc:
         raise InvalidArgument(f"{where} (id {item.id!r}): {exc}") from None
     return item
-
-
-async def _make(address: str, api_key: str | None, kwargs: dict[str, Any]) -> RewardClient:
-    """Build the async client inside the wrapper's loop (channels bind to their loop)."""
-    return RewardClient(address, api_key, **kwargs)

@@ -1,24 +1,25 @@
 """A router and rollout replicas as real processes, for the tests that call them over gRPC.
 
 ``launch_fleet`` starts a router on a fresh cluster name (so tests sharing one Redis never see
-each other's replicas); ``add_replica`` adds an hf replica on the tiny model; ``teardown``
-SIGKILLs the replicas and stops the router, each by its own PID. Shared by ``test_router`` and
-``test_router_weight_sync``.
+each other's replicas) and the replicas named; ``add_replica`` adds an hf replica on the tiny
+model; ``teardown`` SIGKILLs the replicas and stops the router, each by its own PID. Shared by
+the router, batch, env, weight-update and Redis-restart tests.
 """
 
 from __future__ import annotations
 
 import signal
-import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from procs import ServiceProcess, start_and_wait
+from procs import ServiceProcess
 from replica_proc import ReplicaProc, start_replica, stop_replica
+from router_proc import start_router
 
 from rlfleet.common.keys import Keys
-from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.common.redis_server import EmbeddedRedis
 
 REPLICA_ARGS = ("rollout.backend=hf", "rollout.heartbeat_ttl_s=2")
 
@@ -35,27 +36,21 @@ class Fleet:
     replicas: dict[str, ReplicaProc] = field(default_factory=dict)
 
 
-def start_router(redis_url: str, keys: Keys, log_path: Path) -> tuple[ServiceProcess, str]:
-    """Launch ``python -m rlfleet.rollout.router.main`` and wait until it says it is ready."""
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "rlfleet.rollout.router.main",
-        "--port",
-        str(port),
-        f"redis_url={redis_url}",
-        f"cluster={keys.cluster}",
-        "router.janitor_interval_s=0.3",
-    ]
-    router = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 60))
-    return router, f"127.0.0.1:{port}"
-
-
-def launch_fleet(redis_server: EmbeddedRedis, log_dir: Path) -> Fleet:
+def launch_fleet(
+    redis_server: EmbeddedRedis, log_dir: Path, replica_ids: Sequence[str] = (), *extra: str
+) -> Fleet:
+    """A router on a cluster of its own and ``replica_ids`` (each with ``extra`` overrides);
+    stopped by ``teardown``."""
     keys = Keys(f"t{uuid.uuid4().hex[:12]}")
     router, address = start_router(redis_server.url, keys, log_dir / "router.log")
-    return Fleet(keys, redis_server.url, router, address, log_dir)
+    fleet = Fleet(keys, redis_server.url, router, address, log_dir)
+    try:
+        for replica_id in replica_ids:
+            add_replica(fleet, replica_id, *extra)
+    except BaseException:
+        teardown(fleet)
+        raise
+    return fleet
 
 
 def add_replica(fleet: Fleet, replica_id: str, *extra: str) -> ReplicaProc:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -23,13 +22,14 @@ from pathlib import Path
 import grpc
 import pytest
 import redis.asyncio as aioredis
-from procs import ServiceProcess, start_and_wait
+from procs import ServiceProcess
 from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
+from router_proc import start_router
 
 from rlfleet.common.grpc_client import make_channel
 from rlfleet.common.keys import Keys
 from rlfleet.common.queue.workqueue import WorkQueue
-from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.proto import rollout_pb2_grpc
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.convert import request_to_proto
@@ -47,23 +47,6 @@ REPLICA_ARGS = (
     f"rollout.heartbeat_ttl_s={TTL_S}",
     f"rollout.debug_generate_delay_s={DELAY_S}",
 )
-
-
-def start_router(url: str, keys: Keys, log_path: Path, *extra: str) -> tuple[ServiceProcess, str]:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "rlfleet.rollout.router.main",
-        "--port",
-        str(port),
-        f"redis_url={url}",
-        f"cluster={keys.cluster}",
-        "router.janitor_interval_s=0.3",
-        *extra,
-    ]
-    router = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 60))
-    return router, f"127.0.0.1:{port}"
 
 
 @dataclass

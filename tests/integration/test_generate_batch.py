@@ -18,24 +18,22 @@ from __future__ import annotations
 import asyncio
 import math
 import signal
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from procs import ServiceProcess, start_and_wait
-from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
+from replica_proc import MODEL, stop_replica
+from router_fleet import Fleet, launch_fleet, teardown
 
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import ErrorCode, InvalidArgument, Unavailable
 from rlfleet.common.keys import Keys
 from rlfleet.common.queue.workqueue import Failure, WorkQueue
 from rlfleet.common.redis_client import connect
-from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 from rlfleet.rollout.router.batch import WAKE_POLL_S
@@ -45,58 +43,13 @@ from rlfleet.rollout.types import GenerateRequest, SamplingParams, unpack_reques
 needs_model = pytest.mark.skipif(
     not (MODEL / "model.safetensors").exists(), reason="tiny model not built"
 )
-REPLICA_ARGS = ("rollout.backend=hf", "rollout.heartbeat_ttl_s=2")
 PROMPTS = [f"{10 + 3 * i}+{5 + 7 * i % 50}=" for i in range(32)]
-
-
-@dataclass
-class Fleet:
-    keys: Keys
-    redis_url: str
-    router: ServiceProcess
-    address: str
-    log_dir: Path
-    replicas: dict[str, ReplicaProc] = field(default_factory=dict)
-
-
-def launch_fleet(redis_url: str, log_dir: Path, replica_ids: list[str], *extra: str) -> Fleet:
-    """A router and replicas of their own cluster; stopped by ``teardown``."""
-    keys, port = Keys(f"t{uuid.uuid4().hex[:12]}"), free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "rlfleet.rollout.router.main",
-        "--port",
-        str(port),
-        f"redis_url={redis_url}",
-        f"cluster={keys.cluster}",
-        "router.janitor_interval_s=0.3",
-    ]
-    router = start_and_wait(
-        command, log_dir / "router.log", lambda p: p.wait_for_line("router ready", 60)
-    )
-    fleet = Fleet(keys, redis_url, router, f"127.0.0.1:{port}", log_dir)
-    try:
-        for rid in replica_ids:
-            fleet.replicas[rid] = start_replica(
-                redis_url, keys, rid, log_dir / f"{rid}.log", *REPLICA_ARGS, *extra
-            )
-    except BaseException:
-        teardown(fleet)
-        raise
-    return fleet
-
-
-def teardown(fleet: Fleet) -> None:
-    for replica in fleet.replicas.values():
-        stop_replica(replica, signal.SIGKILL)
-    fleet.router.stop()
 
 
 @pytest.fixture(scope="module")
 def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """One router and two replicas, shared by the tests that break nothing."""
-    fleet = launch_fleet(redis_server.url, tmp_path_factory.mktemp("batch"), ["ga", "gb"])
+    fleet = launch_fleet(redis_server, tmp_path_factory.mktemp("batch"), ["ga", "gb"])
     yield fleet
     teardown(fleet)
 
@@ -276,7 +229,7 @@ async def test_an_entry_failing_as_a_whole_fails_every_member(own_cluster):
 def slow_fleet(redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Fleet]:
     """Two replicas that sleep 3 s inside every entry before generating."""
     fleet = launch_fleet(
-        redis_server.url, tmp_path, ["slow-a", "slow-b"], "rollout.debug_generate_delay_s=3"
+        redis_server, tmp_path, ["slow-a", "slow-b"], "rollout.debug_generate_delay_s=3"
     )
     yield fleet
     teardown(fleet)

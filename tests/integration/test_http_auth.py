@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from procs import ServiceProcess
 from replica_proc import start_replica, stop_replica
-from router_proc import start_http_router
+from router_proc import router_argv, start_http_router
 
 from rlfleet.common.redis_server import free_port
 
@@ -72,18 +72,14 @@ def test_router_without_a_key_keeps_them_open(redis_url, keys, tmp_path):
 
 
 def test_router_metrics_only_server_needs_the_key(redis_url, keys, tmp_path):
-    port, metrics_port = free_port(), free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "rlfleet.rollout.router.main",
-        "--port",
-        str(port),
-        f"redis_url={redis_url}",
-        f"cluster={keys.cluster}",
+    metrics_port = free_port()
+    argv = router_argv(
+        redis_url,
+        keys.cluster,
+        free_port(),
         f"api_key={KEY}",
         f"router.metrics_port={metrics_port}",
-    ]
+    )
     router = ServiceProcess.start(argv, tmp_path / "router.log", "router")
     try:
         router.wait_for_line("router ready", 60)

@@ -44,7 +44,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from replica_proc import MODEL, start_replica, stop_replica
-from router_fleet import REPLICA_ARGS, Fleet, add_replica, launch_fleet, start_router, teardown
+from router_fleet import REPLICA_ARGS, Fleet, add_replica, launch_fleet, teardown
+from router_proc import start_router
 from test_update_keep import MAX_TOKENS, long_model, perturbed  # noqa: F401 - a fixture
 
 from rlfleet.common.grpc_client import make_channel

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import pytest
 from replica_proc import MODEL, ReplicaProc
-from router_fleet import Fleet, add_replica, start_router, teardown
+from router_fleet import Fleet, add_replica, teardown
+from router_proc import start_router
 
 from rlfleet.common.keys import Keys
 from rlfleet.common.redis_server import EmbeddedRedis

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,13 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from procs import start_and_wait
 from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
-from router_proc import RouterProc
+from router_proc import RouterProc, start_http_router
+from router_proc import start_router as start_grpc_router
 
 from rlfleet.common.errors import ResourceExhausted
 from rlfleet.common.keys import Keys
-from rlfleet.common.redis_server import EmbeddedRedis, free_port
+from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.rollout.client import RolloutClient
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 
@@ -89,22 +88,11 @@ def fleet(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory)
 
 def start_router(fleet: Fleet, log_path: Path, http: bool) -> RouterProc:
     """A router process; with ``http`` its OpenAI front too (that one loads a tokenizer)."""
-    port, http_port = free_port(), free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "rlfleet.rollout.router.main",
-        "--port",
-        str(port),
-        f"redis_url={fleet.url}",
-        f"cluster={fleet.keys.cluster}",
-        f"model.path={MODEL}",
-        "router.janitor_interval_s=0.3",
-        *ROUTER_ARGS,
-        *([f"router.http_port={http_port}"] if http else []),
-    ]
-    proc = start_and_wait(command, log_path, lambda p: p.wait_for_line("router ready", 240))
-    return RouterProc(proc, f"127.0.0.1:{port}", f"http://127.0.0.1:{http_port}")
+    if http:
+        return start_http_router(fleet.url, fleet.keys, log_path, *ROUTER_ARGS, ready_s=240)
+    extra = (f"model.path={MODEL}", *ROUTER_ARGS)
+    proc, address = start_grpc_router(fleet.url, fleet.keys, log_path, *extra, ready_s=240)
+    return RouterProc(proc, address, "")
 
 
 def request(tag: str = "", timeout_s: float = 60) -> GenerateRequest:

@@ -17,11 +17,12 @@ finish, cancel them, or stop them to continue under the new weights), then ``loa
 let the stopped requests go on (``InFlight.reopen``), whether the load succeeded or not.
 
 Delta updates (``weights_delta``, ``trainer.weight_delta``): with it on, the updater keeps the
-full weights it last loaded (views of that update's buffer; a copy when they came through
-shared memory, whose file the trainer writes again). A delta whose base is not the version
-served, or that arrives where no base is kept, is refused from its header (FAILED_PRECONDITION);
-one that is accepted is assembled over the kept base and checked against the full push's
-checksum before the engine sees it, so the engine always loads complete weights.
+full update it last loaded, plain weights or a LoRA adapter (views of that update's buffer; a
+copy when they came through shared memory, whose file the trainer writes again). A delta whose
+base is not the version served, or that arrives where no base is kept, is refused from its
+header (FAILED_PRECONDITION); one that is accepted is assembled over the kept base (its changed
+elements written into the base in place, put back if refused) and checked against the full
+push's checksum before the engine sees it, so the engine always loads complete weights.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class WeightUpdater:
         self.lock = asyncio.Lock()  # one update at a time
         self.keep_base = config.trainer.weight_delta != "never"
         self.base: dict | None = None
-        """The full plain weights last loaded (kept only with ``keep_base``), a delta's base."""
+        """The full update last loaded (kept only with ``keep_base``), a delta's base."""
 
     def check(self, header: weights.WeightHeader) -> None:
         """Refuse an update before its bytes arrive: a malformed header (InvalidArgument), a
@@ -103,6 +104,7 @@ class WeightUpdater:
         if weights_delta.is_delta(header):
             self._check_delta(header)  # another update may have landed since
             state_dict = await asyncio.to_thread(weights_delta.apply, state_dict, self.base)
+            self.base = None  # it now holds the new values: a base again once they load
         intact, self.intact = self.intact, False
         try:
             await self.engine.load_weights(state_dict)
@@ -132,10 +134,13 @@ class WeightUpdater:
         return UpdateOutcome(self.version, seconds, flushed)
 
     async def _keep_base(self, header: weights.WeightHeader, state_dict: dict) -> None:
-        """Keep plain full weights as the next delta's base (an adapter merges over the base
-        the engine already holds, which stays the base). Tensors from a shared-memory file are
-        copied: the trainer writes the next push into the same file."""
-        if not self.keep_base or lora.is_adapter_update(state_dict):
+        """Keep the full update just loaded (plain weights, or a whole LoRA adapter: adapter
+        updates are absolute) as the next delta's base. Tensors from a shared-memory file are
+        copied (the trainer writes the next push into the same file), except under ``auto``,
+        which sends no delta to a replica that reads the file: it keeps nothing."""
+        auto = self.config.trainer.weight_delta == "auto"
+        if not self.keep_base or (header.shared_memory and auto):
+            self.base = None
             return
         if header.shared_memory:
             state_dict = await asyncio.to_thread(_copied, state_dict)
@@ -143,7 +148,16 @@ class WeightUpdater:
 
 
 def _copied(state_dict: dict) -> dict:
-    return {name: tensor.clone() for name, tensor in state_dict.items()}
+    """Copies through numpy (torch's threaded copy crawls on a busy 2-core machine)."""
+    import numpy
+    import torch
+
+    def copy(tensor: torch.Tensor) -> torch.Tensor:
+        out = weights.empty_bytes(tensor.numel() * tensor.element_size())
+        numpy.copyto(out.numpy(), tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+        return out.view(tensor.dtype).reshape(tensor.shape)
+
+    return {name: copy(tensor) for name, tensor in state_dict.items()}
 
 
 def check_no_narrowing(header: weights.WeightHeader, serving_dtype: str) -> None:
@@ -160,7 +174,7 @@ def check_no_narrowing(header: weights.WeightHeader, serving_dtype: str) -> None
 
     target = getattr(torch, serving_dtype)
     for entry in header.tensors:
-        if entry.name.startswith(lora.PREFIX):
+        if weights_delta.original_name(entry.name).startswith(lora.PREFIX):
             continue
         dtype = getattr(torch, entry.dtype, None)
         if isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype != target:

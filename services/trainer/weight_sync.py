@@ -82,7 +82,7 @@ class WeightSync:
             results = await self._transport.deliver(prepared, targets)
         finally:
             self._transport.release(prepared, bool(results) and _all_ok(results))
-        return self._outcome(results, version, only_stale, started)
+        return self._outcome(results, version, only_stale, started, prepared.delta_ratio)
 
     async def snapshot(
         self, state_dict: StateDict, version: int, flush_cache: bool = True
@@ -101,7 +101,10 @@ class WeightSync:
         started = time.perf_counter()
         targets = await self._targets(prepared.version, only_stale)
         results = await self._transport.deliver(prepared, targets) if targets else []
-        return self._outcome(results, prepared.version, only_stale, started), _all_ok(results)
+        metrics = self._outcome(
+            results, prepared.version, only_stale, started, prepared.delta_ratio
+        )
+        return metrics, _all_ok(results)
 
     def release(self, prepared: Prepared, reusable: bool) -> None:
         self._transport.release(prepared, reusable)
@@ -110,7 +113,12 @@ class WeightSync:
         return [r for r in await self._live() if not only_stale or _behind(r, version)]
 
     def _outcome(
-        self, results: list[PushResult], version: int, only_stale: bool, started: float
+        self,
+        results: list[PushResult],
+        version: int,
+        only_stale: bool,
+        started: float,
+        delta_ratio: float | None = None,
     ) -> dict[str, float]:
         """Record what each replica took; fail if a push for everyone reached no one."""
         if not results:
@@ -120,7 +128,8 @@ class WeightSync:
         if not accepted and not only_stale:
             raise Unavailable(f"no replica accepted weight version {version}")
         self._forced_once = self._forced_once or bool(accepted)
-        return {**push_metrics(results), "timing_s/update_weights": time.perf_counter() - started}
+        metrics = push_metrics(results, delta_ratio)
+        return {**metrics, "timing_s/update_weights": time.perf_counter() - started}
 
     def _record(self, results: list[PushResult], version: int) -> None:
         for result in results:
@@ -212,9 +221,14 @@ def _behind(replica: ReplicaStatus, version: int) -> bool:
     return replica.weight_version < version or replica.state is ReplicaState.UPDATE_FAILED
 
 
-def push_metrics(results: Sequence[PushResult]) -> dict[str, float]:
+def push_metrics(
+    results: Sequence[PushResult], delta_ratio: float | None = None
+) -> dict[str, float]:
     """Counts and sizes (verl-style names kept), the slowest and mean replica, and each
-    replica's own time and megabytes (``weight_sync/<replica_id>/seconds``)."""
+    replica's own time and megabytes (``weight_sync/<replica_id>/seconds``); ``weight/bytes_sent``
+    is the payload bytes of what every replica took (a delta or the full push, summed over
+    replicas), ``weight/delta_ratio`` the element delta's bytes over the full push's, for a push
+    where one was measured (``trainer.weight_delta`` not ``never`` and a base to compare)."""
     accepted = [r for r in results if r.ok]
     seconds = [r.seconds for r in accepted] or [0.0]
     metrics = {
@@ -224,7 +238,10 @@ def push_metrics(results: Sequence[PushResult]) -> dict[str, float]:
         "weight_sync/push_s_max": max(seconds),
         "weight_sync/push_s_mean": sum(seconds) / len(seconds),
         "weight_sync/delta_replicas": float(sum(r.delta for r in accepted)),
+        "weight/bytes_sent": float(sum(r.bytes for r in accepted)),
     }
+    if delta_ratio is not None:
+        metrics["weight/delta_ratio"] = delta_ratio
     for r in results:
         metrics[f"weight_sync/{r.replica_id}/seconds"] = r.seconds
         metrics[f"weight_sync/{r.replica_id}/mbytes"] = r.bytes / 2**20

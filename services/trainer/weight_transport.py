@@ -7,10 +7,13 @@ machine, sends only the header and lets them read one shared-memory payload; oth
 (NCCL) fit the same Protocol. Each push answers one ``PushResult`` per target: the version the
 replica reports serving after it (the reply to the push, so no second look-up).
 
-With ``trainer.weight_delta`` (``grpc_weight_sync(delta=...)``), a replica serving the version of the previous
-push gets only the tensors that changed since (``weights_delta``), streamed, when that is
-smaller than the full push; a replica that refuses the delta (FAILED_PRECONDITION: another
-base; INVALID_ARGUMENT: it arrived damaged) gets the full push at once, in the same push.
+With ``trainer.weight_delta`` (``grpc_weight_sync(delta=...)``), a replica serving the version
+of the previous push gets only the elements that changed since (``weights_delta``, planned by
+``weights_delta_plan``), streamed: with ``always`` whatever its size, with ``auto`` when it is
+at most ``AUTO_DELTA_FRACTION`` of the full push and only to replicas the bytes are streamed to
+(one reading the shared-memory file takes the full push faster: docs/weight_delta.md). A
+replica that refuses the delta (FAILED_PRECONDITION: another base; INVALID_ARGUMENT: it arrived
+damaged) gets the full push at once, in the same push.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument, NotFound
-from rlfleet.model import weights, weights_delta, weights_shm
+from rlfleet.model import weights, weights_delta_plan, weights_shm
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
 
 if TYPE_CHECKING:
@@ -43,13 +46,11 @@ class PushResult:
 
     replica_id: str
     ok: bool
-    version: int = 0
-    """The version the replica reports serving after the push (its reply)."""
+    version: int = 0  # the version the replica reports serving after the push (its reply)
     seconds: float = 0.0
     bytes: int = 0
     error: str = ""
-    delta: bool = False
-    """The replica took a delta (only the changed tensors)."""
+    delta: bool = False  # the replica took a delta (only the changed elements)
 
 
 class WeightTransport(Protocol):
@@ -86,9 +87,9 @@ class WeightTransport(Protocol):
 
 
 DeltaMode = str  # "never" | "auto" | "always" (``trainer.weight_delta``)
-AUTO_DELTA_FRACTION = 0.5
-"""``auto`` sends a delta only when it is at most this fraction of the full push: below that
-the saving outweighs hashing every tensor and the replica assembling the weights."""
+AUTO_DELTA_FRACTION = 0.25
+"""``auto`` sends a delta only when it is at most this fraction of the full push (measured on
+SmolLM2: docs/weight_delta.md)."""
 
 
 class WeightReceiver(Protocol):
@@ -137,8 +138,7 @@ class GrpcWeightTransport:
         """The file of the last push every target took, to be written again."""
         self._spare_lock = threading.Lock()  # encodes run in worker threads
         self.delta: DeltaMode = "never"
-        self._sent: tuple[int, dict[str, str]] | None = None
-        """(version, per-tensor digests) of the last push, the base of the next delta."""
+        self._planner = weights_delta_plan.DeltaPlanner()  # keeps the last push's bytes
 
     async def push(
         self,
@@ -165,15 +165,18 @@ class GrpcWeightTransport:
         targets: Sequence[ReplicaStatus] | None = None,
     ) -> Prepared:
         """Encode once (into shared memory unless every target, or every replica met so
-        far when ``targets`` is None, needs the bytes streamed) and plan the delta."""
+        far when ``targets`` is None, needs the bytes streamed) and plan the delta (in
+        ``auto``, only when some target is streamed to)."""
         addresses = [t.address for t in targets] if targets is not None else list(self._clients)
-        streamed_only = bool(addresses) and all(a in self._streamed for a in addresses)
-        shared = self._shared_memory and not streamed_only
+        streamed = [a in self._streamed for a in addresses]
+        shared = self._shared_memory and not (streamed and all(streamed))
         encoded = await asyncio.to_thread(
             self._encode, state_dict, version, flush_cache, force, shared
         )
+        streams = any(streamed) or not shared
         try:
-            delta = await asyncio.to_thread(self._plan_delta, state_dict, encoded, version, force)
+            plan = self._plan_delta
+            delta = await asyncio.to_thread(plan, state_dict, encoded, version, force, streams)
         except BaseException:
             self._release(encoded, reusable=False)
             raise
@@ -182,43 +185,37 @@ class GrpcWeightTransport:
     async def deliver(
         self, prepared: Prepared, targets: Sequence[ReplicaStatus]
     ) -> list[PushResult]:
-        """The prepared version to every target at once (the delta to those on its base)."""
-        return list(
-            await asyncio.gather(
-                *(
-                    self._push_one(t, prepared.encoded, _delta_for(t, prepared.delta))
-                    for t in targets
-                )
-            )
-        )
+        """The prepared version to every target at once (the delta to those on its base;
+        in ``auto`` not to those that read the shared-memory file)."""
+        pushes = [self._push_one(t, prepared.encoded, self._delta_to(t, prepared)) for t in targets]
+        return list(await asyncio.gather(*pushes))
+
+    def _delta_to(self, target: ReplicaStatus, prepared: Prepared) -> _Encoded | None:
+        by_reference = prepared.encoded.shared is not None and target.address not in self._streamed
+        return None if by_reference and self.delta == "auto" else _delta_for(target, prepared.delta)
 
     def release(self, prepared: Prepared, reusable: bool) -> None:
         """Keep the shared file for the next push if every target took it, else remove it."""
         self._release(prepared.encoded, reusable)
 
     def _plan_delta(
-        self, state_dict: StateDict, encoded: _Encoded, version: int, force: bool
+        self, state_dict: StateDict, encoded: _Encoded, version: int, force: bool, streams=True
     ) -> _Delta | None:
-        """The delta on the previous push's version, when ``delta`` allows one and it is
-        smaller than the full push; records this push as the next base either way."""
-        if self.delta == "never" or not weights_delta.applicable(state_dict):
-            self._sent = None
+        """The element delta on the previous push's version (its ``encoded`` None when
+        ``auto`` finds it too big; ``always`` sends it whatever its size); records this push
+        as the next base. None, keeping no base, in ``auto`` when no target is ``streams``."""
+        if self.delta == "never" or not state_dict or (self.delta == "auto" and not streams):
+            self._planner.forget()
             return None
         full = encoded.header
-        digests = weights_delta.tensor_digests(full, encoded.payload)
-        sent, self._sent = self._sent, (version, digests)
-        if sent is None or force or sent[0] >= version:
+        plan = self._planner.plan(full, encoded.payload, force, private=encoded.shared is None)
+        if plan is None:
             return None
-        changed = weights_delta.changed_names(sent[1], digests)
-        if changed is None or not self._worth_it(weights_delta.delta_nbytes(full, changed), full):
-            return None
-        tensors = weights_delta.delta_state(full, encoded.payload, changed, sent[0])
-        header, payload = weights.encode(tensors, version, full.flush_cache)
-        return _Delta(sent[0], _Encoded(header, payload, self._prepare, self._chunk_bytes))
-
-    def _worth_it(self, delta_bytes: int, full: weights.WeightHeader) -> bool:
-        limit = full.total_bytes * (AUTO_DELTA_FRACTION if self.delta == "auto" else 1.0)
-        return delta_bytes < limit
+        if self.delta == "auto" and plan.ratio > AUTO_DELTA_FRACTION:
+            return _Delta(plan.base, None, plan.ratio)
+        header, payload = weights.encode(plan.state, version, full.flush_cache)
+        sent = _Encoded(header, payload, self._prepare, self._chunk_bytes)
+        return _Delta(plan.base, sent, plan.ratio)
 
     def _encode(
         self, state_dict: StateDict, version: int, flush_cache: bool, force: bool, shared: bool
@@ -338,7 +335,10 @@ class GrpcWeightTransport:
 class _Delta:
     base: int
     """The version the delta applies to: only replicas serving it get the delta."""
-    encoded: _Encoded
+    encoded: _Encoded | None
+    """None when the delta was measured but is not worth sending."""
+    ratio: float
+    """Its bytes over the full push's (``weight/delta_ratio``)."""
 
 
 @dataclass
@@ -351,6 +351,11 @@ class Prepared:
     @property
     def version(self) -> int:
         return self.encoded.header.version
+
+    @property
+    def delta_ratio(self) -> float | None:
+        """Element delta bytes over full bytes, when a delta was measured for this version."""
+        return self.delta.ratio if self.delta is not None else None
 
 
 def _delta_for(target: ReplicaStatus, delta: _Delta | None) -> _Encoded | None:

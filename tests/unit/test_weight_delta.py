@@ -190,12 +190,14 @@ async def test_a_replica_with_delta_never_refuses_deltas() -> None:
         await engine.close()
 
 
-def test_the_transport_sends_a_delta_only_when_it_is_smaller() -> None:
+def test_the_transport_sends_a_delta_as_its_mode_says() -> None:
+    """``always``: whenever there is a base; ``auto``: when at most ``AUTO_DELTA_FRACTION`` of
+    the full push (one moved norm: yes; every tensor but the embedding moved: no)."""
     v1 = base_state()
     everything = {name: t + 1e-3 for name, t in v1.items()}  # every tensor moved
     one = stepped(v1, 1, only="model.norm.weight")
     for mode, state, wanted in [
-        ("always", everything, False),
+        ("always", everything, True),
         ("always", one, True),
         ("auto", stepped(v1, 1), False),
         ("auto", one, True),
@@ -204,7 +206,7 @@ def test_the_transport_sends_a_delta_only_when_it_is_smaller() -> None:
         transport = new_transport(mode)
         plan(transport, v1, 1)
         _, delta = plan(transport, state, 2)
-        assert (delta is not None) is wanted, (mode, wanted)
+        assert (delta is not None and delta.encoded is not None) is wanted, (mode, wanted)
 
 
 def test_a_delta_goes_only_to_serving_replicas_on_its_base() -> None:
@@ -218,11 +220,15 @@ def test_a_delta_goes_only_to_serving_replicas_on_its_base() -> None:
     assert _delta_for(replace(on_base, state=ReplicaState.UPDATE_FAILED), delta) is None
 
 
-def test_lora_updates_are_never_sent_as_deltas() -> None:
-    adapter = {"lora::m.weight::A": torch.ones(2, 4), "lora::m.weight::B": torch.ones(4, 2)}
+def test_lora_updates_are_sent_as_deltas_too() -> None:
+    adapter = {"lora::m.weight::A": torch.ones(2, 4), "lora::m.weight::B": torch.zeros(4, 2)}
+    moved = {**adapter, "lora::m.weight::B": torch.full((4, 2), 0.5)}
     transport = new_transport()
     plan(transport, adapter, 1)
-    assert plan(transport, adapter, 2)[1] is None
+    delta = plan(transport, moved, 2)[1]
+    assert delta is not None and delta.base == 1
+    names = [e.name for e in delta.encoded.header.tensors[1:]]
+    assert names == [weights_delta.tensor_name("lora::m.weight::B")]
 
 
 def test_the_trainers_fleet_sends_deltas_as_its_config_says():

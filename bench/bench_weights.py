@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +80,9 @@ class Replica:
         self.proc, self.address, self.log_path = proc, address, log_path
 
 
-def _start_replica(redis_url: str, model: Path, replica_id: str, options: Options) -> Replica:
+def _start_replica(
+    redis_url: str, model: Path, replica_id: str, options: Options, *extra: str
+) -> Replica:
     from rlfleet.common.redis_server import free_port
 
     port, log_path = free_port(), options.work_dir / f"replica-{replica_id}.log"
@@ -99,6 +100,7 @@ def _start_replica(redis_url: str, model: Path, replica_id: str, options: Option
         f"model.path={model}",
         f"model.dtype={options.dtype}",
         f"rollout.torch_threads={options.hf_threads}",
+        *extra,
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RLFLEET_")}
     with open(log_path, "wb") as log:
@@ -288,11 +290,29 @@ NOTES = [
 ]
 
 
-def measure_delta(model: Path, dtype: str, lr: float = 1e-6) -> dict[str, Any]:
-    """Full push vs delta for one real AdamW step (LM loss on random tokens, ``lr``): bytes,
-    tensors changed, the trainer's and one in-process replica's seconds, and what XOR of the
-    old and new bytes plus zlib would have sent. No replica processes: the wire is not timed
-    (a gRPC stream costs about a memcpy per MiB, so bytes are the wire's share)."""
+DELTA_ROUNDS = 3
+DELTA_VARIANTS = ("element delta", "full shm", "full stream")
+
+
+def measure_delta(model: Path, lr: float = 1e-6, steps: int = 2) -> list[dict[str, Any]]:
+    """Element-level delta against the full push, over the last of ``steps`` real AdamW steps
+    (LM loss on random tokens, ``lr``), for an fp32 actor pushed in fp32, the same actor pushed
+    in bf16 (``rollout.dtype: bfloat16``: only elements whose bf16 rounding moved differ) and a
+    bf16 actor. Per case: bytes and codec seconds in-process (index + value against XOR of the
+    raw bytes + zstd), and end-to-end pushes to one real replica process (``_push_times``)."""
+    from rlfleet.trainer.pushes import cast_weights
+
+    before, after = _stepped(model, "float32", lr, steps)
+    rows = [_delta_case(model, "float32", "float32", before, after, lr)]
+    before, after = cast_weights(before, "bfloat16"), cast_weights(after, "bfloat16")
+    rows.append(_delta_case(model, "float32 pushed as bfloat16", "bfloat16", before, after, lr))
+    before, after = _stepped(model, "bfloat16", lr, steps)
+    rows.append(_delta_case(model, "bfloat16", "bfloat16", before, after, lr))
+    return rows
+
+
+def _stepped(model: Path, dtype: str, lr: float, steps: int) -> tuple[dict, dict]:
+    """The weights before and after the last of ``steps`` AdamW steps."""
     import torch
 
     from rlfleet.model.model_io import load_causal_lm
@@ -300,108 +320,192 @@ def measure_delta(model: Path, dtype: str, lr: float = 1e-6) -> dict[str, Any]:
 
     torch.manual_seed(0)
     net = load_causal_lm(str(model), dtype)
-    before = {n: p.detach().clone() for n, p in net.named_parameters()}
     optimizer = adamw(list(net.parameters()), lr=lr, weight_decay=0.0)
-    ids = torch.randint(0, net.config.vocab_size, (4, 64))
-    net(input_ids=ids, labels=ids).loss.backward()
-    optimizer.step()
-    after = {n: p.detach() for n, p in net.named_parameters()}
-    return asyncio.run(_delta_rows(model, dtype, before, after))
+    before: dict = {}
+    for _ in range(steps):
+        before = {n: p.detach().clone() for n, p in net.named_parameters()}
+        ids = torch.randint(0, net.config.vocab_size, (4, 64))
+        optimizer.zero_grad()
+        net(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+    return before, {n: p.detach().clone() for n, p in net.named_parameters()}
 
 
-async def _delta_rows(model: Path, dtype: str, before: dict, after: dict) -> dict[str, Any]:
-    import zlib
+def _delta_case(model: Path, label: str, served: str, before, after, lr: float) -> dict:
+    progress(f"weights --delta: {model.name} {label}")
+    codec = _codec_row(before, after)
+    pushes = asyncio.run(_push_times(model, served, before, after))
+    row = {"model": model.name, "case": label, "lr": lr, **codec, **pushes}
+    row["delta_push_vs_full_shm"] = ratio(row["element delta_s"], row["full shm_s"])
+    row["delta_push_vs_full_stream"] = ratio(row["element delta_s"], row["full stream_s"])
+    row["xor_zstd_push_s_estimate"] = (
+        row["element delta_s"]
+        - codec["index_value_plan_s"]
+        - codec["index_value_apply_s"]
+        + codec["xor_zstd_encode_s"]
+        + codec["xor_zstd_apply_s"]
+    )
+    return row
 
+
+def _codec_row(before: dict, after: dict) -> dict[str, Any]:
+    """In-process, one push: bytes and seconds of index + value (``weights_delta_plan`` and
+    ``weights_delta.apply``) against XOR of the raw bytes + zstd level 1 (one thread)."""
     import numpy
+    import zstandard
 
-    from rlfleet.trainer.weight_transport import GrpcWeightTransport
+    from rlfleet.model import weights, weights_checksum, weights_delta
+    from rlfleet.model.weights_delta_plan import DeltaPlanner
 
-    transport = GrpcWeightTransport(lambda a: None, lambda h, p, c: None, CHUNK_BYTES)
-    transport.delta = "always"
-    full1 = transport._encode(before, 1, True, False, False)
-    transport._plan_delta(before, full1, 1, False)
-    started = time.perf_counter()
-    full2 = transport._encode(after, 2, True, False, False)
-    encode_s = time.perf_counter() - started
-    delta = transport._plan_delta(after, full2, 2, False)
-    plan_s = time.perf_counter() - started - encode_s
-    changed = delta.encoded.header.tensors[1:] if delta else full2.header.tensors
-    old = numpy.frombuffer(full1.payload, numpy.uint8)
-    xor = numpy.bitwise_xor(old, numpy.frombuffer(full2.payload, numpy.uint8))
-    started = time.perf_counter()
-    packed = len(zlib.compress(xor.tobytes(), 1))
-    xor_s = time.perf_counter() - started
-    replica = await _replica_seconds(model, dtype, full1, full2, delta)
+    old_header, old_payload = weights.encode(before, 1)
+    (header, payload), encode_s = _timed_value(lambda: weights.encode(after, 2))
+    planner = DeltaPlanner()
+    planner.plan(old_header, old_payload)
+    plan, plan_s = _timed_value(lambda: planner.plan(header, payload))
+    (delta_header, delta_payload), delta_encode_s = _timed_value(
+        lambda: weights.encode(plan.state, 2)
+    )
+    base = weights.decode(old_header, bytearray(old_payload))  # apply writes into it
+    decoded = weights.decode(delta_header, delta_payload)
+    _, apply_s = _timed_value(lambda: weights_delta.apply(decoded, base))
+    old = numpy.frombuffer(old_payload, numpy.uint8)
+    new = numpy.frombuffer(payload, numpy.uint8)
+    compressor, decompressor = zstandard.ZstdCompressor(level=1), zstandard.ZstdDecompressor()
+    packed, xor_s = _timed_value(lambda: compressor.compress(numpy.bitwise_xor(old, new)))
+
+    def unxor() -> None:  # what a replica would do: undo, then the full checksum's pass
+        xor = numpy.frombuffer(decompressor.decompress(packed), numpy.uint8)
+        weights_checksum.checksum(numpy.bitwise_xor(old, xor))
+
+    _, unxor_s = _timed_value(unxor)
+    elements = sum(t.numel() for t in after.values())
     return {
-        "model": model.name,
-        "dtype": dtype,
-        "tensors": len(full2.header.tensors),
-        "tensors_changed": len(changed),
-        "full_MiB": full2.header.total_bytes / 2**20,
-        "delta_MiB": (delta.encoded.header.total_bytes / 2**20) if delta else None,
-        "bytes_changed_fraction": float(numpy.count_nonzero(xor)) / len(xor),
-        "xor_zlib1_MiB": packed / 2**20,
-        "xor_zlib1_s": xor_s,
+        "full_MiB": header.total_bytes / 2**20,
+        "elements_changed_fraction": _changed_elements(old_header, old, new) / elements,
+        "delta_ratio": plan.ratio,
+        "index_value_MiB": delta_header.total_bytes / 2**20,
+        "index_value_zstd1_MiB": len(compressor.compress(delta_payload)) / 2**20,
+        "xor_zstd1_MiB": len(packed) / 2**20,
         "trainer_encode_full_s": encode_s,
-        "trainer_delta_plan_s": plan_s,
-        **replica,
-        "note": "delta is None: every tensor changed, the transport sends the full push"
-        if delta is None
-        else "",
+        "index_value_plan_s": plan_s + delta_encode_s,
+        "index_value_apply_s": apply_s,
+        "xor_zstd_encode_s": xor_s,
+        "xor_zstd_apply_s": unxor_s,
     }
 
 
-async def _replica_seconds(model: Path, dtype: str, full1, full2, delta) -> dict[str, float]:
-    """One in-process replica (``WeightUpdater`` over an HF engine): verify+load seconds of
-    the full push, and of the delta when there is one."""
-    from rlfleet.common.config import load_config
-    from rlfleet.rollout.engines.hf import HFEngine
-    from rlfleet.rollout.weight_updates import WeightUpdater, verified
+def _timed_value(fn) -> tuple[Any, float]:
+    started = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - started
 
-    config = load_config(
-        overrides=[
-            f"model.path={model}",
-            f"model.dtype={dtype}",
-            "rollout.backend=hf",
-            "trainer.weight_delta=always",
-        ]
-    )
-    engine = HFEngine(config)
-    await engine.start()
-    try:
-        updater = WeightUpdater(config, engine, lambda _: None)
-        out = {}
-        for label, encoded in (("full", full1), ("full", full2), ("delta", delta)):
-            if encoded is None:
-                continue
-            encoded = getattr(encoded, "encoded", encoded)
-            if label == "delta":  # back to v1 so the delta's base is served
-                updater.version = 0
-                await updater.load(full1.header, verified(full1.header, full1.payload))
-            header = replace(encoded.header, force=label == "full")
-            started = time.perf_counter()
-            updater.check(header)
-            await updater.load(header, verified(header, encoded.payload))
-            out[f"replica_{label}_s"] = time.perf_counter() - started
-        return out
-    finally:
-        await engine.close()
+
+def _changed_elements(header, old, new) -> int:
+    import numpy
+
+    ints = {1: numpy.int8, 2: numpy.int16, 4: numpy.int32, 8: numpy.int64}
+    count = 0
+    for entry in header.tensors:
+        span = slice(entry.offset, entry.offset + entry.nbytes)
+        width = ints[entry.nbytes // max(1, _numel(entry.shape))]
+        count += int(numpy.count_nonzero(old[span].view(width) != new[span].view(width)))
+    return count
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    import math
+
+    return math.prod(shape)
+
+
+async def _push_times(model: Path, served: str, before: dict, after: dict) -> dict[str, float]:
+    """End-to-end seconds (encode + send + verify/assemble + load + flush: the trainer's
+    ``GrpcWeightTransport.push`` until the replica's reply) of pushing ``after`` to one real
+    replica process (hf, ``model.dtype=served``, keeping its base) that serves ``before``: as an
+    element delta (its full encoding included, as the transport always makes it), as a full
+    push through ``/dev/shm`` (the default on one host) and streamed (other hosts). Median of
+    ``DELTA_ROUNDS``, interleaved."""
+    from rlfleet.common.redis_server import EmbeddedRedis
+    from rlfleet.rollout.client import PreparedUpdate, RolloutClient
+    from rlfleet.trainer.weight_transport import GrpcWeightTransport
+
+    work = Options().work_dir / "delta"
+    work.mkdir(parents=True, exist_ok=True)
+    options = Options(dtype=served, work_dir=work)
+    transports = {
+        "element delta": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES, True),
+        "full shm": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES, True),
+        "full stream": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES),
+    }
+    transports["element delta"].delta = "always"
+    with EmbeddedRedis(work / "redis") as server:
+        replica = _start_replica(
+            server.url, model, f"delta-{served}", options, "trainer.weight_delta=always"
+        )
+        client = RolloutClient(replica.address)
+        try:
+            await _wait_serving(client, replica)
+            return await _push_rounds(transports, client, before, after)
+        finally:
+            for transport in transports.values():
+                await transport.close()
+            await client.close()
+            stop_child(replica.proc, grace_s=15)
+
+
+async def _push_rounds(transports, client, before: dict, after: dict) -> dict[str, float]:
+    seconds: dict[str, list[float]] = {v: [] for v in DELTA_VARIANTS}
+    version = (await client.status()).weight_version
+    for _, variant in abba(DELTA_VARIANTS, DELTA_ROUNDS):
+        transport = transports[variant]
+        if variant == "element delta":  # its base first: the replica serves ``before``
+            version += 1
+            await transport.push(before, version, True, [await client.status()])
+        version += 1
+        started = time.perf_counter()
+        [result] = await transport.push(after, version, True, [await client.status()])
+        seconds[variant].append(time.perf_counter() - started)
+        if not result.ok or result.delta != (variant == "element delta"):
+            raise RuntimeError(f"{variant} push of v{version}: {result}")
+    return {f"{v}_s": Stats.of(s).p50 for v, s in seconds.items()}
 
 
 def _delta_main(argv: list[str]) -> int:
-    """``python bench/bench_weights.py --delta [--lr 1e-6] [--smollm2-only]``: the delta rows
-    as JSON lines (SmolLM2 rows when ``make smollm2`` has built it)."""
+    """``python bench/bench_weights.py --delta [--lr 1e-6] [--steps 2]``: the SmolLM2 delta
+    rows as JSON lines (``make smollm2`` builds it), also written to
+    ``results/weights_delta.json``."""
     import json
 
     from rlfleet.model.local_models import SMOLLM2, is_built, model_dir
 
     lr = float(argv[argv.index("--lr") + 1]) if "--lr" in argv else 1e-6
-    cases = [] if "--smollm2-only" in argv else [(MODEL_DIR, "float32"), (MODEL_DIR, "bfloat16")]
-    if is_built(model_dir(SMOLLM2)):  # float32: the shipped recipe's dtype
-        cases += [(model_dir(SMOLLM2), "float32"), (model_dir(SMOLLM2), "bfloat16")]
-    for model, dtype in cases:
-        print(json.dumps({"lr": lr, **measure_delta(Path(model), dtype, lr)}), flush=True)
+    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 2
+    model = MODEL_DIR if "--tiny" in argv else model_dir(SMOLLM2)  # --tiny: a smoke run
+    if model != MODEL_DIR and not is_built(model):
+        print("SmolLM2 is not built (make smollm2)", file=sys.stderr)
+        return 1
+    rows = []
+    for row in measure_delta(model, lr, steps):
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    out = REPO / "bench" / "results" / f"weights_delta{'_tiny' if '--tiny' in argv else ''}.json"
+    out.write_text(json.dumps({"steps": steps, "rows": rows, "notes": DELTA_NOTES}, indent=1))
     return 0
+
+
+DELTA_NOTES = [
+    "elements_changed_fraction: elements whose raw bits in the pushed dtype changed in the last "
+    "step. delta_ratio: element delta payload (index int32 + value, or whole tensors where "
+    "that is smaller; metadata included) over the full payload.",
+    "element delta_s / full shm_s / full stream_s: end to end, GrpcWeightTransport.push to one "
+    "real hf replica process until its reply (trainer encode, plan, send, replica check, "
+    "assemble, full checksum, engine load, cache flush), median of 3 rounds, interleaved.",
+    "xor_zstd_push_s_estimate: the element delta push with its codec seconds (plan+encode on "
+    "the trainer, assemble on the replica) swapped for XOR + zstd-1 (one thread) compress and "
+    "decompress + XOR + checksum; not built into the transport.",
+    "Run with nice -n 19 beside another long measurement on a 2-core machine: read ratios "
+    "within one run, not absolute seconds.",
+]
 
 
 if __name__ == "__main__" and "--delta" in sys.argv:

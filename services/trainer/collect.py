@@ -9,6 +9,10 @@ between updates; the asynchronous one runs it ahead in ``AsyncRollouts``.
 In agent mode (``agent.env`` set) generation is one ``RunEpisodes`` to the env service instead:
 ``rollout.n`` episodes per prompt, each already rewarded by its environment, so there is no
 ``ScoreBatch`` (``rlfleet.trainer.episodes``).
+
+Answers are put back in request order (``determinism.generations_in_order``,
+``scores_in_order``) before a batch is built from them; with ``trainer.deterministic`` every
+request also carries its own seed (``determinism.request_seed``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.determinism import generations_in_order, request_seed, scores_in_order
 from rlfleet.trainer.dynamic_sampling import fill_batch
 from rlfleet.trainer.episodes import episode_jobs, episode_metrics
 from rlfleet.trainer.fleet import Fleet
@@ -115,17 +120,21 @@ class Collector:
         prefix = f"{self.run_tag}-s{step}{tag}"
         if self.config.agent.env:
             return await self.play_episodes(prompts, prefix, min_version)
+        suffix = f"-{tag}" if tag else ""  # DAPO's refill rounds: streams of their own
+        sampling = self._seeded(self._sampling, f"train{suffix}", step)
         requests = [
-            self._request(f"{prefix}-p{i}", f"{prefix}-g{i}", record, min_version, self._sampling)
+            self._request(f"{prefix}-p{i}", f"{prefix}-g{i}", record, min_version, sampling(i))
             for i, record in enumerate(prompts)
         ]
         if self.config.algorithm.adv_estimator == "remax":
             greedy = replace(self._sampling, n=1, temperature=0.0)
+            baseline = self._seeded(greedy, f"baseline{suffix}", step)
             requests += [
-                self._request(f"{prefix}-b{i}", f"{prefix}-g{i}", record, min_version, greedy)
+                self._request(f"{prefix}-b{i}", f"{prefix}-g{i}", record, min_version, baseline(i))
                 for i, record in enumerate(prompts)
             ]
         results = await self.fleet.rollout.generate_batch(requests)
+        results = generations_in_order(requests, results)
         batch = RolloutBatch()
         for group_id, (record, result) in enumerate(zip(prompts, results, strict=False)):
             batch.add_group(record, group_id, result)
@@ -167,6 +176,16 @@ class Collector:
             n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens
         )
 
+    def _seeded(self, sampling: SamplingParams, stream: str, step: int):
+        """Position -> ``sampling``, with ``request_seed``'s seed when the run is
+        ``trainer.deterministic`` (else unseeded: the engine may batch across prompts)."""
+        trainer = self.config.trainer
+        if not trainer.deterministic:
+            return lambda position: sampling
+        return lambda position: replace(
+            sampling, seed=request_seed(trainer.seed, stream, step, position)
+        )
+
     @staticmethod
     def _request(request_id, session_id, record, min_version, sampling) -> GenerateRequest:
         return GenerateRequest(
@@ -201,6 +220,7 @@ class Collector:
             for i, (record, text) in enumerate(pairs)
         ]
         results = await self.fleet.reward.score_batch(requests)
+        results = scores_in_order(requests, results)
         scores = [0.0 if r.error else float(r.score) for r in results]
         batch.scores = scores[: len(batch)]
         if batch.baseline_texts:

@@ -27,6 +27,9 @@ class PromptRecord:
     """Any JSON value (verl's ``reward_model.ground_truth``), handed to the scorer as is."""
     extra_info: dict = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)
+    index: int = -1
+    """Position among the rows of the files it was loaded from, read in order (-1: not loaded
+    from files); ``data_order.jsonl`` names prompts by it."""
 
     def score_request(self, request_id: str, text: str):
         """The reward service's request to score ``text`` as an answer to this prompt."""
@@ -98,11 +101,12 @@ def load_records(
     ``data.apply_chat_template`` (``auto``, True or False; see ``model_io.ChatTemplate``)."""
     from rlfleet.model.model_io import encode_prompt
 
-    records = []
+    records: list[PromptRecord] = []
     for file in files:
         for index, row in enumerate(read_rows(file)):
             record = to_record(row, f"{file}:{index + 1}")
             record.token_ids = list(encode_prompt(tokenizer, record.prompt, chat_template))
+            record.index = len(records)
             if len(record.token_ids) > max_prompt_length:
                 raise InvalidArgument(
                     f"{file}:{index + 1}: prompt has {len(record.token_ids)} tokens "

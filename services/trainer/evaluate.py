@@ -18,11 +18,13 @@ import json
 import logging
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.rollout.types import GenerateRequest, SamplingParams
 from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.determinism import generations_in_order, request_seed, scores_in_order
 from rlfleet.trainer.episodes import episode_jobs
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.val_metrics import answer_of, sampled_metrics
@@ -51,14 +53,16 @@ async def generate_all(
     min_version: int,
     chunk: int = 256,
     versions: set[int] | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> list[list[list[int]]]:
     """Token ids of every completion (``sampling.n`` per record), ``chunk`` prompts per call;
-    the weight version of each result goes into ``versions`` when given."""
+    the weight version of each result goes into ``versions`` when given; ``seeds``: one
+    sampling seed per record (``trainer.deterministic``)."""
     tag = uuid.uuid4().hex[:8]
     requests = [
         GenerateRequest(
             request_id=f"val-{tag}-{index}",
-            sampling=sampling,
+            sampling=sampling if seeds is None else replace(sampling, seed=seeds[index]),
             prompt_token_ids=record.token_ids,
             session_id=f"val-{tag}-{index}",
             min_weight_version=min_version,
@@ -67,7 +71,9 @@ async def generate_all(
     ]
     completions: list[list[list[int]]] = []
     for start in range(0, len(requests), chunk):
-        results = await rollout.generate_batch(requests[start : start + chunk])
+        part = requests[start : start + chunk]
+        results = await rollout.generate_batch(part)
+        results = generations_in_order(part, results)
         completions.extend([c.token_ids for c in result.completions] for result in results)
         if versions is not None:
             versions.update(r.weight_version for r in results)
@@ -81,10 +87,13 @@ async def greedy_responses(
     min_version: int,
     chunk: int = 256,
     versions: set[int] | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """Token ids of the greedy completion of every record."""
     sampling = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
-    completions = await generate_all(rollout, records, sampling, min_version, chunk, versions)
+    completions = await generate_all(
+        rollout, records, sampling, min_version, chunk, versions, seeds
+    )
     return [rows[0] for rows in completions]
 
 
@@ -95,7 +104,8 @@ async def score_texts(reward, records: list[PromptRecord], texts: list[str]):
         record.score_request(f"val-{tag}-{i}", text)
         for i, (record, text) in enumerate(zip(records, texts, strict=True))
     ]
-    return await reward.score_batch(requests)
+    results = await reward.score_batch(requests)
+    return scores_in_order(requests, results)
 
 
 def score_of(result) -> float:
@@ -133,10 +143,12 @@ def sample_rows(tokenizer, records, texts, scores, count: int) -> list[dict]:
 class Evaluator:
     """Runs validations for one trainer: the fleet's rollout and reward, its tokenizer."""
 
-    def __init__(self, config: RlfleetConfig, fleet: Fleet, tokenizer) -> None:
+    def __init__(self, config: RlfleetConfig, fleet: Fleet, tokenizer, step: int = 0) -> None:
         self.config = config
         self.fleet = fleet
         self.tokenizer = tokenizer
+        self.step = step
+        """Steps trained before this validation: part of each request's seed."""
         self.versions: set[int] = set()
         """Weight versions the replicas answered this evaluator's requests with."""
 
@@ -160,7 +172,12 @@ class Evaluator:
         max_tokens = self.config.rollout.max_tokens
         texts = self.decode(
             await greedy_responses(
-                self.fleet.rollout, records, max_tokens, version, versions=self.versions
+                self.fleet.rollout,
+                records,
+                max_tokens,
+                version,
+                versions=self.versions,
+                seeds=self.seeds("val", len(records)),
             )
         )
         return texts, [score_of(r) for r in await score_texts(self.fleet.reward, records, texts)]
@@ -179,8 +196,9 @@ class Evaluator:
         sampling = SamplingParams(
             n=cfg.val_n, temperature=cfg.val_temperature, max_tokens=self.config.rollout.max_tokens
         )
+        seeds = self.seeds("val-sampled", len(records))
         groups = await generate_all(
-            self.fleet.rollout, records, sampling, version, versions=self.versions
+            self.fleet.rollout, records, sampling, version, versions=self.versions, seeds=seeds
         )
         flat_records = [record for record, rows in zip(records, groups, strict=True) for _ in rows]
         texts = self.decode([tokens for rows in groups for tokens in rows])
@@ -192,6 +210,14 @@ class Evaluator:
             answers.append([answer_of(texts[i], results[i].metrics) for i in chunk])
             start += len(rows)
         return sampled_metrics([r.data_source for r in records], scores, answers)
+
+    def seeds(self, stream: str, count: int) -> list[int] | None:
+        """One seed per held-out prompt when ``trainer.deterministic`` (a seeded greedy request
+        runs alone in the HF engine: batch-invariant), else None."""
+        trainer = self.config.trainer
+        if not trainer.deterministic:
+            return None
+        return [request_seed(trainer.seed, stream, self.step, i) for i in range(count)]
 
     async def validate(self, records: list[PromptRecord], version: int) -> Validation:
         """The greedy pass, plus the sampled one when ``trainer.val_n > 1``."""

@@ -72,6 +72,13 @@ class RolloutBatch:
     def __len__(self) -> int:
         return len(self.responses)
 
+    def prompt_indices(self) -> list[int]:
+        """``PromptRecord.index`` of each group's prompt, groups in the order of their rows."""
+        first: dict[int, int] = {}
+        for row, group in enumerate(self.group_ids):
+            first.setdefault(group, row)
+        return [self.records[row].index for row in first.values()]
+
     def add_group(self, record: PromptRecord, group_id: int, result) -> None:
         """Append the n completions of one GenerateResult as one group (each row's version is
         its oldest token's; every token's is in ``token_versions``)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.trainer.clock import TrainingClock
 from rlfleet.trainer.data import load_records
+from rlfleet.trainer.determinism import DataOrder, seed_process
 from rlfleet.trainer.evaluate import Evaluator
 from rlfleet.trainer.loggers import StepWriter, Tracker, progress_postfix
 from rlfleet.trainer.pass_rate_sampler import prompt_stream
@@ -32,7 +33,7 @@ def build_actor(config: RlfleetConfig):
     from rlfleet.trainer.checkpoints import resume_path
 
     torch.set_num_threads(config.trainer.torch_threads)
-    torch.manual_seed(config.trainer.seed)
+    seed_process(config.trainer.seed, config.trainer.deterministic)
     resumed = resume_path(config)
     source = str(resumed) if resumed else config.model.path
     tokenizer = load_tokenizer(source)
@@ -106,7 +107,7 @@ async def validation(trainer: Trainer, records, writer: StepWriter | None = None
     validates again, with fresh request ids, for up to ``trainer.step_retry_s``."""
     from rlfleet.trainer.retry import retry_transient
 
-    evaluator = Evaluator(trainer.config, trainer.fleet, trainer.tokenizer)
+    evaluator = Evaluator(trainer.config, trainer.fleet, trainer.tokenizer, trainer.step)
 
     async def attempt(n: int):
         if n:
@@ -315,6 +316,7 @@ async def run_training(config: RlfleetConfig, control_server_factory=None) -> di
     writer = Tracker.from_config(config, run_dir)
     trainer = Trainer(config, fleet, actor, tokenizer)
     trainer.samples = TrainSamples.from_config(config)  # run_dir/train_samples.jsonl
+    trainer.data_order = DataOrder.from_config(config)  # run_dir/data_order.jsonl
     clock = TrainingClock(config.trainer.target_accuracy)
     resumed = restore(trainer, clock)
     if resumed is not None:  # metrics.jsonl marks the rows of this segment

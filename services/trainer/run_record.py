@@ -7,11 +7,11 @@ used to add its steps to the first run's and mix their curves. Moving the previo
 leaves ``run_dir`` holding one run, so everything that reads ``run_dir/metrics.jsonl`` (the
 dashboard, the tests, scripts) needs no new path. A resume moves nothing.
 
-What moves is what the trainer writes about the run: the metrics, the samples, the pictures,
-the summary, the checkpoints (a fresh run must not resume, later, from the previous run's
-steps) and TensorBoard's event files. What the launcher writes for the processes now running
-(``endpoints.json``, ``config.*.yaml``, ``logs/``, the embedded Redis) stays: those files are
-already this run's, open and being written, when the trainer starts.
+What moves is what the trainer writes about the run: the metrics, the samples, the data order,
+the pictures, the summary, the checkpoints (a fresh run must not resume, later, from the
+previous run's steps) and TensorBoard's event files. What the launcher writes for the processes
+now running (``endpoints.json``, ``config.*.yaml``, ``logs/``, the embedded Redis) stays: those
+files are already this run's, open and being written, when the trainer starts.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 RECORD = (
     "metrics.jsonl",
     "train_samples.jsonl",
+    "data_order.jsonl",
     "val_samples.jsonl",
     "reward_curve.png",
     "report.html",

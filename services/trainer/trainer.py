@@ -31,6 +31,7 @@ from rlfleet.rl.sequences import pad_rows
 from rlfleet.trainer.collect import Collector
 from rlfleet.trainer.correction import correct_batch, needs_actor_old_logprobs
 from rlfleet.trainer.data import PromptRecord
+from rlfleet.trainer.determinism import DataOrder
 from rlfleet.trainer.fleet import Fleet
 from rlfleet.trainer.health import HealthMonitor
 from rlfleet.trainer.metrics import Timer, batch_metrics, rollout_probs_diff, tensor_stats
@@ -83,6 +84,7 @@ class Trainer:
         """That sampler's state in the checkpoint this run resumed from."""
         self.pushes = WeightPushes(config, fleet, actor)
         self.samples = TrainSamples(None)  # run_training points it at run_dir (the dashboard)
+        self.data_order = DataOrder(None)  # and this at run_dir/data_order.jsonl
         self.health = HealthMonitor(config.trainer.health)  # rules over the step metrics
         algo = config.algorithm
         self.kl_ctrl = kl_controller_for(config)
@@ -250,6 +252,7 @@ class Trainer:
         metrics.update(tensor_stats("critic/returns", returns, mask))
         metrics["training/weight_version"] = float(self.version)
         self.samples.write(self.step + 1, batch)
+        self.data_order.write(self.step + 1, batch.prompt_indices())
         return metrics
 
     async def train_step(

@@ -17,9 +17,9 @@ The resumed run's bookkeeping tells the whole run: its step-3 row is marked (``s
 ``retrained: true``), and the summary reports the first trainer's held-out accuracy before its
 first step (not the checkpoint's) and the training time of both segments.
 
-Why greedy: the trainer does not seed its sampling requests, so generation at a temperature
-above 0 differs between two runs on one replica; greedy decoding (``rollout.temperature=0``)
-is the deterministic path. The RNG state still matters: mini-batches of 4 out of 8 sequences
+Why greedy: the trainer seeds its sampling requests only with ``trainer.deterministic``, so
+generation at a temperature above 0 differs between two runs on one replica; greedy decoding
+(``rollout.temperature=0``) is the deterministic path here. The RNG state still matters: mini-batches of 4 out of 8 sequences
 are drawn with the trainer's torch RNG.
 """
 

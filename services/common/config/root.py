@@ -90,6 +90,7 @@ class RlfleetConfig(Section):
         self.agent.check_model_len(self.rollout.max_model_len)
         self._check_agent_mode()
         self._check_sft_mode()
+        self._check_deterministic()
         if self.tinker.enabled and not self.model.lora_rank:
             raise ValueError("tinker.enabled needs model.lora_rank > 0 (the largest rank served)")
         if self.model.lora_rank and self.trainer.strategy != "single":
@@ -160,6 +161,27 @@ class RlfleetConfig(Section):
             raise NotImplementedError(
                 "trainer.sft_warmup_steps with agent.env or ddp/fsdp is not built yet"
             )
+
+    def _check_deterministic(self) -> None:
+        """``trainer.deterministic`` promises equal runs only where they can be equal (docs/
+        algorithms.md, "Reproducible runs"); ``rollout.backend: auto`` becomes ``hf``."""
+        if not self.trainer.deterministic:
+            return
+        if self.trainer.mode == "async":
+            raise ValueError(
+                "trainer.deterministic needs trainer.mode=sync: in async mode the weight version "
+                "each sample is generated with depends on timing"
+            )
+        if self.rollout.backend == "vllm":
+            raise ValueError(
+                "trainer.deterministic needs rollout.backend=hf: a vLLM replica's logits depend "
+                "on how it batches requests (its batch-invariant mode is GPU-only)"
+            )
+        if self.agent.env or self.trainer.strategy != "single":
+            raise NotImplementedError(
+                "trainer.deterministic with agent.env or trainer.strategy ddp/fsdp is not built"
+            )
+        self.rollout.backend = "hf"
 
     def _check_algorithm(self) -> None:
         """Rules of the verl algorithm knobs (dual clip, KL controller, overlong buffer)."""

@@ -134,9 +134,19 @@ class TrainerConfig(Section):
     port: int = 50081
     """Trainer control gRPC port."""
     seed: int = 0
-    """Torch seed."""
+    """The run's seed: torch's (the PPO epochs' row order); with ``deterministic`` also Python's,
+    numpy's and every sampling request's. The data order is ``data.seed``'s."""
     torch_threads: int = 1
     """Intra-op threads for the trainer's torch."""
+    deterministic: bool = False
+    """Reproducible runs: two runs of one config with the same ``seed`` write the same
+    ``metrics.jsonl`` (timing columns aside). Every sampling request, training and
+    validation, carries a seed derived from ``seed``, the step and the prompt's position
+    (``rlfleet.trainer.determinism.request_seed``), so the HF engine samples it alone, whatever
+    else is queued; the trainer seeds torch, Python and numpy and runs
+    ``torch.use_deterministic_algorithms``. Sync mode with the HF engine only (``auto`` means
+    ``hf`` here); async mode and vLLM are refused, and why is in docs/algorithms.md,
+    "Reproducible runs". Costs the batching of requests across prompts."""
     autocast_dtype: Literal["none", "bfloat16", "auto"] = "none"
     """``bfloat16``: the actor's forwards and backward run under ``torch.autocast`` in bf16
     (weights, optimizer and the loss stay fp32; the logits are cast back to fp32 before the

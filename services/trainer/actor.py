@@ -88,6 +88,10 @@ class Actor:
         )
 
     def _lr_factor(self, step: int) -> float:
+        """The learning rate of update ``step`` over ``trainer.lr``: the SFT warm-up's own rate
+        for its steps, then ``lr_warmup_steps`` and ``lr_schedule``."""
+        if step < self.cfg.sft_warmup_steps and self.cfg.sft_warmup_lr:
+            return self.cfg.sft_warmup_lr / self.cfg.lr
         warmup = self.cfg.lr_warmup_steps
         if warmup and step < warmup:
             return (step + 1) / warmup

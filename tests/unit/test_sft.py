@@ -242,6 +242,33 @@ def test_what_the_template_adds_after_the_eos_token_is_not_learned():
     assert record.loss_mask == [1, 1, 0]  # the engine stops at EOS; the newline is context
 
 
+def test_the_warmup_steps_take_their_own_learning_rate_then_the_rl_one():
+    from tiny_models import random_qwen2
+
+    from rlfleet.trainer.actor import Actor
+
+    overrides = [
+        "trainer.lr=1e-5",
+        "trainer.sft_warmup_steps=2",
+        "trainer.sft_warmup_lr=5e-5",
+        "trainer.lr_schedule=constant",
+        "data.sft_files=[demos.jsonl]",
+    ]
+    config = load_config(CONFIGS / "default.yaml", overrides, env={})
+    actor = Actor(config, random_qwen2(hidden=16, layers=1, heads=2, kv_heads=1), pad_id=0)
+    batch, mask = toy_batch()
+    used = []
+    for _ in range(3):
+        used.append(actor.optimizer.param_groups[0]["lr"])  # the rate this update steps with
+        actor.sft_update(batch, mask)
+    assert used == pytest.approx([5e-5, 5e-5, 1e-5])
+
+
+def test_a_warmup_rate_without_warmup_steps_is_refused_at_load():
+    with pytest.raises(ValueError, match="sft_warmup_lr is the rate of"):
+        load_config(CONFIGS / "default.yaml", ["trainer.sft_warmup_lr=1e-4"], env={})
+
+
 def test_a_warmup_without_demonstrations_is_refused_at_load():
     with pytest.raises(ValueError, match="needs data.sft_files"):
         load_config(CONFIGS / "default.yaml", ["trainer.sft_warmup_steps=2"], env={})

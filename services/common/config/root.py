@@ -135,6 +135,8 @@ class RlfleetConfig(Section):
         """What ``trainer.mode: sft`` and the SFT warm-up do not run yet, refused at load."""
         if self.trainer.sft_warmup_steps:
             self._check_sft_warmup()
+        elif self.trainer.sft_warmup_lr is not None:
+            raise ValueError("trainer.sft_warmup_lr is the rate of trainer.sft_warmup_steps (0)")
         if self.trainer.mode != "sft":
             return
         if self.data.pass_rate_sampling.enable:

@@ -194,6 +194,11 @@ class TrainerConfig(Section):
     (``sft/*``), each pushes its weights, and validation at ``test_freq`` sees them. 0 = none.
     Why: a model that rarely writes the answer format gets little reward to learn from, and a
     few steps on demonstrations fix the format faster than RL finds it."""
+    sft_warmup_lr: float | None = Field(None, gt=0)
+    """The learning rate of the ``sft_warmup_steps`` (None: ``lr``). Supervised steps on
+    demonstrations take a larger rate than RL updates do (SFT of small models is commonly run at
+    1e-5 to 1e-4; RL at 1e-6 to 1e-5), and a short warm-up must teach the format, its stop
+    included, in few steps. The optimizer's state carries over to the RL steps."""
     max_staleness: int = 1
     """Async mode: the oldest weight version a trained response may come from is
     ``current - max_staleness``; older ones are dropped (counted in ``async/dropped``)."""

@@ -142,6 +142,14 @@ def apply(
     return full
 
 
+def changes(decoded: Mapping[str, torch.Tensor]) -> dict[str, Part]:
+    """What a delta changes, by full tensor name (its metadata, the first tensor, left out;
+    unchanged tensors absent): what an engine swaps in instead of the whole model."""
+    items = iter(decoded.items())
+    next(items, None)
+    return _parts(items)
+
+
 def _parts(items: Iterable[tuple[str, torch.Tensor]]) -> dict[str, Part]:
     parts: dict[str, Part] = {}
     for wire, tensor in items:

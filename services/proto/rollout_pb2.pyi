@@ -240,19 +240,28 @@ class UpdateWeightsResponse(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     LOAD_SECONDS_FIELD_NUMBER: _builtins.int
     CACHE_FLUSHED_FIELD_NUMBER: _builtins.int
+    PAUSE_SECONDS_FIELD_NUMBER: _builtins.int
+    PREPARE_SECONDS_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     load_seconds: _builtins.float
+    """the swap into the engine and the cache flush"""
     cache_flushed: _builtins.bool
+    pause_seconds: _builtins.float
+    """admission closed for this update (make way, swap, flush)"""
+    prepare_seconds: _builtins.float
+    """decode, verify and stage while the old weights served"""
     def __init__(
         self,
         *,
         version: _builtins.int = ...,
         load_seconds: _builtins.float = ...,
         cache_flushed: _builtins.bool = ...,
+        pause_seconds: _builtins.float = ...,
+        prepare_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_flushed", b"cache_flushed", "load_seconds", b"load_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_flushed", b"cache_flushed", "load_seconds", b"load_seconds", "pause_seconds", b"pause_seconds", "prepare_seconds", b"prepare_seconds", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

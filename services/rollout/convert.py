@@ -173,4 +173,6 @@ def outcome_to_proto(outcome: UpdateOutcome) -> rollout_pb2.UpdateWeightsRespons
 
 
 def outcome_from_proto(msg: rollout_pb2.UpdateWeightsResponse) -> UpdateOutcome:
-    return UpdateOutcome(msg.version, msg.load_seconds, msg.cache_flushed)
+    return UpdateOutcome(
+        msg.version, msg.load_seconds, msg.cache_flushed, msg.pause_seconds, msg.prepare_seconds
+    )

@@ -46,7 +46,7 @@ class MeteredReplica(Replica):
     def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - Replica's own
         super().__init__(*args, **kwargs)
         self.updates_ok = self.updates_failed = 0
-        self.last_load_s = self.last_update_s = 0.0
+        self.last_load_s = self.last_update_s = self.last_pause_s = 0.0
         self.total_update_s = 0.0
 
     async def update_weights(
@@ -60,6 +60,7 @@ class MeteredReplica(Replica):
             raise
         self.last_update_s = time.perf_counter() - started
         self.last_load_s, self.updates_ok = outcome.load_seconds, self.updates_ok + 1
+        self.last_pause_s = outcome.pause_seconds
         self.total_update_s += self.last_update_s
         return outcome
 
@@ -140,9 +141,15 @@ def _update_metrics(r: Replica, rid: list[str]) -> Iterator[Metric]:
     )
     yield _gauge(
         "rlfleet_rollout_last_load_seconds",
-        "Last weight update's load and flush",
+        "Last weight update's swap and flush",
         rid,
         r.last_load_s,
+    )
+    yield _gauge(
+        "rlfleet_rollout_last_pause_seconds",
+        "Last weight update's closed admission (make way, swap, flush)",
+        rid,
+        r.last_pause_s,
     )
     yield _counter(
         "rlfleet_rollout_update_seconds", "Time spent in weight updates", rid, r.total_update_s

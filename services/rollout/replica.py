@@ -9,6 +9,8 @@ No gRPC here: ``server.py`` converts protos to the plain objects this class take
 - ``job_loop.JobLoop`` and ``Backlog``: when queued jobs run (read, park, retry, cancel);
 - ``job_runner.JobRunner``: running a request or a queue job and storing its answer;
 - ``weight_updates.WeightUpdater``: the version served, and checking and loading updates;
+- ``update_steps.UpdateSteps``: one update's order (verify and stage while serving, then a
+  short pause for the swap) and the pause's length;
 - ``lease.Lease``: the registry entry, the heartbeat lease that fences answers, and the
   ends of the process (engine died, drained).
 
@@ -45,7 +47,6 @@ import time
 from redis.asyncio import Redis
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.common.errors import Unavailable
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
 from rlfleet.common.queue.workqueue import Job, WorkQueue
 from rlfleet.model import weights
@@ -64,7 +65,8 @@ from rlfleet.rollout.types import (
     ReplicaStatus,
     UpdateOutcome,
 )
-from rlfleet.rollout.weight_updates import WeightUpdater, verified
+from rlfleet.rollout.update_steps import UpdateSteps
+from rlfleet.rollout.weight_updates import WeightUpdater
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,7 @@ class Replica:
             self.runner,
             self._version,
         )
+        self.updates = UpdateSteps(config, self.weights, self.phase, self.inflight, self.lease.beat)
         self.failed = self.lease.failed  # the engine died: stop, let the heartbeat TTL lapse
         self.drained = self.lease.drained  # a router drained us and our work is done: exit
         self._tasks: list[asyncio.Task] = []
@@ -205,26 +208,11 @@ class Replica:
     async def update_weights(
         self, header: weights.WeightHeader, payload: weights.BytesLike
     ) -> UpdateOutcome:
-        """Verify while still serving (checksum, finite values, magnitude), then drain, load in one step,
-        flush, bump the version. A refused update changes nothing; a load that fails midway
-        leaves the replica UPDATE_FAILED (out of routing) until an update succeeds."""
-        async with self.weights.lock:
-            self.weights.check(header)  # again: another update may have landed meanwhile
-            state_dict = await asyncio.to_thread(self._verified, header, payload)
-            if self.state not in (S.SERVING, S.PAUSED, S.UPDATE_FAILED):
-                raise Unavailable(f"replica {self.replica_id} is {self.state}")
-            self.phase.set(S.UPDATING)
-            await self.lease.beat()
-            try:
-                rollout = self.config.rollout
-                await self.inflight.make_way(
-                    self.engine, rollout.update_policy, rollout.drain_timeout_s
-                )
-                return await self.weights.load(header, state_dict)
-            finally:
-                self.inflight.reopen()  # requests stopped for the update go on
-                self.phase.set(self.phase.resting(self.weights.intact))
-                await self.lease.beat()
+        """Verify and stage while still serving (checksum, finite values, magnitude, a delta
+        made whole), then close admission only to make way, swap, flush and bump the version
+        (``update_steps``). A refused update changes nothing; a swap that fails midway leaves
+        the replica UPDATE_FAILED (out of routing) until an update succeeds."""
+        return await self.updates.run(header, payload)
 
     async def flush_cache(self) -> bool:
         return await self.engine.flush_cache()
@@ -262,10 +250,6 @@ class Replica:
         return ReplicaInfo(
             self.replica_id, self.address, self.version, self.state, self.engine.name, self.served
         )
-
-    def _verified(self, header: weights.WeightHeader, payload: weights.BytesLike) -> dict:
-        """The update's tensors once intact, finite and of sane magnitude (a worker thread)."""
-        return verified(header, payload, self.config.rollout.max_weight_abs)
 
     def _version(self) -> int:
         return self.weights.version

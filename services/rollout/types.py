@@ -84,11 +84,17 @@ class ReplicaStatus:
 
 @dataclass
 class UpdateOutcome:
-    """A replica's answer to a weight update: the version it now serves."""
+    """A replica's answer to a weight update: the version it now serves, and its times."""
 
     version: int
     load_seconds: float
+    """The swap into the engine and the cache flush."""
     cache_flushed: bool
+    pause_seconds: float = 0.0
+    """How long admission was closed for it (monotonic clock): making way for the update
+    (``rollout.update_policy``), the swap and the flush; the trainer's ``weight/pause_s``."""
+    prepare_seconds: float = 0.0
+    """Decoding, checking and staging it while the old weights served (receiving excluded)."""
 
 
 @dataclass

@@ -3,18 +3,20 @@
 Why apart from the replica's other work: every refusal rule of an update lives here, before
 anything changes. A header is checked before its bytes arrive (malformed, not newer than ours
 unless ``force``, in a dtype this replica would round on load, bigger than this model can
-take); the payload is verified (size, checksum, finite values) in a worker thread while the
-replica still serves (one pass over the bytes: ``verified``); the engine checks names and shapes and refuses a mismatch before any
-parameter changes. So a bad update leaves the old weights serving. A load that fails midway
-(weights possibly half replaced) leaves ``intact`` False, and the replica out of routing
-(``update_failed``), until an update succeeds. After a load the KV/prefix cache is flushed
+take); the payload is verified (size, checksum, finite values, magnitude: one pass over the
+bytes, ``verified``) in a worker thread while the replica still serves; then ``stage`` does
+everything else that reads the bytes (a delta made whole and checked, the engine's name and
+shape checks and preparation) with the old weights still serving. Only ``apply`` (the swap
+and the cache flush) runs with admission closed. So a bad update leaves the old weights
+serving, and the replica never stopped for it. A swap that fails midway (weights possibly
+half replaced) leaves ``intact`` False, and the replica out of routing (``update_failed``),
+until an update succeeds. After a swap the KV/prefix cache is flushed
 (``rollout.flush_cache_on_update`` and the header's ``flush_cache``), so no answer mixes new
 weights with old cache.
 
-The replica (``replica.py``) runs the steps around this: stop taking work, make way for the
-update as ``rollout.update_policy`` says (``InFlight.make_way``: let in-flight requests
-finish, cancel them, or stop them to continue under the new weights), then ``load``, then
-let the stopped requests go on (``InFlight.reopen``), whether the load succeeded or not.
+The order around this (verify and stage first, then stop taking work, make way for the update
+as ``rollout.update_policy`` says, ``apply``, reopen) and the timing of the pause are
+``update_steps.py``.
 
 Delta updates (``weights_delta``, ``trainer.weight_delta``): with it on, the updater keeps the
 full update it last loaded, plain weights or a LoRA adapter (views of that update's buffer; a
@@ -22,7 +24,9 @@ copy when they came through shared memory, whose file the trainer writes again).
 base is not the version served, or that arrives where no base is kept, is refused from its
 header (FAILED_PRECONDITION); one that is accepted is assembled over the kept base (its changed
 elements written into the base in place, put back if refused) and checked against the full
-push's checksum before the engine sees it, so the engine always loads complete weights.
+push's checksum before the engine sees it (all while the old weights serve: the engine holds
+its own copy), and the engine is told which elements changed (``weights_delta.changes``), so
+the transformers engine writes only those into its parameters in the pause.
 """
 
 from __future__ import annotations
@@ -31,12 +35,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
 from rlfleet.model import lora, weights, weights_delta, weights_magnitude
 from rlfleet.rollout import weight_guard
-from rlfleet.rollout.engines.base import Engine
+from rlfleet.rollout.engines.base import Engine, StagedWeights
 from rlfleet.rollout.types import UpdateOutcome
 
 log = logging.getLogger(__name__)
@@ -96,55 +101,95 @@ class WeightUpdater:
                 f"v{self.version}; a full push is needed"
             )
 
-    async def load(self, header: weights.WeightHeader, state_dict: dict) -> UpdateOutcome:
-        """Load in one step, bump the version, flush the cache (nothing may be running). A
-        delta is first made whole over the kept base (refused, nothing changed, if it does not
-        give the trainer's weights)."""
+    async def stage(self, header: weights.WeightHeader, state_dict: dict) -> Staged:
+        """Everything before the swap, with the old weights still serving (the replica's
+        admission open): a delta made whole over the kept base and checked against the full
+        push's checksum (refused, base unchanged, if it does not give the trainer's weights),
+        the engine's checks and preparation (``Engine.stage_weights``), and the copy of a
+        shared-memory update kept as the next base."""
         started = time.perf_counter()
+        changes = None
         if weights_delta.is_delta(header):
             self._check_delta(header)  # another update may have landed since
+            changes = weights_delta.changes(state_dict)
             state_dict = await asyncio.to_thread(weights_delta.apply, state_dict, self.base)
             self.base = None  # it now holds the new values: a base again once they load
+        engine = await self.engine.stage_weights(state_dict, changes)
+        try:
+            base = await self._base_to_keep(header, state_dict)
+        except BaseException:
+            engine.discard()
+            raise
+        return Staged(header, engine, base, time.perf_counter() - started)
+
+    async def apply(self, staged: Staged) -> UpdateOutcome:
+        """The swap (nothing may be running: the replica's pause), then the version, then the
+        cache flush."""
+        started = time.perf_counter()
         intact, self.intact = self.intact, False
         try:
-            await self.engine.load_weights(state_dict)
+            await staged.engine.apply()
         except InvalidArgument:
             self.intact = intact  # engines refuse a mismatch before changing anything
             raise
         except BaseException:
             self.base = None  # half loaded: no delta may build on this
             raise
-        await self._keep_base(header, state_dict)
-        old, self.version, self.intact = self.version, header.version, True
+        self.base = staged.base
+        old, self.version, self.intact = self.version, staged.header.version, True
         self.engine.serving_version = self.version  # vLLM's cache salt follows it
         self._on_new_version(self.version)
         flushed = False
-        if header.flush_cache and self.config.rollout.flush_cache_on_update:
+        if staged.header.flush_cache and self.config.rollout.flush_cache_on_update:
             flushed = await self.engine.flush_cache()
         seconds = time.perf_counter() - started
         level = logging.INFO if old == 0 else logging.DEBUG  # a replica's first weights only
         log.log(
             level,
-            "weights v%d -> v%d loaded in %.3f s (cache flushed: %s)",
+            "weights v%d -> v%d: staged in %.3f s, swapped and flushed in %.3f s "
+            "(elements written: %s, cache flushed: %s)",
             old,
             self.version,
+            staged.seconds,
             seconds,
+            staged.engine.changed or "all",
             flushed,
         )
-        return UpdateOutcome(self.version, seconds, flushed)
+        return UpdateOutcome(self.version, seconds, flushed, prepare_seconds=staged.seconds)
 
-    async def _keep_base(self, header: weights.WeightHeader, state_dict: dict) -> None:
-        """Keep the full update just loaded (plain weights, or a whole LoRA adapter: adapter
-        updates are absolute) as the next delta's base. Tensors from a shared-memory file are
-        copied (the trainer writes the next push into the same file), except under ``auto``,
-        which sends no delta to a replica that reads the file: it keeps nothing."""
+    async def load(self, header: weights.WeightHeader, state_dict: dict) -> UpdateOutcome:
+        """``stage`` then ``apply`` at once (no pause between them: tests and tools)."""
+        staged = await self.stage(header, state_dict)
+        try:
+            return await self.apply(staged)
+        finally:
+            staged.engine.discard()
+
+    async def _base_to_keep(self, header: weights.WeightHeader, state_dict: dict) -> dict | None:
+        """The full update being staged (plain weights, or a whole LoRA adapter: adapter
+        updates are absolute), to keep as the next delta's base once it loads. Tensors from a
+        shared-memory file are copied (the trainer writes the next push into the same file),
+        except under ``auto``, which sends no delta to a replica that reads the file: it
+        keeps nothing."""
         auto = self.config.trainer.weight_delta == "auto"
         if not self.keep_base or (header.shared_memory and auto):
-            self.base = None
-            return
+            return None
         if header.shared_memory:
-            state_dict = await asyncio.to_thread(_copied, state_dict)
-        self.base = state_dict
+            return await asyncio.to_thread(_copied, state_dict)
+        return state_dict
+
+
+@dataclass
+class Staged:
+    """An update checked and made ready while the old weights serve (``WeightUpdater.stage``);
+    ``WeightUpdater.apply`` swaps it in."""
+
+    header: weights.WeightHeader
+    engine: StagedWeights
+    base: dict | None
+    """What to keep as the next delta's base once it loads (None: keep nothing)."""
+    seconds: float
+    """How long staging took."""
 
 
 def _copied(state_dict: dict) -> dict:

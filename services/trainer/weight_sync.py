@@ -228,7 +228,9 @@ def push_metrics(
     replica's own time and megabytes (``weight_sync/<replica_id>/seconds``); ``weight/bytes_sent``
     is the payload bytes of what every replica took (a delta or the full push, summed over
     replicas), ``weight/delta_ratio`` the element delta's bytes over the full push's, for a push
-    where one was measured (``trainer.weight_delta`` not ``never`` and a base to compare)."""
+    where one was measured (``trainer.weight_delta`` not ``never`` and a base to compare);
+    ``weight/pause_s`` the longest a replica stopped taking work for it (each replica's own in
+    ``weight/pause_s/<replica_id>``, as its reply reported it)."""
     accepted = [r for r in results if r.ok]
     seconds = [r.seconds for r in accepted] or [0.0]
     metrics = {
@@ -239,10 +241,13 @@ def push_metrics(
         "weight_sync/push_s_mean": sum(seconds) / len(seconds),
         "weight_sync/delta_replicas": float(sum(r.delta for r in accepted)),
         "weight/bytes_sent": float(sum(r.bytes for r in accepted)),
+        "weight/pause_s": max((r.pause_s for r in accepted), default=0.0),
     }
     if delta_ratio is not None:
         metrics["weight/delta_ratio"] = delta_ratio
     for r in results:
         metrics[f"weight_sync/{r.replica_id}/seconds"] = r.seconds
         metrics[f"weight_sync/{r.replica_id}/mbytes"] = r.bytes / 2**20
+    for r in accepted:
+        metrics[f"weight/pause_s/{r.replica_id}"] = r.pause_s
     return metrics

@@ -51,6 +51,7 @@ class PushResult:
     bytes: int = 0
     error: str = ""
     delta: bool = False  # the replica took a delta (only the changed elements)
+    pause_s: float = 0.0  # how long the replica's admission was closed for it (its reply)
 
 
 class WeightTransport(Protocol):
@@ -281,6 +282,7 @@ class GrpcWeightTransport:
             seconds,
             sent.header.total_bytes,
             delta=sent is delta,
+            pause_s=outcome.pause_seconds,
         )
 
     async def _deliver_delta_or_full(

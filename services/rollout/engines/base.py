@@ -12,6 +12,11 @@ same contract, so tests written against one hold for the other:
 - ``load_weights`` is one step: every name and shape is checked against the model before any
   parameter changes, so a mismatched update raises ``InvalidArgument`` and the old weights keep
   serving.
+- ``stage_weights`` splits that step in two for the replica's pause (issue 29, "fetch before
+  the pause"): everything that can be done while the old weights still serve (checks, casts,
+  writing the file vLLM reads) happens there; the ``StagedWeights`` it returns holds only the
+  swap, which the replica runs with admission closed. The default stages nothing and swaps
+  with ``load_weights``, so an engine that knows no better still works.
 
 This module imports neither torch nor vLLM: the backends (``hf.py``, ``vllm.py``) import it,
 and ``factory.make_engine`` imports the configured backend only when a replica builds one.
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlfleet.common.errors import InvalidArgument
@@ -31,6 +36,37 @@ if TYPE_CHECKING:
     from rlfleet.common.config import RlfleetConfig
 
 FINISH_REASONS = ("stop", "length", "abort")
+
+
+class StagedWeights:
+    """An update made ready while the old weights serve: ``apply`` swaps it in (the replica
+    calls it with admission closed, at most once); ``discard`` drops it unapplied, or cleans
+    up after ``apply`` (a file written for the engine), and may be called any number of
+    times. ``changed`` counts the elements the swap writes (0: not counted)."""
+
+    def __init__(
+        self,
+        apply: Callable[[], Awaitable[None]],
+        cleanup: Callable[[], None] | None = None,
+        changed: int = 0,
+    ) -> None:
+        self._apply, self._cleanup, self.changed = apply, cleanup, changed
+        self._used = False
+
+    async def apply(self) -> None:
+        if self._used:
+            raise RuntimeError("staged weights are applied (or discarded) once")
+        self._used = True
+        try:
+            await self._apply()
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        self._used = True
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup()
 
 
 class Engine(abc.ABC):
@@ -87,6 +123,16 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def load_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Replace the weights in one step; InvalidArgument (nothing changed) on a mismatch."""
+
+    async def stage_weights(
+        self, state_dict: Mapping[str, Any], changes: Mapping[str, Any] | None = None
+    ) -> StagedWeights:
+        """Ready ``state_dict`` (complete weights, or a LoRA adapter) for a swap, while the
+        old weights serve; InvalidArgument (nothing changed) on a mismatch. ``changes``
+        (``weights_delta.Part`` by tensor name), when given, says which elements differ from
+        the weights loaded now: an engine may swap in only those. This default checks nothing
+        early and swaps with ``load_weights``."""
+        return StagedWeights(lambda: self.load_weights(state_dict))
 
     def weight_numel(self) -> int:
         """Elements in every tensor an update may carry (tied ones too); 0 = not known, and

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -29,7 +29,13 @@ from transformers import StoppingCriteriaList
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.model import lora
-from rlfleet.rollout.engines.base import Engine, check_state_dict, tokens_until_stop
+from rlfleet.rollout.engines import element_writes
+from rlfleet.rollout.engines.base import (
+    Engine,
+    StagedWeights,
+    check_state_dict,
+    tokens_until_stop,
+)
 from rlfleet.rollout.engines.hf_batch import (
     AbortRows,
     QueuedRequest,
@@ -208,16 +214,37 @@ class HFEngine(Engine):
 
     async def load_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Full weights, or a LoRA adapter (``rlfleet.model.lora``) merged over the base."""
+        await (await self.stage_weights(state_dict)).apply()
+
+    async def stage_weights(
+        self, state_dict: Mapping[str, Any], changes: Mapping[str, Any] | None = None
+    ) -> StagedWeights:
+        """Checks now; the swap copies the weights into the parameters, or with ``changes``
+        (a delta) writes only the changed elements (``element_writes``, prepared now)."""
         if lora.is_adapter_update(state_dict):
             pairs = lora.adapter_pairs(state_dict)
             lora.check_pairs(pairs, self._shapes)
-            async with self._model_lock:
-                await asyncio.to_thread(self._adapter.apply, self._model.state_dict(), pairs)
-            return
+            return StagedWeights(lambda: self._locked(self._merge_adapter, pairs))
         check_state_dict(state_dict, self._shapes, self._tied)
+        writes = None
+        if changes is not None and not self.adapter_merged:
+            params = self._model.state_dict()
+            writes = await asyncio.to_thread(element_writes.prepare, params, changes, self._tied)
+        if writes is None:
+            return StagedWeights(lambda: self._locked(self._copy_weights, state_dict))
+        count = element_writes.count(writes)
+        return StagedWeights(lambda: self._locked(self._write_elements, writes), changed=count)
+
+    async def _locked(self, swap: Callable[[Any], None], argument: Any) -> None:
         async with self._model_lock:
-            await asyncio.to_thread(self._copy_weights, state_dict)
-            self._adapter.forget()
+            await asyncio.to_thread(swap, argument)
+
+    def _merge_adapter(self, pairs: Mapping[str, Any]) -> None:
+        self._adapter.apply(self._model.state_dict(), pairs)
+
+    def _write_elements(self, writes: list[element_writes.ElementWrite]) -> None:
+        element_writes.write_all(writes)
+        self._adapter.forget()
 
     def weight_numel(self) -> int:
         return sum(t.numel() for t in self._model.state_dict().values()) if self._model else 0
@@ -228,6 +255,7 @@ class HFEngine(Engine):
             for name, tensor in state_dict.items():
                 if name not in self._tied:  # a tied copy would overwrite its twin
                     params[name].copy_(tensor)
+        self._adapter.forget()
 
     async def flush_cache(self) -> bool:
         """Nothing to flush: ``generate`` keeps no KV cache between calls."""

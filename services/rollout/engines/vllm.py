@@ -22,7 +22,9 @@ Choices, each checked against the installed vLLM 0.32 (see docs/architecture.md,
 - Weight updates: vLLM's CPU worker repacks weights, so ``load_weights`` on the model does not
   work; ``reload_weights`` in the worker does. The state dict travels as safetensors bytes
   (raw tensors cannot cross the process boundary); a tied ``lm_head.weight`` is not sent (vLLM
-  ties it to the embedding itself). A flush is ``reset_prefix_cache``.
+  ties it to the embedding itself). The file is written while the old weights still serve
+  (``stage_weights``); only the worker's reload runs in the replica's pause. A flush is
+  ``reset_prefix_cache``.
 - Prefix-cache counters: each final ``RequestOutput`` carries ``num_cached_tokens``, the prompt
   tokens whose KV came from the prefix cache when the request was first scheduled. vLLM caches
   full blocks only (128 tokens on CPU, 16 by default on GPUs) and always recomputes a prompt's
@@ -64,7 +66,7 @@ from typing import Any
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.model import lora
-from rlfleet.rollout.engines.base import Engine, check_state_dict
+from rlfleet.rollout.engines.base import Engine, StagedWeights, check_state_dict
 from rlfleet.rollout.types import Completion, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -243,9 +245,17 @@ class VllmEngine(Engine):
     async def load_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Full weights (reloaded in the worker), or a LoRA adapter update (served as a new
         ``LoRARequest``; the previous adapter is dropped)."""
+        await (await self.stage_weights(state_dict)).apply()
+
+    async def stage_weights(
+        self, state_dict: Mapping[str, Any], changes: Mapping[str, Any] | None = None
+    ) -> StagedWeights:
+        """Checks and writes the safetensors file now, while the old weights serve; the swap
+        is the worker's reload from it. ``changes`` is not used: vLLM's worker repacks its
+        (fused) weights, so it reloads them all. An adapter is staged as a whole."""
         if lora.is_adapter_update(state_dict):
-            await self._load_adapter(lora.adapter_pairs(state_dict))
-            return
+            pairs = lora.adapter_pairs(state_dict)
+            return StagedWeights(lambda: self._load_adapter(pairs))
         check_state_dict(state_dict, self._shapes, self._optional)
         path = (
             weights_file_dir()
@@ -253,9 +263,13 @@ class VllmEngine(Engine):
         )
         try:
             await asyncio.to_thread(self._write_safetensors, state_dict, path)
-            await self._llm.collective_rpc(reload_from_file, args=(str(path),))
-        finally:
+        except BaseException:
             path.unlink(missing_ok=True)
+            raise
+        return StagedWeights(lambda: self._reload(path), lambda: path.unlink(missing_ok=True))
+
+    async def _reload(self, path: Path) -> None:
+        await self._llm.collective_rpc(reload_from_file, args=(str(path),))
         await self._drop_adapter(None)  # the new weights are the base
 
     async def _load_adapter(self, pairs: Mapping[str, tuple[Any, Any]]) -> None:

@@ -154,6 +154,7 @@ async def _once(variant, state_dict, transports, targets, version: int) -> dict[
         "seconds": seconds,
         "bytes": results[0].bytes,
         "slowest_replica_s": max(r.seconds for r in results),
+        "pause_s_max": max(r.pause_s for r in results),
     }
 
 
@@ -224,6 +225,8 @@ def _row(model: str, variant: str, samples: list[dict[str, float]]) -> dict[str,
     if "slowest_replica_s" in samples[0]:
         row["slowest_replica_p50_ms"] = Stats.of([s["slowest_replica_s"] for s in samples]).p50
         row["slowest_replica_p50_ms"] *= 1e3
+    if "pause_s_max" in samples[0]:  # the longest replica pause of each push (its reply)
+        row["pause_max_p50_ms"] = Stats.of([s["pause_s_max"] for s in samples]).p50 * 1e3
     return row
 
 
@@ -246,6 +249,7 @@ def _result(rows: dict[str, dict[str, Any]], options: Options) -> BenchResult:
             "x_memcpy",
             "MiB_per_s",
             "slowest_replica_p50_ms",
+            "pause_max_p50_ms",
         ],
         params={
             "dtype": options.dtype,
@@ -279,6 +283,8 @@ NOTES = [
     "push xN = GrpcWeightTransport.push to N replica processes in parallel: encode once "
     "(one copy, one xxh3/crc32 checksum), serialize once, stream; each replica writes chunks "
     "into one buffer, verifies, loads (HFEngine.load_weights from zero-copy views), flushes.",
+    "pause_max_p50_ms = the longest replica pause of a push (admission closed for the swap and "
+    "the flush; UpdateWeightsResponse.pause_seconds), p50 over the pushes.",
     "shm xN = the same, but encoded once into a /dev/shm file and each replica sent only the "
     "header naming it; each maps the file copy-on-write, verifies, loads, flushes.",
     "encode = the trainer's once-per-push share of that (weights.encode + PreparedUpdate.of).",
@@ -455,6 +461,7 @@ async def _push_times(model: Path, served: str, before: dict, after: dict) -> di
 
 async def _push_rounds(transports, client, before: dict, after: dict) -> dict[str, float]:
     seconds: dict[str, list[float]] = {v: [] for v in DELTA_VARIANTS}
+    pauses: dict[str, list[float]] = {v: [] for v in DELTA_VARIANTS}
     version = (await client.status()).weight_version
     for _, variant in abba(DELTA_VARIANTS, DELTA_ROUNDS):
         transport = transports[variant]
@@ -465,9 +472,11 @@ async def _push_rounds(transports, client, before: dict, after: dict) -> dict[st
         started = time.perf_counter()
         [result] = await transport.push(after, version, True, [await client.status()])
         seconds[variant].append(time.perf_counter() - started)
+        pauses[variant].append(result.pause_s)
         if not result.ok or result.delta != (variant == "element delta"):
             raise RuntimeError(f"{variant} push of v{version}: {result}")
-    return {f"{v}_s": Stats.of(s).p50 for v, s in seconds.items()}
+    times = {f"{v}_s": Stats.of(s).p50 for v, s in seconds.items()}
+    return times | {f"{v}_pause_s": Stats.of(s).p50 for v, s in pauses.items()}
 
 
 def _delta_main(argv: list[str]) -> int:
@@ -500,6 +509,9 @@ DELTA_NOTES = [
     "element delta_s / full shm_s / full stream_s: end to end, GrpcWeightTransport.push to one "
     "real hf replica process until its reply (trainer encode, plan, send, replica check, "
     "assemble, full checksum, engine load, cache flush), median of 3 rounds, interleaved.",
+    "<variant>_pause_s: the replica's pause for that push (admission closed: make way, swap, "
+    "cache flush; decode, verify, delta assembly and staging ran before it, while serving), as "
+    "its UpdateWeights reply reports it, median of the same rounds.",
     "xor_zstd_push_s_estimate: the element delta push with its codec seconds (plan+encode on "
     "the trainer, assemble on the replica) swapped for XOR + zstd-1 (one thread) compress and "
     "decompress + XOR + checksum; not built into the transport.",

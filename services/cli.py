@@ -24,6 +24,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "status": ("rlfleet.status_cli", "show replicas, versions and trainer state"),
     "dashboard": ("rlfleet.dashboard.main", "the live web page of a run (rlfleet up starts it)"),
     "scale": ("rlfleet.launch.scale", "scale rollout replicas of a running `up --ray`"),
+    "certs": ("rlfleet.launch.certs", "a CA and per-role certificates for mutual TLS (dev)"),
 }
 
 

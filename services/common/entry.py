@@ -114,6 +114,7 @@ def record_config(config: RlfleetConfig, role: str) -> Path | None:
     data = config.model_dump(mode="json")
     data["api_key"] = "***" if config.api_key else None
     data["redis_url"] = safe_url(config.redis_url) if config.redis_url else None
+    data["redis_password"] = "***" if config.redis_password else None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}")

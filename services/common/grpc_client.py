@@ -160,8 +160,8 @@ async def wait_ready(channel: grpc.aio.Channel, timeout_s: float) -> None:
 def error_from_rpc(exc: grpc.aio.AioRpcError, service: str = "") -> errors.RlfleetError:
     """The rlfleet exception a failed call stands for; raise it ``from exc`` to keep the code."""
     error_type = ERROR_BY_STATUS.get(exc.code(), errors.Internal)
-    prefix = f"{service} " if service else ""
-    return error_type(f"{prefix}{exc.code().name}: {exc.details()}")
+    prefix, details = f"{service} " if service else "", exc.details() or ""
+    return error_type(f"{prefix}{exc.code().name}: {details}{tls.refusal_hint(details)}")
 
 
 async def checked(call: Awaitable[T], service: str = "") -> T:

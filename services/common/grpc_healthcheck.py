@@ -6,7 +6,9 @@ lines of Python replace a separate ``grpc_health_probe`` binary. It imports noth
 (no torch), so a probe costs a fraction of a second.
 
 Usage: ``python -m rlfleet.common.grpc_healthcheck HOST:PORT [--service NAME] [--timeout S]
-[--ca-file PEM]`` (``--ca-file``: the server speaks TLS with a certificate from that CA).
+[--ca-file PEM [--cert-file PEM --key-file PEM]]`` (``--ca-file``: the server speaks TLS with a
+certificate from that CA; ``--cert-file``/``--key-file``: the probe's own certificate, for a
+server that requires one, ``tls.client_auth``).
 """
 
 from __future__ import annotations
@@ -52,9 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--service", default="", help='service name ("" = the whole server)')
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for a reply")
     parser.add_argument("--ca-file", help="PEM CA bundle: connect with TLS, trusting it")
+    parser.add_argument("--cert-file", help="PEM certificate to present (mutual TLS)")
+    parser.add_argument("--key-file", help="PEM private key of --cert-file")
     args = parser.parse_args(argv)
-    if args.ca_file:
-        tls.use(TlsConfig(ca_file=args.ca_file))
+    if args.ca_file or args.cert_file:
+        files = {"ca_file": args.ca_file, "cert_file": args.cert_file, "key_file": args.key_file}
+        try:
+            tls.use(TlsConfig(**files))
+        except ValueError as exc:  # a missing file, a certificate without its key
+            parser.error(str(exc))
     serving, seen = check(args.address, args.service, args.timeout)
     print(f"{args.address}: {seen}", file=sys.stdout if serving else sys.stderr)
     return 0 if serving else 1

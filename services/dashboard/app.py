@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from rlfleet.common import errors
+from rlfleet.common import errors, tls
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.http_server import api_key_checker, make_http_server
 from rlfleet.dashboard.state import DashboardState
@@ -84,7 +84,7 @@ async def serve(config: RlfleetConfig) -> None:
         await asyncio.sleep(0.05)
     if serving.done():
         serving.result()  # the bind failed: say why
-    scheme = "https" if config.tls.cert_file else "http"
+    scheme = tls.scheme(config.tls)
     addresses = {"http": f"{scheme}://{dash.host}:{bound_port(server)}/"}
     write_endpoints(config.run_dir, "dashboard", addresses)
     log.info("%s", describe("dashboard", addresses))

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.grpc_client import auth_metadata, make_channel
 from rlfleet.common.keys import Keys
@@ -154,7 +155,8 @@ class FleetProbe:
         from prometheus_client.parser import text_string_to_metric_families
 
         try:
-            async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            verify = tls.client_ssl_context() or True  # the replicas' TLS, as for gRPC
+            async with httpx.AsyncClient(timeout=self.timeout_s, verify=verify) as client:
                 key = self.config.api_key  # replicas' /metrics need it when one is set
                 headers = {"Authorization": f"Bearer {key}"} if key else {}
                 text = (await client.get(url, headers=headers)).text

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.pdeathsig import die_with_parent
 from rlfleet.launch.plan import (
@@ -47,7 +48,7 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
     # on its own. Children are started and restarted from the main thread, the signal's anchor.
     die_with_us, _ = die_with_parent(signal.SIGTERM)
     http_port = config.router.http_port or free_port()  # the OpenAI-compatible API
-    say(config, f"rlfleet up: router HTTP at http://127.0.0.1:{http_port}/v1")
+    say(config, f"rlfleet up: router HTTP at {tls.scheme(config.tls)}://127.0.0.1:{http_port}/v1")
     record_endpoints(config, plan, ports, http_port, redis_url)
     ports["dashboard"], replica_metrics = dashboard_ports(config, args.rollout_replicas)
     local = LocalRoles(config, ports, http_port, replica_metrics)
@@ -85,7 +86,8 @@ class LocalRoles:
         elif member.verb == "rollout" and self.replica_metrics:
             extra = (f"rollout.metrics_port={self.replica_metrics[member_index(member.name)]}",)
         elif member.verb == "env":  # workflows' and verifiers' OpenAI base
-            extra = gateway_overrides(self.config, f"http://127.0.0.1:{self.http_port}/v1")
+            base = f"{tls.scheme(self.config.tls)}://127.0.0.1:{self.http_port}/v1"
+            extra = gateway_overrides(self.config, base)
         return [*port, *member.overrides, *extra]
 
     def env(self, member: PlannedRole) -> dict[str, str]:
@@ -104,7 +106,7 @@ def record_endpoints(config, plan: FleetPlan, ports: dict, http_port: int, redis
     roles = {"redis": {"url": safe_url(redis_url)}}
     for member in plan.addressed():
         roles[member.name] = {"grpc": f"127.0.0.1:{ports[member.verb]}"}
-    roles["router"]["http"] = f"http://127.0.0.1:{http_port}/v1"
+    roles["router"]["http"] = f"{tls.scheme(config.tls)}://127.0.0.1:{http_port}/v1"
     for role, addresses in roles.items():
         write_endpoints(config.run_dir, role, addresses)
         say(config, f"rlfleet up: {describe(role, addresses)}")
@@ -121,12 +123,13 @@ def dashboard_ports(config: RlfleetConfig, replicas: int) -> tuple[int | None, l
         return None, []
     host, port = config.dashboard.host, config.dashboard.port or free_port()
     metrics = [] if config.rollout.metrics_port else [free_port() for _ in range(replicas)]
+    scheme = tls.scheme(config.tls)
     for i, metrics_port in enumerate(metrics):
-        url = f"http://{config.rollout.host}:{metrics_port}/metrics"
+        url = f"{scheme}://{config.rollout.host}:{metrics_port}/metrics"
         write_endpoints(config.run_dir, f"rollout-{i}", {"metrics": url})
-    write_endpoints(config.run_dir, "dashboard", {"http": f"http://{host}:{port}/"})
+    write_endpoints(config.run_dir, "dashboard", {"http": f"{scheme}://{host}:{port}/"})
     key = " (open it with ?key=<api_key>)" if config.api_key else ""
-    say(config, f"rlfleet up: dashboard at http://{host}:{port}/{key}")
+    say(config, f"rlfleet up: dashboard at {scheme}://{host}:{port}/{key}")
     return port, metrics
 
 

@@ -127,11 +127,15 @@ def role_argv(
     return [sys.executable, "-m", "rlfleet.cli", verb, *config_args, *flags, *overrides]
 
 
-SECRET_SETTINGS = {"api_key": "RLFLEET_API_KEY", "redis_url": "RLFLEET_REDIS_URL"}
+SECRET_SETTINGS = {
+    "api_key": "RLFLEET_API_KEY",
+    "redis_url": "RLFLEET_REDIS_URL",
+    "redis_password": "RLFLEET_REDIS_PASSWORD",
+}
 """Settings that never go on a role's command line, and the variable each travels in instead.
 A command line is anyone's to read (``ps``, ``/proc/<pid>/cmdline``, and a user function in
 the reward sandbox reading its parent's); a process's environment only its owner's (mode 0400).
-The API key, and the Redis URL, which may hold the server's password. The config reads both
+The API key, the Redis password, and the Redis URL, which may hold it. The config reads both
 variables (``ENV_OVERRIDES``) below the command line and above the YAML file, so a setting
 moved here still wins over the file, as it did on the command line."""
 

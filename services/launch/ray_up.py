@@ -21,6 +21,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
+from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.config.ray import demand, fits
 from rlfleet.common.ray_cluster import (
@@ -107,7 +108,7 @@ class RayFleet:
         self.launch = replace(self.launch, common=(*found, *self.launch.common))
         if any(member.verb == "router" for member in phase):
             router_host = self.placed["router"]["address"].rsplit(":", 1)[0]
-            router_http = f"http://{router_host}:{http_port}/v1"
+            router_http = f"{tls.scheme(self.config.tls)}://{router_host}:{http_port}/v1"
             say(self.config, f"rlfleet up: router HTTP at {router_http}")
             gateway = gateway_overrides(self.config, router_http)
             self.launch = replace(self.launch, common=(*self.launch.common, *gateway))
@@ -188,10 +189,13 @@ class RayFleet:
             return {}
         host, port = address.rsplit(":", 1)
         if name == "dashboard":
-            scheme = "https" if self.config.tls.cert_file else "http"
+            scheme = tls.scheme(self.config.tls)
             return {"http": f"{scheme}://{self.config.dashboard.host}:{port}/"}
         if name == "router":
-            return {"grpc": address, "http": f"http://{host}:{http_port}/v1"}
+            return {
+                "grpc": address,
+                "http": f"{tls.scheme(self.config.tls)}://{host}:{http_port}/v1",
+            }
         return {"grpc": address}
 
     def write_placement(self) -> None:

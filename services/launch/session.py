@@ -44,9 +44,10 @@ def start_redis(config: RlfleetConfig, run_dir: Path):
         return None
     from rlfleet.common.redis_server import EmbeddedRedis
 
-    server = EmbeddedRedis(run_dir / "redis", fresh=True)  # AOF on: a restart keeps its data
+    # AOF on: a restart keeps its data. The password (redis_password) from a file, not argv.
+    server = EmbeddedRedis(run_dir / "redis", fresh=True, password=config.redis_password)
     server.start()
-    say(config, f"rlfleet up: embedded Redis at {server.url}")
+    say(config, f"rlfleet up: embedded Redis at 127.0.0.1:{server.port}")
     return server
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 
+from rlfleet.common import tls
 from rlfleet.common.config import RewardConfig, RlfleetConfig
 from rlfleet.common.endpoints import describe, write_endpoints
 from rlfleet.common.entry import safe_url
@@ -118,7 +119,7 @@ def announce(config: RlfleetConfig, front: FrontDoors) -> None:
     host = config.reward.host
     addresses = {"grpc": f"{host}:{front.grpc_server.port}", "redis": safe_url(config.redis_url)}
     if front.http is not None:
-        http = f"http://{host}:{front.http.port}"
+        http = f"{tls.scheme()}://{host}:{front.http.port}"
         addresses |= {"http": http, "metrics": f"{http}/metrics"}
     try:
         where = write_endpoints(config.run_dir, "reward", addresses)

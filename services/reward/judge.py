@@ -37,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from rlfleet.common import tls
 from rlfleet.common.config import JudgeConfig
 from rlfleet.reward.scorers.base import Scorer, error_result
 from rlfleet.reward.types import ScoreRequest, ScoreResult
@@ -288,6 +289,9 @@ class Judge:
             timeout=c.timeout_s,
             limits=limits,
             transport=self.transport,
+            # The fleet's CA besides the system's roots: the judge may be the fleet's own router
+            # (mutual TLS: this role's certificate) or a server outside it.
+            verify=tls.client_ssl_context(system_roots=True) or True,
         )
 
     async def aclose(self) -> None:

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Iterator
 
 from redis.asyncio import Redis
 
+from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig, RolloutConfig
 from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
 from rlfleet.common.keys import Keys
@@ -84,7 +85,8 @@ def metrics_server(
         yield
         return
     server, sampler = serve_metrics(replica, rollout.host, rollout.metrics_port, api_key)
-    log.info("replica metrics at http://%s:%d/metrics", rollout.host, rollout.metrics_port)
+    where = f"{tls.scheme()}://{rollout.host}:{rollout.metrics_port}/metrics"
+    log.info("replica metrics at %s", where)
     try:
         yield
     finally:

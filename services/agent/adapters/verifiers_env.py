@@ -34,6 +34,7 @@ from typing import Any
 from rlfleet.agent.adapters.workflow import GatewayRun, WorkflowError, play_in_session
 from rlfleet.agent.env import task_truth
 from rlfleet.agent.episode import Episode
+from rlfleet.common import tls
 from rlfleet.rollout.types import SamplingParams
 
 ENVIRONMENT_MODULE = "verifiers.legacy.envs.environment"
@@ -116,6 +117,7 @@ class VerifiersEnv:
             api_key=run.key,
             max_retries=0,
             default_headers={"X-Session-ID": session_id},
+            http_client=fleet_http_client(),
         )
         try:
             return await self.env.run_rollout(
@@ -191,3 +193,14 @@ def _error_text(error: Any) -> str:
 
 def _finite(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def fleet_http_client() -> Any:
+    """None (the ``openai`` client's own) unless this role dials TLS: then one that trusts the
+    fleet's CA and presents this role's certificate (the gateway may require it)."""
+    context = tls.client_ssl_context()
+    if context is None:
+        return None
+    from openai import DefaultAsyncHttpxClient
+
+    return DefaultAsyncHttpxClient(verify=context)

@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 
 from rlfleet.agent.episode import EndReason, Episode
+from rlfleet.common import tls
 from rlfleet.common.config.agent import MultiCall
 from rlfleet.common.trajectory import Trajectory, TrajectoryError
 from rlfleet.rollout.types import SamplingParams
@@ -119,6 +120,7 @@ class GatewaySessions:
             timeout=timeout_s,
             limits=httpx.Limits(max_keepalive_connections=0),
             transport=transport,
+            verify=tls.client_ssl_context() or True,  # the fleet's CA and this role's certificate
         )
 
     async def start(self) -> str:

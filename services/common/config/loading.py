@@ -16,6 +16,7 @@ from rlfleet.common.config.root import RlfleetConfig
 
 ENV_OVERRIDES = {
     "RLFLEET_REDIS_URL": "redis_url",
+    "RLFLEET_REDIS_PASSWORD": "redis_password",
     "RLFLEET_CLUSTER": "cluster",
     "RLFLEET_API_KEY": "api_key",
     "RLFLEET_RUN_DIR": "run_dir",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, Literal
+from urllib.parse import quote, unquote, urlsplit
 
 from pydantic import field_validator, model_validator
 
@@ -31,7 +32,14 @@ class RlfleetConfig(Section):
     cluster: str = "default"
     """Namespace for Redis keys (rlfleet:{cluster}:...), so runs can share a server."""
     redis_url: str | None = None
-    """Redis URL; None = ``rlfleet up`` starts an embedded Valkey."""
+    """Redis URL; None = ``rlfleet up`` starts an embedded Valkey. ``rediss://`` speaks TLS,
+    trusting ``tls.ca_file`` and presenting ``tls.cert_file`` (for a Redis started with
+    ``tls-auth-clients yes``); ``redis://:PASSWORD@host:port/0`` carries a password."""
+    redis_password: str | None = None
+    """Password Redis requires (``AUTH``), set into ``redis_url`` when that carries none
+    (``RLFLEET_REDIS_PASSWORD``); the embedded server ``rlfleet up`` starts requires it too.
+    Like ``api_key`` and ``redis_url`` it never goes on a role's command line, and the recorded
+    config masks it."""
     api_key: str | None = None
     """If set, every RPC must carry ``authorization: Bearer <key>`` (health checks excepted)."""
     run_dir: str = "runs/default"
@@ -70,6 +78,13 @@ class RlfleetConfig(Section):
         self.model.path = shipped_path(self.model.path)
         self.data.train_files = [shipped_path(f) for f in self.data.train_files]
         self.data.val_files = [shipped_path(f) for f in self.data.val_files]
+        return self
+
+    @model_validator(mode="after")
+    def _password_into_url(self) -> RlfleetConfig:
+        """``redis_password`` goes into ``redis_url``, so every client of the URL sends it."""
+        if self.redis_url and self.redis_password:
+            self.redis_url = with_password(self.redis_url, self.redis_password)
         return self
 
     @model_validator(mode="after")
@@ -222,3 +237,14 @@ class RlfleetConfig(Section):
     def needs_refcritic(self) -> bool:
         """Whether the refcritic service has to run at all."""
         return (self.needs_reference and not self.reference_from_actor) or self.needs_critic
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` with ``password`` in it (percent-encoded); refused when it holds another."""
+    parts = urlsplit(url)
+    if parts.password is not None:
+        if unquote(parts.password) != password:
+            raise ValueError("redis_password differs from the password in redis_url: set one")
+        return url
+    user, host = parts.username or "", parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{host}").geturl()

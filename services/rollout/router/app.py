@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
 from rlfleet.common.keys import Keys
@@ -90,7 +91,7 @@ async def http_front(
     if task.done():
         task.result()
         raise OSError(f"router HTTP server on {cfg.host}:{port} did not start")
-    url = f"http://{cfg.host}:{server.config.port}"
+    url = f"{tls.scheme()}://{cfg.host}:{server.config.port}"
     url += "/v1" if cfg.http_port is not None else "/metrics"
     try:
         yield url

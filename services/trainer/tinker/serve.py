@@ -14,6 +14,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.endpoints import describe, write_endpoints
 from rlfleet.common.grpc_server import GrpcServer, install_stop_signals
@@ -131,7 +132,7 @@ async def serve(config: RlfleetConfig) -> None:
         await asyncio.sleep(0.05)
     serving.result() if serving.done() else None  # a failed bind says why
     port = int(server.servers[0].sockets[0].getsockname()[1])
-    scheme = "https" if config.tls.cert_file else "http"
+    scheme = tls.scheme(config.tls)
     addresses = {"http": f"{scheme}://{cfg.host}:{port}"}
     write_endpoints(config.run_dir, "tinker", addresses)
     log.info("Tinker API: %s (base model %s)", describe("tinker", addresses), service.served.name)

@@ -274,16 +274,9 @@ class GrpcWeightTransport:
             error = f"{type(exc).__name__}: {exc}"
             seconds = time.perf_counter() - started
             return PushResult(target.replica_id, False, target.weight_version, seconds, 0, error)
-        seconds = time.perf_counter() - started
-        return PushResult(
-            target.replica_id,
-            True,
-            outcome.version,
-            seconds,
-            sent.header.total_bytes,
-            delta=sent is delta,
-            pause_s=outcome.pause_seconds,
-        )
+        seconds, nbytes = time.perf_counter() - started, sent.header.total_bytes
+        ok = (target.replica_id, True, outcome.version, seconds, nbytes)
+        return PushResult(*ok, delta=sent is delta, pause_s=outcome.pause_seconds)
 
     async def _deliver_delta_or_full(
         self, target: ReplicaStatus, encoded: _Encoded, delta: _Encoded | None

@@ -99,6 +99,19 @@ class LearnPlan:
             "eval_every_s": self.eval_every_s,
             "train_file": Path(c.data.train_files[0]).expanduser(),
             "test_file": Path(c.data.val_files[0]).expanduser(),
+            **self.sft_flags(),
+        }
+
+    def sft_flags(self) -> dict[str, Any]:
+        """The recipe's SFT warm-up, for TRL's side (``real_model_trl_sft.py``)."""
+        t, d = self.config.trainer, self.config.data
+        if not t.sft_warmup_steps:
+            return {}
+        return {
+            "sft_file": Path(d.sft_files[0]).expanduser(),
+            "sft_steps": t.sft_warmup_steps,
+            "sft_lr": t.sft_warmup_lr or t.lr,
+            "sft_batch": d.sft_batch_size,
         }
 
     def fleet_run(self):
@@ -239,6 +252,19 @@ def notes_of(plan: LearnPlan) -> list[str]:
         f"{' '.join(plan.overrides)} (mode {c.trainer.mode}, rollout.backend {c.rollout.backend})",
         "TRL: GRPOTrainer (use_cpu, autocast as above, beta 0), the same chat-template ids "
         "(checked), HF generate; one process",
+        *sft_note(c),
+    ]
+
+
+def sft_note(c: Any) -> list[str]:
+    t = c.trainer
+    if not t.sft_warmup_steps:
+        return []
+    return [
+        f"both sides open with {t.sft_warmup_steps} SFT steps of {c.data.sft_batch_size} "
+        f"demonstrations at lr {t.sft_warmup_lr or t.lr} ({c.data.sft_files[0]}), on the "
+        "training clock: the fleet's trainer.sft_warmup_steps, TRL's SFTTrainer (assistant turn "
+        "only) on the model its GRPOTrainer then trains (a fresh optimizer for GRPO)"
     ]
 
 

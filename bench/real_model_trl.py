@@ -13,9 +13,10 @@ feeds are compared with what rlfleet's trainer feeds, ``encode_prompt`` under
 each row's data source as the reward, group size, completion length, lr, temperature, batch and threads.
 
 Usage: ``python bench/real_model_trl.py --out run.json --batch 4 --n 4 --max-tokens 96
---steps 4 [--budget-s 0] [--val-size 16] [--eval-every-s 0]``; with ``--eval-every-s`` the
-held-out set is also scored each time the training clock passes another multiple of it (the
-learning curve against training time; evaluation is not on the clock).
+--steps 4 [--budget-s 0] [--val-size 16] [--eval-every-s 0] [--sft-file F --sft-steps N]``;
+with ``--eval-every-s`` the held-out set is also scored each time the training clock passes
+another multiple of it (the learning curve against training time; evaluation is not on the
+clock); with ``--sft-steps`` an SFT warm-up runs first (``real_model_trl_sft.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import real_model_trl_sft  # noqa: E402
 from e2e_trl import CHILD_ENV, PhaseTimer  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
@@ -68,6 +70,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--train-file", type=Path, default=DATA / "train.parquet")
     parser.add_argument("--test-file", type=Path, default=DATA / "test.parquet")
     parser.add_argument("--work-dir", type=Path, default=common.RESULTS_DIR / "work" / "trl")
+    real_model_trl_sft.add_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -155,14 +158,33 @@ def check_prompt_ids(trainer, tokenizer, record) -> list[int]:
     return ids
 
 
-def callback(args, tokenizer, test: list, phases: PhaseTimer, record: dict):
+def evaluator(args, tokenizer, test: list, record: dict):
+    """``evaluate(model, step)``: held-out success, timed off the clock, kept in the curve."""
+
+    def evaluate(model, step: int = 0) -> float | None:
+        if not test:
+            return None
+        started = time.perf_counter()
+        value = held_out(model, tokenizer, test, args.max_tokens)
+        record["eval_s"].append(time.perf_counter() - started)
+        record["curve"].append([step, record["training_time_s"], value])
+        common.progress(f"trl held-out: {value:.3f} ({len(test)} rows)")
+        save(args.out, record)
+        return value
+
+    return evaluate
+
+
+def callback(args, evaluate, phases: PhaseTimer, record: dict):
     """Training clock (evaluation excluded), phases per step, the budget, evals at both ends."""
     from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
         def on_train_begin(self, _args, state, control, model=None, **_):
-            record["val_before"] = self._evaluate(model)
-            self.next_eval = args.eval_every_s
+            if "val_before" not in record:  # else scored before the SFT warm-up
+                record["val_before"] = self._evaluate(model)
+            every = args.eval_every_s
+            self.next_eval = every * (1 + int(record["training_time_s"] // every)) if every else 0
             self.mark = time.perf_counter()
 
         def on_step_end(self, _args, state, control, model=None, **_):
@@ -193,15 +215,7 @@ def callback(args, tokenizer, test: list, phases: PhaseTimer, record: dict):
                 record["reward"].append([state.global_step, logs["reward"]])
 
         def _evaluate(self, model, step: int = 0) -> float | None:
-            if not test:
-                return None
-            started = time.perf_counter()
-            value = held_out(model, tokenizer, test, args.max_tokens)
-            record["eval_s"].append(time.perf_counter() - started)
-            record["curve"].append([step, record["training_time_s"], value])
-            common.progress(f"trl held-out: {value:.3f} ({len(test)} rows)")
-            save(args.out, record)
-            return value
+            return evaluate(model, step + args.sft_steps)  # steps counted as the fleet does
 
     return Clock()
 
@@ -226,6 +240,10 @@ def build_trainer(args: argparse.Namespace, record: dict):
         for r in train
     ]
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype="float32")
+    test = read_records(args.test_file, args.val_size) if args.val_size else []
+    evaluate = evaluator(args, tokenizer, test, record)
+    if args.sft_steps:
+        real_model_trl_sft.warm_up(args, model, tokenizer, record, evaluate)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=row_reward,
@@ -235,8 +253,7 @@ def build_trainer(args: argparse.Namespace, record: dict):
     )
     record["prompt_ids_example"] = check_prompt_ids(trainer, tokenizer, train[0])
     trainer.remove_callback(PrinterCallback)  # the harness reads the JSON, not stdout
-    test = read_records(args.test_file, args.val_size) if args.val_size else []
-    trainer.add_callback(callback(args, tokenizer, test, PhaseTimer(trainer), record))
+    trainer.add_callback(callback(args, evaluate, PhaseTimer(trainer), record))
     return trainer
 
 

@@ -1,6 +1,8 @@
 """A uvicorn server that runs inside a role's own event loop (reward and router HTTP fronts);
-HTTPS when this process's ``tls`` config has a certificate; the API key check of their routes,
-and an app (``guarded_app``) whose schema and docs pages are behind the key too.
+HTTPS when this process's ``tls`` config has a certificate (a client certificate required with
+``tls.client_auth``); a WSGI server for a replica's ``/metrics``, held to the same TLS; the
+API key check of their routes, and an app (``guarded_app``) whose schema and docs pages are
+behind the key too.
 
 With an API key set, everything but ``/healthz`` needs it: the OpenAPI schema lists every route
 and field, ``/metrics`` shows traffic, model and load (Prometheus scrapers send the key with
@@ -11,7 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import ssl
+import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import uvicorn
 from fastapi import Depends, FastAPI, Header
@@ -51,6 +59,47 @@ def make_http_server(
         **tls.http_options(tls_config),
     )
     return _Server(config)
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, none outliving the process (as ``prometheus_client``'s own
+    ``start_http_server`` does)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A refused TLS handshake (no client certificate, another CA) is the client's
+        problem: no traceback on the role's output."""
+        if not isinstance(sys.exc_info()[1], ssl.SSLError | ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access line per request (a scrape every few seconds) on the role's output."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):  # in this thread, not the accepting one
+            self.request.do_handshake()
+        super().setup()
+
+
+def start_wsgi_server(
+    app: Callable, host: str, port: int, name: str, tls_config: TlsConfig | None = None
+) -> WSGIServer:
+    """Serve a WSGI ``app`` (a replica's ``/metrics``) from a daemon thread named ``name``;
+    HTTPS as every other door when this process's ``tls`` config (or ``tls_config``) has a
+    certificate. ``server.shutdown()`` stops it."""
+    server = make_server(host, port, app, _ThreadingWSGIServer, handler_class=_QuietHandler)
+    context = tls.server_ssl_context(tls_config)
+    if context is not None:  # each connection's handshake runs in its own request thread
+        server.socket = context.wrap_socket(
+            server.socket, server_side=True, do_handshake_on_connect=False
+        )
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server
 
 
 def api_key_checker(api_key: str | None) -> Callable[..., Awaitable[None]]:

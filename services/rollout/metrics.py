@@ -16,40 +16,21 @@ over HTTPS when the process's ``tls`` has a certificate (a client certificate re
 from __future__ import annotations
 
 import asyncio
-import ssl
-import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from socketserver import ThreadingMixIn
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rlfleet.common import tls
-from rlfleet.common.http_server import bearer_wsgi
+from rlfleet.common.http_server import bearer_wsgi, start_wsgi_server
 from rlfleet.model import weights
 from rlfleet.rollout.replica import Replica
 from rlfleet.rollout.types import ReplicaState, UpdateOutcome
 
 RATE_WINDOW_S = 10.0
 POLL_S = 1.0
-
-
-class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    """One thread per scrape, none outliving the process (as ``start_http_server`` does)."""
-
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A refused TLS handshake (no client certificate, another CA) is the client's
-        problem: no traceback on the replica's output."""
-        if not isinstance(sys.exc_info()[1], ssl.SSLError | ConnectionError):
-            super().handle_error(request, client_address)
 
 
 class MeteredReplica(Replica):
@@ -250,23 +231,5 @@ def serve_metrics(
     collector = ReplicaCollector(replica)
     registry.register(collector)
     app = bearer_wsgi(make_wsgi_app(registry), api_key)
-    server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_QuietHandler)
-    context = tls.server_ssl_context()
-    if context is not None:  # each accepted connection does its handshake in its own thread
-        server.socket = context.wrap_socket(
-            server.socket, server_side=True, do_handshake_on_connect=False
-        )
-    threading.Thread(target=server.serve_forever, name="replica-metrics", daemon=True).start()
+    server = start_wsgi_server(app, host, port, "replica-metrics")
     return server, asyncio.create_task(poll(collector), name="replica-metrics")
-
-
-class _QuietHandler(WSGIRequestHandler):
-    """No access line per scrape on the replica's output."""
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-    def setup(self) -> None:
-        if isinstance(self.request, ssl.SSLSocket):  # in this thread, not the accepting one
-            self.request.do_handshake()
-        super().setup()

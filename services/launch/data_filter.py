@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from rlfleet.common import tls
 from rlfleet.common.endpoints import read_endpoints
 from rlfleet.common.entry import setup_logging
 from rlfleet.common.errors import RlfleetError
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     from rlfleet.common.config import load_config
 
     config = load_config(args.config, args.overrides)
+    tls.use(config.tls)  # the fleet's TLS (and its client certificate) for router and reward
     table = df.read_table(args.input)
     rows = table.to_pylist()
     chosen = list(range(len(rows)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from rlfleet.common import tls
 from rlfleet.common.config import load_config
 
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rollout_replicas < 1 or args.env_processes < 1:
         raise SystemExit("rlfleet up: --rollout-replicas and --env-processes must be >= 1")
     config = load_config(args.config, args.overrides)
+    tls.use(config.tls)  # URLs it prints and records say https when the roles serve TLS
     from rlfleet.model.local_models import check_context
 
     check_context(config.model.path, config.rollout.max_model_len)  # before any role starts

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig, load_config
 from rlfleet.common.entry import base_parser, setup_logging
 from rlfleet.common.errors import InvalidArgument, RlfleetError
@@ -112,6 +113,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, RlfleetConfig]:
     except (ValueError, OSError) as exc:
         parser.error(f"bad config: {exc}")
     setup_logging("WARNING", "score")
+    tls.use(config.tls)  # the fleet's TLS (and its client certificate) for the reward service
     return args, config
 
 

@@ -19,6 +19,7 @@ import contextlib
 import shutil
 import signal
 import ssl
+import stat
 import sys
 import time
 import uuid
@@ -27,8 +28,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from procs import ServiceProcess, clean_env
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.retry import Retry
 
 from rlfleet.common import errors, grpc_healthcheck, tls
 from rlfleet.common.config.security import TlsConfig
@@ -233,3 +237,16 @@ async def test_a_role_given_a_wrong_password_stops_saying_so(pki, tls_redis, tmp
     log = proc.log()
     assert code != 0 and READY not in log
     assert "Redis refused this process's credentials" in log and "RLFLEET_REDIS_PASSWORD" in log
+
+
+def test_an_embedded_redis_takes_its_password_from_a_private_file(tmp_path) -> None:
+    """What ``rlfleet up`` starts with ``redis_password``: required, and on no command line."""
+    secret = 'p w"x'
+    with EmbeddedRedis(tmp_path, appendonly=False, password=secret) as server:
+        assert server.url == f"redis://:p%20w%22x@127.0.0.1:{server.port}/0"
+        assert redis.Redis.from_url(server.url).ping()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=server.port, retry=Retry(NoBackoff(), 0)).ping()
+        command = Path(f"/proc/{server._proc.pid}/cmdline").read_bytes()  # our child's
+    assert secret.encode() not in command
+    assert stat.S_IMODE((tmp_path / "auth.conf").stat().st_mode) == 0o600

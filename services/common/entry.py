@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -127,9 +128,10 @@ def record_config(config: RlfleetConfig, role: str) -> Path | None:
 
 
 def safe_url(url: str | None) -> str:
-    """``url`` without its password (Redis URLs may carry one)."""
+    """``url`` without its password (Redis URLs may carry one, a socket's in its query)."""
     if not url:
         return "none"
+    url = re.sub(r"([?&]password=)[^&#]*", r"\1***", url)
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -113,6 +113,13 @@ def test_redis_password_goes_into_the_url_once() -> None:
     assert with_password("redis://:x@h:1/0", "x") == "redis://:x@h:1/0"
     with pytest.raises(ValueError, match="differs"):
         with_password("redis://:y@h:1/0", "x")
+    assert (
+        with_password("unix:///run/r.sock?db=2", "a&b") == "unix:///run/r.sock?db=2&password=a%26b"
+    )
+    assert with_password("unix:///run/r.sock?password=x", "x") == "unix:///run/r.sock?password=x"
+    assert (
+        safe_url("unix:///run/r.sock?db=2&password=a%26b") == "unix:///run/r.sock?db=2&password=***"
+    )
     config = RlfleetConfig(redis_url="rediss://h:1/0", redis_password="s3cret")
     assert config.redis_url == "rediss://:s3cret@h:1/0"
     assert RlfleetConfig(redis_password="s3cret").redis_url is None  # the embedded one takes it

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any, Literal
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from pydantic import field_validator, model_validator
 
@@ -240,8 +240,15 @@ class RlfleetConfig(Section):
 
 
 def with_password(url: str, password: str) -> str:
-    """``url`` with ``password`` in it (percent-encoded); refused when it holds another."""
+    """``url`` with ``password`` in it (percent-encoded; a ``unix://`` socket's as the query's
+    ``password``); refused when it holds another."""
     parts = urlsplit(url)
+    if parts.scheme == "unix":
+        given = parse_qs(parts.query).get("password")
+        if given and given[0] != password:
+            raise ValueError("redis_password differs from the password in redis_url: set one")
+        query = "&".join(filter(None, [parts.query, f"password={quote(password, safe='')}"]))
+        return url if given else f"{url.partition('?')[0]}?{query}"  # geturl() drops "//"
     if parts.password is not None:
         if unquote(parts.password) != password:
             raise ValueError("redis_password differs from the password in redis_url: set one")

@@ -109,8 +109,8 @@ class OutageRetry(Retry):
 def _log_failure(error: Exception, failures: int) -> None:
     """One WARNING when an outage starts and one every ~10 retries, not one per attempt."""
     if failures == 1 or failures % 10 == 0:
-        hint = ""
-        if "reset by peer" in str(error) and not tls.current().serving:
+        hint, own = "", tls.current()
+        if "reset by peer" in str(error) and own.dialing and not own.serving:
             hint = " (a Redis with TLS client certificates resets clients without tls.cert_file)"
         log.warning("Redis unreachable (%s)%s; retry %d, still trying", error, hint, failures)
 

@@ -1,5 +1,7 @@
-"""Fetch before the pause, on a real hf replica process (``python -m rlfleet.rollout.main``,
-the tiny model, ``trainer.weight_delta=always`` so it keeps a base for deltas).
+"""Fetch before the pause, on a real replica process (``python -m rlfleet.rollout.main``,
+the tiny model, ``trainer.weight_delta=always`` so it keeps a base for deltas), once with the
+transformers engine and once with vLLM (marked ``vllm``; it reloads the whole model after a
+delta, the transformers engine writes only the changed elements).
 
 What is checked: while an update's bytes are still arriving the replica serves (state
 ``serving``, a Generate answered under the old version); the reply reports the pause and
@@ -40,11 +42,13 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def replica(redis_server: EmbeddedRedis, tmp_path_factory) -> Iterator[ReplicaProc]:
+@pytest.fixture(scope="module", params=["hf", pytest.param("vllm", marks=pytest.mark.vllm)])
+def replica(
+    request: pytest.FixtureRequest, redis_server: EmbeddedRedis, tmp_path_factory
+) -> Iterator[ReplicaProc]:
     keys = Keys(f"t{uuid.uuid4().hex[:12]}")
-    log_path = tmp_path_factory.mktemp("fetch-before-pause") / "replica.log"
-    extra = ("rollout.backend=hf", "trainer.weight_delta=always")
+    log_path = tmp_path_factory.mktemp("fetch-before-pause") / f"{request.param}.log"
+    extra = (f"rollout.backend={request.param}", "trainer.weight_delta=always")
     proc = start_replica(redis_server.url, keys, REPLICA_ID, log_path, *extra)
     yield proc
     stop_replica(proc)

@@ -62,6 +62,8 @@ def prepare(
 
 def _write_for(param: torch.Tensor, part: Part) -> ElementWrite:
     source = part.whole if part.whole is not None else part.value
+    if source is None:  # weights_delta.apply refuses such a delta before this
+        raise ValueError("a delta part without values")
     value = source.to(dtype=param.dtype, device=param.device).reshape(-1)
     bits = int_of_size(param.element_size())
     if param.device.type == "cpu" and bits is not None:

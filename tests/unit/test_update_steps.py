@@ -20,10 +20,11 @@ import torch
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument
 from rlfleet.model import weights, weights_delta
+from rlfleet.rollout import convert
 from rlfleet.rollout.engines.base import Engine, StagedWeights
 from rlfleet.rollout.inflight import InFlight
 from rlfleet.rollout.phase import Phase
-from rlfleet.rollout.types import ReplicaState
+from rlfleet.rollout.types import ReplicaState, UpdateOutcome
 from rlfleet.rollout.update_steps import UpdateSteps
 from rlfleet.rollout.weight_updates import WeightUpdater
 from rlfleet.trainer.weight_sync import push_metrics
@@ -195,3 +196,8 @@ def test_push_metrics_hold_the_longest_pause_and_each_replica_s() -> None:
     assert metrics["weight/pause_s"] == 0.07
     assert metrics["weight/pause_s/r0"] == 0.02 and metrics["weight/pause_s/r1"] == 0.07
     assert "weight/pause_s/r2" not in metrics
+
+
+def test_the_pause_and_the_staging_cross_the_wire_in_the_reply() -> None:
+    outcome = UpdateOutcome(7, 0.01, True, pause_seconds=0.02, prepare_seconds=0.3)
+    assert convert.outcome_from_proto(convert.outcome_to_proto(outcome)) == outcome

@@ -23,6 +23,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "data": ("rlfleet.launch.data_filter", "prompt data: `data filter` keeps prompts by pass rate"),
     "status": ("rlfleet.status_cli", "show replicas, versions and trainer state"),
     "dashboard": ("rlfleet.dashboard.main", "the live web page of a run (rlfleet up starts it)"),
+    "slurm": ("rlfleet.launch.slurm", "write (and sbatch) a Slurm job: Ray, then `up --ray`"),
     "scale": ("rlfleet.launch.scale", "scale rollout replicas of a running `up --ray`"),
     "certs": ("rlfleet.launch.certs", "a CA and per-role certificates for mutual TLS (dev)"),
 }

@@ -8,7 +8,8 @@
 # debootstrap when no registry can be pulled from, builds the project image, brings the fleet
 # up with two rollout replicas, waits for the trainer to finish, and checks in Redis that both
 # replicas served requests. It always tears down (`down -v`) and stops only the dockerd it
-# started. Every phase is timed.
+# started, and puts back the firewall rules and the docker0 bridge that dockerd changed
+# (scripts/host_state.sh). Every phase is timed.
 #
 # Knobs (environment):
 #   COMPOSE_TEST_STEPS=3          trainer.total_steps for the run
@@ -38,6 +39,11 @@ export COMPOSE_HTTP_TIMEOUT=300
 export RLFLEET_TRAINER_ARGS="trainer.total_steps=${STEPS} trainer.min_replicas=${REPLICAS} ${COMPOSE_TEST_TRAINER_ARGS:-}"
 # docker-compose.yml requires a Redis password from the environment: a fresh one per run.
 export RLFLEET_REDIS_PASSWORD="${RLFLEET_REDIS_PASSWORD:-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')}"
+
+# shellcheck source=scripts/host_state.sh
+source "${ROOT}/scripts/host_state.sh"
+HOST_BEFORE="${STATE}/host-before"
+HOST_SAVED=0
 
 STARTED_DOCKERD_PID=""
 COMPOSE_UP=0
@@ -107,6 +113,9 @@ exec_root() {
 
 start_daemon() {
     mkdir -p "${STATE}/engine"
+    # dockerd rewrites iptables (its chains, FORWARD DROP) and adds docker0: record the host first.
+    host_state_save "${HOST_BEFORE}"
+    HOST_SAVED=1
     rm -f "${STATE}/docker.sock" "${STATE}/dockerd.pid"
     dockerd --data-root "${STATE}/engine" --exec-root "$(exec_root)" \
         --pidfile "${STATE}/dockerd.pid" --host "unix://${STATE}/docker.sock" \
@@ -127,9 +136,14 @@ start_daemon() {
 stop_daemon() {
     [[ -n "${STARTED_DOCKERD_PID}" ]] || return 0
     if [[ "${COMPOSE_TEST_KEEP_DAEMON:-0}" == 1 ]]; then
-        log "leaving dockerd pid ${STARTED_DOCKERD_PID} running (COMPOSE_TEST_KEEP_DAEMON=1)"
+        log "leaving dockerd pid ${STARTED_DOCKERD_PID} running (COMPOSE_TEST_KEEP_DAEMON=1), and its firewall rules"
         return 0
     fi
+    terminate_daemon
+    restore_host
+}
+
+terminate_daemon() {
     kill -TERM "${STARTED_DOCKERD_PID}" 2>/dev/null || return 0
     local i
     for i in $(seq 1 60); do
@@ -138,6 +152,14 @@ stop_daemon() {
     done
     log "dockerd pid ${STARTED_DOCKERD_PID} ignored SIGTERM for 30 s; sending SIGKILL"
     kill -KILL "${STARTED_DOCKERD_PID}" 2>/dev/null || true
+    sleep 1
+}
+
+restore_host() {
+    # After the daemon is gone (it would rewrite its rules): the firewall and bridge as found.
+    ((HOST_SAVED)) || return 0
+    host_state_restore "${HOST_BEFORE}" || log "the host's firewall may differ from before the test"
+    HOST_SAVED=0
 }
 
 debian_mirror() {

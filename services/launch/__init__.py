@@ -14,6 +14,9 @@ line; ``session``: the embedded Redis before, the summary after):
   ``rlfleet.common.ray_cluster`` (the trainer's DDP ranks use it too). Ray is imported only
   after argument parsing, inside functions.
 
+``slurm`` (``rlfleet slurm``) writes a Slurm job that runs the Ray backend over its nodes
+(``slurm_plan``: which member goes to the head or the workers; ``slurm_script``: the text).
+
 ``up`` parses the command line and picks the backend. This is the top layer: nothing below
 it (common, model, the roles) imports it (``scripts/check_layers.py``).
 """

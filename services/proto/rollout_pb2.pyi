@@ -366,3 +366,104 @@ class DrainReplicaRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DrainReplicaRequest: _TypeAlias = DrainReplicaRequest  # noqa: Y015
+
+@_typing.final
+class ScoredSequence(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TARGET_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """context, at least one token"""
+
+    @_builtins.property
+    def target_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """the tokens scored, each given everything before it"""
+
+    def __init__(
+        self,
+        *,
+        prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        target_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["prompt_token_ids", b"prompt_token_ids", "target_token_ids", b"target_token_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScoredSequence: _TypeAlias = ScoredSequence  # noqa: Y015
+
+@_typing.final
+class ScoreTokensRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQUENCES_FIELD_NUMBER: _builtins.int
+    MIN_WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    min_weight_version: _builtins.int
+    """refused (FAILED_PRECONDITION) when the replica is older"""
+    @_builtins.property
+    def sequences(self) -> _containers.RepeatedCompositeFieldContainer[Global___ScoredSequence]: ...
+    def __init__(
+        self,
+        *,
+        sequences: _abc.Iterable[Global___ScoredSequence] | None = ...,
+        min_weight_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["min_weight_version", b"min_weight_version", "sequences", b"sequences"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScoreTokensRequest: _TypeAlias = ScoreTokensRequest  # noqa: Y015
+
+@_typing.final
+class ScoreTokensResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    WEIGHT_VERSION_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    weight_version: _builtins.int
+    """the version that scored them"""
+    replica_id: _builtins.str
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenLogprobs]:
+        """per sequence, in order: log_softmax(logits) of each target"""
+
+    def __init__(
+        self,
+        *,
+        logprobs: _abc.Iterable[Global___TokenLogprobs] | None = ...,
+        weight_version: _builtins.int = ...,
+        replica_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs", "replica_id", b"replica_id", "weight_version", b"weight_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ScoreTokensResponse: _TypeAlias = ScoreTokensResponse  # noqa: Y015
+
+@_typing.final
+class TokenLogprobs(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALUES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        values: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenLogprobs: _TypeAlias = TokenLogprobs  # noqa: Y015

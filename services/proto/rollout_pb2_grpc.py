@@ -71,6 +71,11 @@ class RolloutStub:
                 request_serializer=rlfleet_dot_v1_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=rlfleet_dot_v1_dot_rollout__pb2.ReplicaStatus.FromString,
                 _registered_method=True)
+        self.ScoreTokens = channel.unary_unary(
+                '/rlfleet.v1.Rollout/ScoreTokens',
+                request_serializer=rlfleet_dot_v1_dot_rollout__pb2.ScoreTokensRequest.SerializeToString,
+                response_deserializer=rlfleet_dot_v1_dot_rollout__pb2.ScoreTokensResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
@@ -122,6 +127,14 @@ class RolloutServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ScoreTokens(self, request, context):
+        """Teacher-forced log-probs of given tokens under the weights served now (the trainer's
+        parity probe after a weight update: the same tokens scored by the actor must agree).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +172,11 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=rlfleet_dot_v1_dot_common__pb2.Empty.FromString,
                     response_serializer=rlfleet_dot_v1_dot_rollout__pb2.ReplicaStatus.SerializeToString,
+            ),
+            'ScoreTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreTokens,
+                    request_deserializer=rlfleet_dot_v1_dot_rollout__pb2.ScoreTokensRequest.FromString,
+                    response_serializer=rlfleet_dot_v1_dot_rollout__pb2.ScoreTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +369,33 @@ class Rollout:
             '/rlfleet.v1.Rollout/GetStatus',
             rlfleet_dot_v1_dot_common__pb2.Empty.SerializeToString,
             rlfleet_dot_v1_dot_rollout__pb2.ReplicaStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ScoreTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rlfleet.v1.Rollout/ScoreTokens',
+            rlfleet_dot_v1_dot_rollout__pb2.ScoreTokensRequest.SerializeToString,
+            rlfleet_dot_v1_dot_rollout__pb2.ScoreTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

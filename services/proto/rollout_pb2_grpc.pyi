@@ -45,6 +45,10 @@ class RolloutStub:
     Pause: _grpc.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.ReplicaStatus]
     Resume: _grpc.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.ReplicaStatus]
     GetStatus: _grpc.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.ReplicaStatus]
+    ScoreTokens: _grpc.UnaryUnaryMultiCallable[_rollout_pb2.ScoreTokensRequest, _rollout_pb2.ScoreTokensResponse]
+    """Teacher-forced log-probs of given tokens under the weights served now (the trainer's
+    parity probe after a weight update: the same tokens scored by the actor must agree).
+    """
 
 @_typing.type_check_only
 class RolloutAsyncStub(RolloutStub):
@@ -62,6 +66,10 @@ class RolloutAsyncStub(RolloutStub):
     Pause: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.ReplicaStatus]  # type: ignore[assignment]
     Resume: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.ReplicaStatus]  # type: ignore[assignment]
     GetStatus: _aio.UnaryUnaryMultiCallable[_common_pb2.Empty, _rollout_pb2.ReplicaStatus]  # type: ignore[assignment]
+    ScoreTokens: _aio.UnaryUnaryMultiCallable[_rollout_pb2.ScoreTokensRequest, _rollout_pb2.ScoreTokensResponse]  # type: ignore[assignment]
+    """Teacher-forced log-probs of given tokens under the weights served now (the trainer's
+    parity probe after a weight update: the same tokens scored by the actor must agree).
+    """
 
 class RolloutServicer(metaclass=_abc_1.ABCMeta):
     """One inference engine replica. The router serves the same Generate and GenerateBatch."""
@@ -118,6 +126,16 @@ class RolloutServicer(metaclass=_abc_1.ABCMeta):
         request: _common_pb2.Empty,
         context: _ServicerContext,
     ) -> _typing.Union[_rollout_pb2.ReplicaStatus, _abc.Awaitable[_rollout_pb2.ReplicaStatus]]: ...
+
+    @_abc_1.abstractmethod
+    def ScoreTokens(
+        self,
+        request: _rollout_pb2.ScoreTokensRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_rollout_pb2.ScoreTokensResponse, _abc.Awaitable[_rollout_pb2.ScoreTokensResponse]]:
+        """Teacher-forced log-probs of given tokens under the weights served now (the trainer's
+        parity probe after a weight update: the same tokens scored by the actor must agree).
+        """
 
 def add_RolloutServicer_to_server(servicer: RolloutServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

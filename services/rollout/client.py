@@ -18,6 +18,7 @@ from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wai
 from rlfleet.model import weights
 from rlfleet.proto import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
+from rlfleet.rollout.token_scores import ScoreRequest, TokenScores
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaStatus, UpdateOutcome
 
 
@@ -108,6 +109,16 @@ class RolloutClient:
         call_counts.record(UPDATE_WEIGHTS_METHOD)
         call = self._stub.UpdateWeights(messages, timeout=timeout_s, metadata=self._metadata)
         return convert.outcome_from_proto(await checked(call))
+
+    async def score_tokens(
+        self, request: ScoreRequest, timeout_s: float | None = 60.0
+    ) -> TokenScores:
+        """Teacher-forced log-probs of the request's targets (a replica only; the trainer's
+        parity probe: ``rlfleet.rollout.token_scores``)."""
+        call = self._stub.ScoreTokens(
+            convert.score_request_to_proto(request), timeout=timeout_s, metadata=self._metadata
+        )
+        return convert.scores_from_proto(await checked(call))
 
     async def list_replicas(self, timeout_s: float | None = 10.0) -> list[ReplicaStatus]:
         """Every replica a router knows, with its state as routing sees it (router only)."""

@@ -16,6 +16,7 @@ from dataclasses import asdict, fields
 
 from rlfleet.model.weights import TensorEntry, WeightHeader
 from rlfleet.proto import common_pb2, rollout_pb2
+from rlfleet.rollout.token_scores import ScoredSequence, ScoreRequest, TokenScores
 from rlfleet.rollout.types import (
     Completion,
     GenerateRequest,
@@ -176,3 +177,34 @@ def outcome_from_proto(msg: rollout_pb2.UpdateWeightsResponse) -> UpdateOutcome:
     return UpdateOutcome(
         msg.version, msg.load_seconds, msg.cache_flushed, msg.pause_seconds, msg.prepare_seconds
     )
+
+
+def score_request_to_proto(request: ScoreRequest) -> rollout_pb2.ScoreTokensRequest:
+    sequences = [
+        rollout_pb2.ScoredSequence(
+            prompt_token_ids=s.prompt_token_ids, target_token_ids=s.target_token_ids
+        )
+        for s in request.sequences
+    ]
+    return rollout_pb2.ScoreTokensRequest(
+        sequences=sequences, min_weight_version=request.min_weight_version
+    )
+
+
+def score_request_from_proto(msg: rollout_pb2.ScoreTokensRequest) -> ScoreRequest:
+    sequences = [
+        ScoredSequence(list(s.prompt_token_ids), list(s.target_token_ids)) for s in msg.sequences
+    ]
+    return ScoreRequest(sequences, msg.min_weight_version)
+
+
+def scores_to_proto(scores: TokenScores) -> rollout_pb2.ScoreTokensResponse:
+    rows = [rollout_pb2.TokenLogprobs(values=row) for row in scores.logprobs]
+    return rollout_pb2.ScoreTokensResponse(
+        logprobs=rows, weight_version=scores.weight_version, replica_id=scores.replica_id
+    )
+
+
+def scores_from_proto(msg: rollout_pb2.ScoreTokensResponse) -> TokenScores:
+    rows = [list(row.values) for row in msg.logprobs]
+    return TokenScores(rows, msg.weight_version, msg.replica_id)

@@ -47,6 +47,7 @@ import time
 from redis.asyncio import Redis
 
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.common.errors import FailedPrecondition, Unavailable
 from rlfleet.common.keys import ROLLOUT_GROUP, Keys
 from rlfleet.common.queue.workqueue import Job, WorkQueue
 from rlfleet.model import weights
@@ -58,6 +59,7 @@ from rlfleet.rollout.job_runner import JobRunner
 from rlfleet.rollout.lease import Lease
 from rlfleet.rollout.phase import Phase
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
+from rlfleet.rollout.token_scores import ScoreRequest, TokenScores
 from rlfleet.rollout.types import (
     GenerateRequest,
     GenerateResult,
@@ -216,6 +218,27 @@ class Replica:
 
     async def flush_cache(self) -> bool:
         return await self.engine.flush_cache()
+
+    async def score_tokens(self, request: ScoreRequest) -> TokenScores:
+        """Teacher-forced log-probs of the request's targets under the weights served now
+        (``token_scores``); no update swaps weights meanwhile, so the version is the one that
+        scored. FailedPrecondition when we serve an older version than asked for."""
+        request.validate()
+        if self.state is S.STARTING:
+            raise Unavailable(f"replica {self.replica_id} is {self.state}")
+        for seq in request.sequences:
+            self.engine.check_prompt(seq.prompt_token_ids + seq.target_token_ids, 0)
+        async with self.weights.lock:
+            if self.version < request.min_weight_version:
+                raise FailedPrecondition(
+                    f"replica {self.replica_id} serves weight version {self.version}, "
+                    f"older than {request.min_weight_version}"
+                )
+            rows = [
+                await self.engine.score_tokens(s.prompt_token_ids, s.target_token_ids)
+                for s in request.sequences
+            ]
+            return TokenScores(rows, self.version, self.replica_id)
 
     async def pause(self) -> ReplicaStatus:
         """Stop taking new work (in-flight requests finish); direct calls get Unavailable."""

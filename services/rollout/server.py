@@ -72,6 +72,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     async def GetStatus(self, request, context):  # noqa: N802
         return convert.status_to_proto(self._replica.status())
 
+    async def ScoreTokens(self, request, context):  # noqa: N802
+        scores = await self._replica.score_tokens(convert.score_request_from_proto(request))
+        return convert.scores_to_proto(scores)
+
 
 UpdateMessage = rollout_pb2.WeightChunk | memoryview  # a data chunk arrives as a memoryview
 UPDATE_WEIGHTS = "UpdateWeights"

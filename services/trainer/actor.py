@@ -110,17 +110,26 @@ class Actor:
         return {name: p.detach() for name, p in self.model.named_parameters()}
 
     @torch.no_grad()
-    def logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+    def logprobs(
+        self,
+        prompts: list[list[int]],
+        responses: list[list[int]],
+        temperature: float | None = None,
+    ) -> list[list[float]]:
         """Per-token log-probs of the responses under the current weights (no grad), at most
         ``trainer.ppo_micro_batch_size`` rows per forward (the logits are ``[rows, tokens,
-        vocab]``)."""
+        vocab]``); at ``temperature``, by default the sampling one (``rollout.temperature``)."""
         self.model.eval()
         size = self.cfg.ppo_micro_batch_size
-        return map_row_groups(prompts, responses, size, self._logprobs_of)
+        return map_row_groups(
+            prompts, responses, size, functools.partial(self._logprobs_of, temperature=temperature)
+        )
 
-    def _logprobs_of(self, prompts: list[list[int]], responses: list[list[int]]) -> list:
+    def _logprobs_of(
+        self, prompts: list[list[int]], responses: list[list[int]], temperature: float | None
+    ) -> list:
         packed = pack_sequences(prompts, responses, self.pad_id, self.device)
-        temperature = self.config.rollout.temperature or 1.0
+        temperature = temperature or self.config.rollout.temperature or 1.0
         with self.autocast():
             out = response_logprobs(self.model, packed, temperature, self.cfg.share_prompt_forward)
         return unpack_rows(out, packed.response_lengths)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from rlfleet.refcritic.client import CheckpointInfo
     from rlfleet.reward.types import ScoreRequest, ScoreResult
     from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaStatus
+    from rlfleet.trainer.weight_check import ReplicaProbe
 
 
 class Closable(Protocol):
@@ -115,6 +116,8 @@ class Fleet:
     weight_sync: WeightPublisher
     env: EpisodeSource | None = None
     """The env service, in agent mode only (``agent.env`` set)."""
+    probe: ReplicaProbe | None = None
+    """Replicas asked one by one, for ``trainer.weight_check`` only."""
 
     def needed_refcritic(self) -> RefCritic:
         """``refcritic``, for a config with a reference or a critic (``connect_fleet`` then
@@ -132,7 +135,8 @@ class Fleet:
         return self.env
 
     async def close(self) -> None:
-        for client in (self.rollout, self.reward, self.refcritic, self.weight_sync, self.env):
+        clients = (self.rollout, self.reward, self.refcritic, self.weight_sync, self.env)
+        for client in (*clients, self.probe):
             if client is not None:
                 await client.close()
 
@@ -143,6 +147,7 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
     from rlfleet.refcritic.client import RefCriticClient
     from rlfleet.reward.client import RewardClient
     from rlfleet.rollout.client import RolloutClient
+    from rlfleet.trainer.replica_probe import GrpcReplicaProbe
     from rlfleet.trainer.weight_sync import grpc_weight_sync
 
     key, mb = config.api_key, config.max_message_mb
@@ -167,5 +172,8 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
             max_message_mb=mb,
         )
         if config.agent.env
+        else None,
+        probe=GrpcReplicaProbe(config.endpoints.router, key, mb)
+        if config.trainer.weight_check.enable
         else None,
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -26,6 +27,7 @@ from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.errors import RlfleetError
 from rlfleet.trainer.fleet import Fleet, WeightSnapshot
 from rlfleet.trainer.retry import retry_transient
+from rlfleet.trainer.weight_check import Expected, WeightCheck
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,12 @@ class WeightPushes:
     """Pushes of the actor's weights through ``fleet.weight_sync``; ``landed_version`` is the
     newest version the replicas acknowledged (async rollouts wait on it)."""
 
-    def __init__(self, config: RlfleetConfig, fleet: Fleet, actor) -> None:
+    def __init__(
+        self, config: RlfleetConfig, fleet: Fleet, actor, check: WeightCheck | None = None
+    ) -> None:
         self.config, self.fleet, self.actor = config, fleet, actor
+        self.check = check
+        """The parity probe after each push (``trainer.weight_check``), or None."""
         self.landed_version = 0
         self._landed = asyncio.Condition()
         self._task: asyncio.Task | None = None
@@ -48,10 +54,11 @@ class WeightPushes:
         """Send the actor's weights as ``version`` to replicas, and wait for them."""
         state = self.rollout_state()
         flush = self.config.rollout.flush_cache_on_update
+        expected = None if only_stale else await self._expect(version)
         metrics = await self._push_retrying(state, version, flush, only_stale)
         if not only_stale:
             await self._mark_landed(version)
-        return metrics
+        return {**metrics, **await self._check(expected)}
 
     async def publish(self, version: int) -> dict[str, float]:
         """Push a new version. Sync mode waits for it; async mode lets it land while the
@@ -63,7 +70,8 @@ class WeightPushes:
         state = self.rollout_state()
         # Encoded now, before the next update changes the weights; sent in the background.
         snapshot = await self.fleet.weight_sync.snapshot(state, version, flush)
-        self._task = asyncio.create_task(self._push_snapshot(snapshot, version))
+        expected = await self._expect(version)  # the actor's side before it trains on
+        self._task = asyncio.create_task(self._push_snapshot(snapshot, version, expected))
         return previous
 
     def rollout_state(self) -> dict:
@@ -117,7 +125,24 @@ class WeightPushes:
         budget = self.config.trainer.step_retry_s
         return await retry_transient(attempt, budget, f"push of weight version {version}")
 
-    async def _push_snapshot(self, snapshot: WeightSnapshot, version: int) -> dict[str, float]:
+    async def _expect(self, version: int) -> Expected | None:
+        """The actor's scores of the parity probe for ``version``, when one is due."""
+        if self.check is None or not self.check.due(version):
+            return None
+        return await self.check.expect(self.actor, version)
+
+    async def _check(self, expected: Expected | None) -> dict[str, float]:
+        """The parity probe of the replicas that took ``expected.version`` (ERROR and drain
+        on a mismatch: ``weight_check``); its metrics, with its time."""
+        if self.check is None or expected is None:
+            return {}
+        started = time.perf_counter()
+        metrics = await self.check.check(expected)
+        return {**metrics, "timing_s/weight_check": time.perf_counter() - started}
+
+    async def _push_snapshot(
+        self, snapshot: WeightSnapshot, version: int, expected: Expected | None = None
+    ) -> dict[str, float]:
         """Push ``snapshot`` to every live replica, retried like any push (a retry goes only
         to replicas still behind), then free it."""
 
@@ -130,7 +155,7 @@ class WeightPushes:
         finally:
             snapshot.close()
         await self._mark_landed(version)
-        return metrics
+        return {**metrics, **await self._check(expected)}
 
     async def _mark_landed(self, version: int) -> None:
         async with self._landed:

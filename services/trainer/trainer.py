@@ -46,6 +46,7 @@ from rlfleet.trainer.staleness import (
     staleness_metrics,
 )
 from rlfleet.trainer.state import TrainerState
+from rlfleet.trainer.weight_check import weight_check_for
 
 if TYPE_CHECKING:
     from rlfleet.trainer.pipeline import AsyncRollouts
@@ -82,7 +83,8 @@ class Trainer:
         goes into checkpoints)."""
         self.sampler_state: dict | None = None
         """That sampler's state in the checkpoint this run resumed from."""
-        self.pushes = WeightPushes(config, fleet, actor)
+        check = weight_check_for(config, fleet.probe, tokenizer, actor)
+        self.pushes = WeightPushes(config, fleet, actor, check)
         self.samples = TrainSamples(None)  # run_training points it at run_dir (the dashboard)
         self.data_order = DataOrder(None)  # and this at run_dir/data_order.jsonl
         self.health = HealthMonitor(config.trainer.health)  # rules over the step metrics

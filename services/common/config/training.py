@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from rlfleet.common.config.base import Section
 from rlfleet.common.config.health import HealthConfig
 from rlfleet.common.config.rollout_correction import RolloutCorrectionConfig
+from rlfleet.common.config.weight_check import WeightCheckConfig
 
 KLEstimator = Literal["k1", "k2", "k3", "low_var_kl", "kl", "mse", "abs"]
 """KL estimators (``rlfleet.rl.core_algos.kl_penalty``); ``kl``/``mse`` are verl's k1/k2."""
@@ -284,6 +285,8 @@ class TrainerConfig(Section):
     """Name of this run in W&B/MLflow/TensorBoard; None = the name of ``run_dir``."""
     health: HealthConfig = HealthConfig()
     """Run-health rules over the step metrics (``rlfleet.trainer.health``): their thresholds."""
+    weight_check: WeightCheckConfig = WeightCheckConfig()
+    """The parity probe after each weight push (``rlfleet.trainer.weight_check``)."""
 
     @model_validator(mode="after")
     def _check_parallelism(self) -> TrainerConfig:
@@ -295,4 +298,6 @@ class TrainerConfig(Section):
             )
         if 0 < self.worker_gpus < 1:
             raise ValueError("trainer.worker_gpus must be 0 or >= 1: NCCL ranks cannot share a GPU")
+        if self.weight_check.enable and self.strategy != "single":
+            raise ValueError("trainer.weight_check needs trainer.strategy: single (for now)")
         return self

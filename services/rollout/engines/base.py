@@ -29,7 +29,7 @@ import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.errors import FailedPrecondition, InvalidArgument
 from rlfleet.rollout.types import Completion, SamplingParams
 
 if TYPE_CHECKING:
@@ -133,6 +133,13 @@ class Engine(abc.ABC):
         the weights loaded now: an engine may swap in only those. This default checks nothing
         early and swaps with ``load_weights``."""
         return StagedWeights(lambda: self.load_weights(state_dict))
+
+    async def score_tokens(self, prompt: list[int], targets: list[int]) -> list[float]:
+        """Teacher-forced ``log_softmax(logits)`` (temperature 1) of each of ``targets``
+        given ``prompt`` and the targets before it, under the weights loaded now
+        (``rlfleet.rollout.token_scores``: the trainer's parity probe). This default
+        cannot score: FailedPrecondition."""
+        raise FailedPrecondition(f"the {self.name} engine cannot score tokens")
 
     def weight_numel(self) -> int:
         """Elements in every tensor an update may carry (tied ones too); 0 = not known, and

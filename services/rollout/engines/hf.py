@@ -246,6 +246,11 @@ class HFEngine(Engine):
         element_writes.write_all(writes)
         self._adapter.forget()
 
+    async def score_tokens(self, prompt: list[int], targets: list[int]) -> list[float]:
+        """One forward over prompt + targets, never beside a swap or a generate call."""
+        async with self._model_lock:
+            return await asyncio.to_thread(teacher_forced, self._model, prompt, targets)
+
     def weight_numel(self) -> int:
         return sum(t.numel() for t in self._model.state_dict().values()) if self._model else 0
 
@@ -270,6 +275,16 @@ class HFEngine(Engine):
             if not request.future.done():
                 request.future.set_exception(RuntimeError("engine closed"))
         self._pending = []
+
+
+@torch.no_grad()
+def teacher_forced(model: Any, prompt: list[int], targets: list[int]) -> list[float]:
+    """``log_softmax(logits)`` in float32 of each target given everything before it."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt + targets], device=device)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    picked = torch.tensor(targets, device=device).unsqueeze(-1)
+    return torch.log_softmax(logits, dim=-1).gather(-1, picked).squeeze(-1).tolist()
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -198,6 +198,23 @@ class VllmEngine(Engine):
         self._cached_tokens += final.num_cached_tokens or 0
         return [self._completion(c, sampling) for c in sorted(final.outputs, key=_index)]
 
+    async def score_tokens(self, prompt: list[int], targets: list[int]) -> list[float]:
+        """Prompt log-probs of prompt + targets (``vllm_scoring``)."""
+        from vllm.inputs import TokensPrompt
+
+        from rlfleet.rollout.engines import vllm_scoring
+
+        final = None
+        stream = self._llm.generate(
+            TokensPrompt(prompt_token_ids=prompt + targets),
+            vllm_scoring.scoring_params(),
+            request_id=f"score-{uuid.uuid4().hex}",
+            lora_request=self._lora,
+        )
+        async for output in stream:
+            final = output
+        return vllm_scoring.target_logprobs(final, prompt, targets)
+
     def _salt(self) -> dict[str, str]:
         """``cache_salt`` by weight version (``rollout.cache_salt_by_version``): prefix-cache
         blocks are keyed by it, so KV computed with other weights is never hit, while

@@ -18,8 +18,14 @@ from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wai
 from rlfleet.model import weights
 from rlfleet.proto import common_pb2, rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
-from rlfleet.rollout.token_scores import ScoreRequest, TokenScores
-from rlfleet.rollout.types import GenerateRequest, GenerateResult, ReplicaStatus, UpdateOutcome
+from rlfleet.rollout.types import (
+    GenerateRequest,
+    GenerateResult,
+    ReplicaStatus,
+    ScoreRequest,
+    TokenScores,
+    UpdateOutcome,
+)
 
 
 class RolloutClient:
@@ -114,7 +120,7 @@ class RolloutClient:
         self, request: ScoreRequest, timeout_s: float | None = 60.0
     ) -> TokenScores:
         """Teacher-forced log-probs of the request's targets (a replica only; the trainer's
-        parity probe: ``rlfleet.rollout.token_scores``)."""
+        parity probe: ``rlfleet.rollout.types`` (ScoreRequest))."""
         call = self._stub.ScoreTokens(
             convert.score_request_to_proto(request), timeout=timeout_s, metadata=self._metadata
         )

@@ -16,7 +16,6 @@ from dataclasses import asdict, fields
 
 from rlfleet.model.weights import TensorEntry, WeightHeader
 from rlfleet.proto import common_pb2, rollout_pb2
-from rlfleet.rollout.token_scores import ScoredSequence, ScoreRequest, TokenScores
 from rlfleet.rollout.types import (
     Completion,
     GenerateRequest,
@@ -24,6 +23,9 @@ from rlfleet.rollout.types import (
     ReplicaState,
     ReplicaStatus,
     SamplingParams,
+    ScoredSequence,
+    ScoreRequest,
+    TokenScores,
     UpdateOutcome,
 )
 

@@ -59,12 +59,13 @@ from rlfleet.rollout.job_runner import JobRunner
 from rlfleet.rollout.lease import Lease
 from rlfleet.rollout.phase import Phase
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
-from rlfleet.rollout.token_scores import ScoreRequest, TokenScores
 from rlfleet.rollout.types import (
     GenerateRequest,
     GenerateResult,
     ReplicaState,
     ReplicaStatus,
+    ScoreRequest,
+    TokenScores,
     UpdateOutcome,
 )
 from rlfleet.rollout.update_steps import UpdateSteps
@@ -221,7 +222,7 @@ class Replica:
 
     async def score_tokens(self, request: ScoreRequest) -> TokenScores:
         """Teacher-forced log-probs of the request's targets under the weights served now
-        (``token_scores``); no update swaps weights meanwhile, so the version is the one that
+        (``types.ScoreRequest``); no update swaps weights meanwhile, so the version is the one that
         scored. FailedPrecondition when we serve an older version than asked for."""
         request.validate()
         if self.state is S.STARTING:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import time
 
 from rlfleet.rollout.client import RolloutClient
-from rlfleet.rollout.token_scores import ScoreRequest, TokenScores
-from rlfleet.rollout.types import ReplicaStatus
+from rlfleet.rollout.types import ReplicaStatus, ScoreRequest, TokenScores
 
 
 class GrpcReplicaProbe:

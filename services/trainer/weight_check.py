@@ -32,8 +32,13 @@ from typing import Protocol
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.config.weight_check import FP32_BOUND, LOW_PRECISION_BOUND
 from rlfleet.common.errors import RlfleetError
-from rlfleet.rollout.token_scores import ScoredSequence, ScoreRequest, TokenScores
-from rlfleet.rollout.types import ReplicaState, ReplicaStatus
+from rlfleet.rollout.types import (
+    ReplicaState,
+    ReplicaStatus,
+    ScoredSequence,
+    ScoreRequest,
+    TokenScores,
+)
 
 log = logging.getLogger(__name__)
 

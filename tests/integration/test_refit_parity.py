@@ -21,8 +21,7 @@ from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.model import weights
 from rlfleet.model.model_io import load_causal_lm, load_tokenizer
 from rlfleet.rollout.client import RolloutClient
-from rlfleet.rollout.token_scores import ScoredSequence, ScoreRequest
-from rlfleet.rollout.types import ReplicaState
+from rlfleet.rollout.types import ReplicaState, ScoredSequence, ScoreRequest
 from rlfleet.trainer.actor import Actor
 from rlfleet.trainer.replica_probe import GrpcReplicaProbe
 from rlfleet.trainer.weight_check import METRIC, weight_check_for

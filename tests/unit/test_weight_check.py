@@ -12,8 +12,7 @@ import pytest
 
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import Unavailable
-from rlfleet.rollout.token_scores import ScoreRequest, TokenScores
-from rlfleet.rollout.types import ReplicaState, ReplicaStatus
+from rlfleet.rollout.types import ReplicaState, ReplicaStatus, ScoreRequest, TokenScores
 from rlfleet.trainer.weight_check import (
     METRIC,
     Expected,
@@ -162,3 +161,34 @@ def test_the_check_needs_a_single_process_actor():
                 "trainer.world_size=2",
             ],
         )
+
+
+def test_a_score_request_and_its_answer_survive_the_proto():
+    from rlfleet.rollout import convert
+    from rlfleet.rollout.types import ScoredSequence
+
+    request = ScoreRequest([ScoredSequence([1, 2], [3]), ScoredSequence([4], [5, 6])], 7)
+    back = convert.score_request_from_proto(convert.score_request_to_proto(request))
+    assert back == request
+    scores = TokenScores([[-0.5], [-1.25, -2.0]], 7, "r0")
+    assert convert.scores_from_proto(convert.scores_to_proto(scores)) == scores
+
+
+@pytest.mark.parametrize(
+    ("sequences", "version", "field"),
+    [
+        ([], 0, "sequences"),
+        ([([], [1])], 0, r"sequences\[0\].prompt_token_ids"),
+        ([([1], [-1])], 0, r"sequences\[0\].target_token_ids"),
+        ([([1], [True])], 0, r"sequences\[0\].target_token_ids"),
+        ([([1], [2])], -1, "min_weight_version"),
+        ([([1] * 20_000, [2])], 0, "sequences hold 20001 tokens"),
+    ],
+)
+def test_a_bad_score_request_names_its_field(sequences, version, field):
+    from rlfleet.common.errors import InvalidArgument
+    from rlfleet.rollout.types import ScoredSequence
+
+    request = ScoreRequest([ScoredSequence(p, t) for p, t in sequences], version)
+    with pytest.raises(InvalidArgument, match=field):
+        request.validate()

@@ -13,8 +13,7 @@ from test_weight_check import FakeFleet
 from trainer_fakes import make_trainer
 
 from rlfleet.rollout.engines.hf import teacher_forced
-from rlfleet.rollout.token_scores import ScoreRequest, TokenScores
-from rlfleet.rollout.types import ReplicaStatus
+from rlfleet.rollout.types import ReplicaStatus, ScoreRequest, TokenScores
 from rlfleet.trainer.weight_check import METRIC, WeightCheck, probe_of
 
 

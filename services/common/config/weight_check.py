@@ -37,7 +37,7 @@ class WeightCheckConfig(Section):
     taken out of service. Single-process actors only (``trainer.strategy: single``)."""
     every: int = Field(1, ge=1)
     """Probe every this many weight versions (the first push of a run always)."""
-    prompts: list[str] = Field(default_factory=lambda: list(DEFAULT_PROMPTS), min_length=1)
+    prompts: list[str] = Field(list(DEFAULT_PROMPTS), min_length=1)
     """Texts tokenized by the trainer's tokenizer (no chat template), cut to
     ``rollout.max_model_len`` tokens: the fixed sequences scored."""
     tokens: int = Field(16, ge=1, le=4096)

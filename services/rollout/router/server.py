@@ -52,6 +52,7 @@ class RouterRolloutServicer(rollout_pb2_grpc.RolloutServicer):
     Pause = _direct_only("Pause")
     Resume = _direct_only("Resume")
     GetStatus = _direct_only("GetStatus")
+    ScoreTokens = _direct_only("ScoreTokens")
 
 
 class RouterServicer(rollout_pb2_grpc.RouterServicer):

@@ -11,8 +11,7 @@ import argparse
 import os
 import sys
 
-SCALABLE = ("rollout", "env")
-"""Replicas, and env processes of agent mode (``env=N``: the front door and N - 1 workers)."""
+from rlfleet.launch.plan import SCALABLE  # replicas, and env processes of agent mode
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

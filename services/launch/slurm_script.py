@@ -32,20 +32,19 @@ stop_ray() {
 
 alive_nodes() {
     # The number of live nodes in the Ray cluster at $address (0 while it is not up).
-    python - "$address" 2>/dev/null <<'PY' | tail -n 1 || echo 0
-import sys
-import ray
+    local count probe='import sys, ray
 ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-print(sum(1 for node in ray.nodes() if node["Alive"]))
-PY
+print(sum(1 for node in ray.nodes() if node["Alive"]))'
+    count=$(python -c "${probe}" "$address" 2>/dev/null | tail -n 1) || true
+    if [[ "${count}" =~ ^[0-9]+$ ]]; then echo "${count}"; else echo 0; fi
 }
 
 wait_for_nodes() {
     # Until $1 nodes joined the Ray cluster, for at most $WAIT_S seconds.
     local deadline=$((SECONDS + WAIT_S)) alive=0
-    while alive=$(alive_nodes) && ((${alive:-0} < $1)); do
+    while alive=$(alive_nodes) && ((alive < $1)); do
         if ((SECONDS >= deadline)); then
-            echo "rlfleet slurm: ${alive:-0} of $1 Ray nodes up after ${WAIT_S} s" >&2
+            echo "rlfleet slurm: ${alive} of $1 Ray nodes up after ${WAIT_S} s" >&2
             exit 1
         fi
         sleep 5

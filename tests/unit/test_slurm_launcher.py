@@ -17,7 +17,7 @@ import pytest
 from rlfleet.common.config import load_config
 from rlfleet.launch import plan as plan_module
 from rlfleet.launch import slurm
-from rlfleet.launch.plan import Phase, PlannedRole, plan_fleet
+from rlfleet.launch.plan import Phase, PlannedRole, plan_fleet, plan_from_args
 from rlfleet.launch.up import parse_args as parse_up
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +93,8 @@ def test_several_nodes_put_what_scales_on_the_workers(monkeypatch):
     assert "--num-gpus=2" in script and "--gpus-per-node=2 -w" in script
     args = parse_up(up_line(script))
     assert args.config == agent and args.env_processes == 2
+    # what `rlfleet up --ray` on the head will start is what the script says it places
+    assert plan_from_args(load_config(agent, args.overrides), args).names == plan.names
     roles = load_config(agent, args.overrides).ray.roles
     assert roles.rollout.resources == roles.env.resources == {"rlfleet_worker": 1}
     assert roles.router.resources == roles.trainer.resources == {"rlfleet_head": 1}
@@ -165,7 +167,8 @@ def stand_ins(folder: Path) -> None:
         'echo "$node $*" >> "$CALLS"\nexec "$@"\n',
     )
     stub(folder, "ray", '[[ "$*" == *--block* ]] && exec sleep 30\nexit 0\n')
-    stub(folder, "python", 'sleep 0.2; grep -c " ray start" "$CALLS"\n')
+    # Ray's probe as it may answer: noise first, a failing exit after the count
+    stub(folder, "python", 'sleep 0.2; echo noise; grep -c " ray start" "$CALLS"; exit 1\n')
     stub(folder, "rlfleet", 'echo "rlfleet $*" >> "$CALLS"; exit "$FLEET_EXIT"\n')
 
 

@@ -120,7 +120,7 @@ class RolloutClient:
         self, request: ScoreRequest, timeout_s: float | None = 60.0
     ) -> TokenScores:
         """Teacher-forced log-probs of the request's targets (a replica only; the trainer's
-        parity probe: ``rlfleet.rollout.types`` (ScoreRequest))."""
+        parity probe: ``rlfleet.rollout.types.ScoreRequest``)."""
         call = self._stub.ScoreTokens(
             convert.score_request_to_proto(request), timeout=timeout_s, metadata=self._metadata
         )

@@ -137,7 +137,7 @@ class Engine(abc.ABC):
     async def score_tokens(self, prompt: list[int], targets: list[int]) -> list[float]:
         """Teacher-forced ``log_softmax(logits)`` (temperature 1) of each of ``targets``
         given ``prompt`` and the targets before it, under the weights loaded now
-        (``rlfleet.rollout.types`` (ScoreRequest): the trainer's parity probe). This default
+        (``rlfleet.rollout.types.ScoreRequest``: the trainer's parity probe). This default
         cannot score: FailedPrecondition."""
         raise FailedPrecondition(f"the {self.name} engine cannot score tokens")
 

@@ -227,8 +227,8 @@ class Replica:
         request.validate()
         if self.state is S.STARTING:
             raise Unavailable(f"replica {self.replica_id} is {self.state}")
-        for seq in request.sequences:
-            self.engine.check_prompt(seq.prompt_token_ids + seq.target_token_ids, 0)
+        for seq in request.sequences:  # room for one token: vLLM scores by generating one
+            self.engine.check_prompt(seq.prompt_token_ids + seq.target_token_ids, 1)
         async with self.weights.lock:
             if self.version < request.min_weight_version:
                 raise FailedPrecondition(

@@ -223,7 +223,7 @@ def weight_check_for(
     from rlfleet.model.precision import serving_dtype
 
     ids = [tokenizer.encode(text) for text in cfg.prompts]
-    probe = probe_of(ids, cfg.tokens, config.rollout.max_model_len)
+    probe = probe_of(ids, cfg.tokens, config.rollout.max_model_len - 1)  # see ScoreTokens
     engines = serving_dtype(config.model.dtype, config.rollout.dtype, actor.device.type)
     bound = cfg.max_abs_diff or default_bound(engines, actor.uses_bf16, config.model.dtype)
     return WeightCheck(config, probe, fleet, bound)

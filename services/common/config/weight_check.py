@@ -39,7 +39,8 @@ class WeightCheckConfig(Section):
     """Probe every this many weight versions (the first push of a run always)."""
     prompts: list[str] = Field(list(DEFAULT_PROMPTS), min_length=1)
     """Texts tokenized by the trainer's tokenizer (no chat template), cut to
-    ``rollout.max_model_len`` tokens: the fixed sequences scored."""
+    ``rollout.max_model_len`` - 1 tokens (a replica keeps room for one generated token):
+    the fixed sequences scored."""
     tokens: int = Field(16, ge=1, le=4096)
     """The last this many tokens of each sequence are scored, each given everything before it
     (teacher forcing); the first token is always context."""

@@ -211,8 +211,11 @@ class VllmEngine(Engine):
             request_id=f"score-{uuid.uuid4().hex}",
             lora_request=self._lora,
         )
-        async for output in stream:
-            final = output
+        try:
+            async for output in stream:
+                final = output
+        except ValueError as exc:  # vLLM's validation errors subclass ValueError
+            raise InvalidArgument(str(exc)) from exc
         return vllm_scoring.target_logprobs(final, prompt, targets)
 
     def _salt(self) -> dict[str, str]:

@@ -192,3 +192,11 @@ def test_a_bad_score_request_names_its_field(sequences, version, field):
     request = ScoreRequest([ScoredSequence(p, t) for p, t in sequences], version)
     with pytest.raises(InvalidArgument, match=field):
         request.validate()
+
+
+def test_a_router_that_does_not_answer_skips_the_check_and_fails_nothing():
+    class NoRouter(FakeFleet):
+        async def list_replicas(self) -> list[ReplicaStatus]:
+            raise Unavailable("router down")
+
+    assert asyncio.run(make_check(NoRouter({}, {})).check(EXPECTED)) == {}

@@ -106,6 +106,9 @@ async def test_control_rpcs_point_to_the_replicas(stubs):
             await call(common_pb2.Empty())
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert "directly" in refused.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:  # scoring asks one replica
+        await rollout.ScoreTokens(rollout_pb2.ScoreTokensRequest())
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
     with pytest.raises(grpc.aio.AioRpcError) as missing:
         await router.DrainReplica(rollout_pb2.DrainReplicaRequest(replica_id="nope"))
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND

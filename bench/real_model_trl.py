@@ -118,32 +118,40 @@ def held_out(model, tokenizer, records: list, max_tokens: int) -> float:
     return sum(scores) / len(scores)
 
 
+def run_settings(args: argparse.Namespace, output_dir: Path) -> dict:
+    """What every TRL trainer of this run is given alike (CPU, precision, seeds, a constant lr
+    without warm-up, no saving or console logging)."""
+    return {
+        "output_dir": str(output_dir),
+        "report_to": "none",
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "use_cpu": True,
+        "bf16": bool(args.bf16),
+        "seed": args.seed,
+        "data_seed": args.seed,
+        "gradient_accumulation_steps": 1,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "dataloader_num_workers": 0,
+    }
+
+
 def grpo_config(args: argparse.Namespace):
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(args.work_dir),
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        use_cpu=True,
-        bf16=bool(args.bf16),
-        seed=args.seed,
-        data_seed=args.seed,
+        **run_settings(args, args.work_dir),
         per_device_train_batch_size=args.batch * args.n,
         num_generations=args.n,
         steps_per_generation=1,
-        gradient_accumulation_steps=1,
         num_iterations=1,
         max_completion_length=args.max_tokens,
         temperature=args.temperature,
         max_steps=args.steps,
         learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
         beta=0.0,
-        dataloader_num_workers=0,
     )
 
 
@@ -243,7 +251,8 @@ def build_trainer(args: argparse.Namespace, record: dict):
     test = read_records(args.test_file, args.val_size) if args.val_size else []
     evaluate = evaluator(args, tokenizer, test, record)
     if args.sft_steps:
-        real_model_trl_sft.warm_up(args, model, tokenizer, record, evaluate)
+        settings = run_settings(args, args.work_dir / "sft")
+        real_model_trl_sft.warm_up(args, model, tokenizer, record, evaluate, settings)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=row_reward,

@@ -40,34 +40,25 @@ def prompt_completion_rows(path: str) -> list[dict]:
     return rows
 
 
-def sft_config(args: argparse.Namespace):
+def sft_config(args: argparse.Namespace, settings: dict):
     from trl import SFTConfig
 
     return SFTConfig(
-        output_dir=str(args.work_dir / "sft"),
-        report_to="none",
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        use_cpu=True,
-        bf16=bool(args.bf16),
-        seed=args.seed,
-        data_seed=args.seed,
+        **settings,
         per_device_train_batch_size=args.sft_batch,
-        gradient_accumulation_steps=1,
         max_steps=args.sft_steps,
         learning_rate=args.sft_lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
         max_length=args.max_prompt_length + args.max_tokens,
         packing=False,
-        dataloader_num_workers=0,
     )
 
 
-def warm_up(args: argparse.Namespace, model, tokenizer, record: dict, evaluate) -> None:
+def warm_up(
+    args: argparse.Namespace, model, tokenizer, record: dict, evaluate, settings: dict
+) -> None:
     """``args.sft_steps`` of SFTTrainer on ``model`` in place, on the training clock;
-    held-out scored before (``record['val_before']``) and after (a curve point)."""
+    held-out scored before (``record['val_before']``) and after (a curve point).
+    ``settings``: what the run's GRPOTrainer is given alike (``run_settings``)."""
     from datasets import Dataset
     from transformers import PrinterCallback
     from trl import SFTTrainer
@@ -75,7 +66,7 @@ def warm_up(args: argparse.Namespace, model, tokenizer, record: dict, evaluate) 
     record["val_before"] = evaluate(model, 0)
     trainer = SFTTrainer(
         model=model,
-        args=sft_config(args),
+        args=sft_config(args, settings),
         train_dataset=Dataset.from_list(prompt_completion_rows(args.sft_file)),
         processing_class=tokenizer,
     )

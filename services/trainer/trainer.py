@@ -83,7 +83,8 @@ class Trainer:
         goes into checkpoints)."""
         self.sampler_state: dict | None = None
         """That sampler's state in the checkpoint this run resumed from."""
-        check = weight_check_for(config, fleet.probe, tokenizer, actor)
+        probe = fleet.probe if fleet is not None else None  # no fleet: control-only tests
+        check = weight_check_for(config, probe, tokenizer, actor)
         self.pushes = WeightPushes(config, fleet, actor, check)
         self.samples = TrainSamples(None)  # run_training points it at run_dir (the dashboard)
         self.data_order = DataOrder(None)  # and this at run_dir/data_order.jsonl

@@ -24,6 +24,7 @@ TIMED = re.compile(
     r"^timing_s/"  # seconds of each phase of a step
     r"|^training/time_s$"  # the training clock, in validation rows
     r"|^weight_sync/(push_s_max|push_s_mean|.+/seconds)$"  # seconds each weight push took
+    r"|^weight/pause_s(/.+)?$"  # seconds each replica stopped serving for an update
     r"|^perf/grpc_calls(/ListReplicas)?$"  # the trainer polls ListReplicas while it waits
     r"|^health/(stalled|throughput_drop)$"  # flags computed from the step's seconds
 )

@@ -65,6 +65,7 @@ SETTINGS = [
 NOT_COMPARED = (
     "timing_s/",
     "weight_sync/",
+    "weight/pause_s",
     "perf/",
     "training/weight_version",
     "segment",

@@ -139,7 +139,7 @@ def test_the_log_prob_forward_goes_in_micro_batches_with_the_same_values():
     chunked = actor_for("token-mean", 3)
     sizes = []
     forward = chunked._logprobs_of
-    chunked._logprobs_of = lambda p, r: sizes.append(len(p)) or forward(p, r)
+    chunked._logprobs_of = lambda p, r, **kw: sizes.append(len(p)) or forward(p, r, **kw)
     got = chunked.logprobs(batch.prompts, batch.responses)
     assert sizes == [3, 3, 3, 2]
     assert [len(row) for row in got] == batch.response_lengths()

@@ -43,5 +43,5 @@ def test_the_launcher_records_the_page_on_the_dashboard_host():
         "http": "http://10.0.0.2:9000/v1",
     }
     assert fleet.endpoints_of("rollout-0", None, 9000) == {}
-    config.tls.cert_file = "c.pem"  # the dashboard then serves https (and records it so)
+    config.tls.cert_file, config.tls.key_file = "c.pem", "k.pem"  # the dashboard serves https
     assert fleet.endpoints_of("dashboard", "10.0.0.2:8265", 9000)["http"].startswith("https://")

@@ -173,6 +173,7 @@ class WeightUpdateHeader(_message.Message):
     FORCE_FIELD_NUMBER: _builtins.int
     CHECKSUM_FIELD_NUMBER: _builtins.int
     SHARED_MEMORY_FIELD_NUMBER: _builtins.int
+    RELAY_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the version the replica will report after loading"""
     total_bytes: _builtins.int
@@ -188,6 +189,10 @@ class WeightUpdateHeader(_message.Message):
     """the payload is this /dev/shm file on the replica's host; no data chunks follow"""
     @_builtins.property
     def tensors(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TensorSpec]: ...
+    @_builtins.property
+    def relay(self) -> _containers.RepeatedCompositeFieldContainer[Global___RelayTarget]:
+        """forward the data chunks, as they arrive, to these replicas (trainer.weight_transport: relay)"""
+
     def __init__(
         self,
         *,
@@ -199,14 +204,82 @@ class WeightUpdateHeader(_message.Message):
         force: _builtins.bool = ...,
         checksum: _builtins.str = ...,
         shared_memory: _builtins.str = ...,
+        relay: _abc.Iterable[Global___RelayTarget] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "flush_cache", b"flush_cache", "force", b"force", "sha256", b"sha256", "shared_memory", b"shared_memory", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "flush_cache", b"flush_cache", "force", b"force", "relay", b"relay", "sha256", b"sha256", "shared_memory", b"shared_memory", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WeightUpdateHeader: _TypeAlias = WeightUpdateHeader  # noqa: Y015
+
+@_typing.final
+class RelayTarget(_message.Message):
+    """A replica that the receiver of an update forwards it to, with the replicas that one
+    forwards it to in turn (a tree over the replicas of one push). Each applies only what it
+    verified itself against the header's checksum.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.str
+    address: _builtins.str
+    """as the replica registered it"""
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___RelayTarget]: ...
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        children: _abc.Iterable[Global___RelayTarget] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "children", b"children", "replica_id", b"replica_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayTarget: _TypeAlias = RelayTarget  # noqa: Y015
+
+@_typing.final
+class RelayResult(_message.Message):
+    """What one replica below the receiver made of a relayed update."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    PAUSE_SECONDS_FIELD_NUMBER: _builtins.int
+    replica_id: _builtins.str
+    ok: _builtins.bool
+    version: _builtins.int
+    """the version it serves after the update (when ok)"""
+    error: _builtins.str
+    """why it did not take it (when not ok)"""
+    pause_seconds: _builtins.float
+    def __init__(
+        self,
+        *,
+        replica_id: _builtins.str = ...,
+        ok: _builtins.bool = ...,
+        version: _builtins.int = ...,
+        error: _builtins.str = ...,
+        pause_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "ok", b"ok", "pause_seconds", b"pause_seconds", "replica_id", b"replica_id", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RelayResult: _TypeAlias = RelayResult  # noqa: Y015
 
 @_typing.final
 class WeightChunk(_message.Message):
@@ -242,6 +315,7 @@ class UpdateWeightsResponse(_message.Message):
     CACHE_FLUSHED_FIELD_NUMBER: _builtins.int
     PAUSE_SECONDS_FIELD_NUMBER: _builtins.int
     PREPARE_SECONDS_FIELD_NUMBER: _builtins.int
+    RELAYED_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     load_seconds: _builtins.float
     """the swap into the engine and the cache flush"""
@@ -250,6 +324,10 @@ class UpdateWeightsResponse(_message.Message):
     """admission closed for this update (make way, swap, flush)"""
     prepare_seconds: _builtins.float
     """decode, verify and stage while the old weights served"""
+    @_builtins.property
+    def relayed(self) -> _containers.RepeatedCompositeFieldContainer[Global___RelayResult]:
+        """every replica below this one in the header's relay tree"""
+
     def __init__(
         self,
         *,
@@ -258,10 +336,11 @@ class UpdateWeightsResponse(_message.Message):
         cache_flushed: _builtins.bool = ...,
         pause_seconds: _builtins.float = ...,
         prepare_seconds: _builtins.float = ...,
+        relayed: _abc.Iterable[Global___RelayResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_flushed", b"cache_flushed", "load_seconds", b"load_seconds", "pause_seconds", b"pause_seconds", "prepare_seconds", b"prepare_seconds", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache_flushed", b"cache_flushed", "load_seconds", b"load_seconds", "pause_seconds", b"pause_seconds", "prepare_seconds", b"prepare_seconds", "relayed", b"relayed", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

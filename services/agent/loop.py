@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from rlfleet.agent.env import EnvError, Message, check_messages, check_step
+from rlfleet.agent.environment import EnvError, Message, check_messages, check_step
 from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.agent.invoke import invoke
 from rlfleet.agent.render import ChatRenderer

@@ -24,7 +24,7 @@ from typing import Any
 from rlfleet.agent.adapters import is_gateway_env, load_env_factory
 from rlfleet.agent.adapters.verl_tools import load_toolbox
 from rlfleet.agent.adapters.workflow import GatewayRun
-from rlfleet.agent.env import BUILTIN_ENVS
+from rlfleet.agent.environment import BUILTIN_ENVS
 from rlfleet.agent.episode import Episode
 from rlfleet.agent.invoke import invoke
 from rlfleet.agent.loop import RouterTurnGenerator, run_episode

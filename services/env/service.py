@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from redis.asyncio import Redis
 
-from rlfleet.agent.env import BUILTIN_ENVS
+from rlfleet.agent.environment import BUILTIN_ENVS
 from rlfleet.common.config.agent import AgentConfig
 from rlfleet.common.keys import ENV_GROUP, Keys
 from rlfleet.common.queue.consumer import Consumer

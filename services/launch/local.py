@@ -29,13 +29,13 @@ from rlfleet.launch.plan import (
     member_index,
     plan_from_args,
 )
-from rlfleet.launch.process import Child, free_port, role_argv, role_env, split_secrets
+from rlfleet.launch.process import RoleProcess, free_port, role_argv, role_env, split_secrets
 from rlfleet.launch.session import print_run_summary, say, start_redis, stop_on_signals
 
 STOP_GRACE_S = 10.0
 
 
-def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) -> list[Child]:
+def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) -> list[RoleProcess]:
     """The fleet's plan (``rlfleet.launch.plan``) as processes, in its start order, with
     addresses filled in: 127.0.0.1 and a free port for each role that serves at one."""
     plan = plan_from_args(config, args)
@@ -58,7 +58,7 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
             member.verb, args.config, [*common, *local.overrides(member)], member.flags
         )
         children.append(
-            Child(
+            RoleProcess(
                 member.name,
                 [*die_with_us, *argv],
                 {**env, **local.env(member)},
@@ -133,7 +133,7 @@ def dashboard_ports(config: RlfleetConfig, replicas: int) -> tuple[int | None, l
     return port, metrics
 
 
-def stop_all(children: list[Child]) -> None:
+def stop_all(children: list[RoleProcess]) -> None:
     for child in reversed(children):
         child.signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
@@ -145,7 +145,7 @@ def stop_all(children: list[Child]) -> None:
             child.proc.wait()
 
 
-def supervise(children: list[Child], replica_restarts: int = 0) -> int:
+def supervise(children: list[RoleProcess], replica_restarts: int = 0) -> int:
     """Wait for the trainer (or any failure); return the exit code for ``rlfleet up``.
 
     Rollout replicas are expendable: one that dies is started again (same replica id) up to
@@ -179,11 +179,11 @@ def supervise(children: list[Child], replica_restarts: int = 0) -> int:
         time.sleep(0.2)
 
 
-def is_replica(child: Child) -> bool:
+def is_replica(child: RoleProcess) -> bool:
     return child.name.startswith("rollout-")
 
 
-def restart_replica(child: Child, code: int, attempt: int, limit: int) -> None:
+def restart_replica(child: RoleProcess, code: int, attempt: int, limit: int) -> None:
     print(
         f"rlfleet up: replica '{child.name}' exited with code {code}; restarting it "
         f"({attempt}/{limit}), the run goes on (its log: {child.log_path})",
@@ -197,7 +197,7 @@ def restart_replica(child: Child, code: int, attempt: int, limit: int) -> None:
     child.start()
 
 
-def report_failure(child: Child, code: int) -> None:
+def report_failure(child: RoleProcess, code: int) -> None:
     tail = "\n".join(f"    {line}" for line in child.tail[-10:])
     print(
         f"\nrlfleet up: service '{child.name}' exited with code {code}; stopping the "
@@ -213,7 +213,7 @@ def run_local(config: RlfleetConfig, args) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     redis = start_redis(config, run_dir)
     redis_url = redis.url if redis else config.redis_url
-    children: list[Child] = []
+    children: list[RoleProcess] = []
     with stop_on_signals():
         try:
             children = plan_children(config, args, redis_url, log_dir)

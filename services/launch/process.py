@@ -1,7 +1,7 @@
 """One role process of the fleet, whatever starts it (``rlfleet up`` locally, or a Ray actor
-of ``rlfleet up --ray``): the command line and environment it gets, and ``Child``, which starts
-it in a process group of its own and streams its output with a ``[name]`` prefix (and into its
-log file). Both backends start the very same command, so a role behaves the same under either.
+of ``rlfleet up --ray``): the command line and environment it gets, and ``RoleProcess``, which
+starts it in a process group of its own and streams its output with a ``[name]`` prefix (and
+into its log file). Both backends start the very same command, so a role behaves the same under either.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from rlfleet.launch.screen import SCREEN
 
 
 @dataclass
-class Child:
+class RoleProcess:
+    """One role's ``rlfleet VERB`` process, in a process group of its own."""
+
     name: str
     argv: list[str]
     env: dict[str, str]

@@ -93,7 +93,7 @@ class RoleActor:
         threading.Thread(target=self._watch, daemon=True).start()
 
     def _start_role(self, launch: Launch):
-        from rlfleet.launch.process import Child, role_argv, role_env
+        from rlfleet.launch.process import RoleProcess, role_argv, role_env
 
         if os.path.isdir(launch.cwd):  # relative paths in the config mean the driver's folder
             os.chdir(launch.cwd)
@@ -103,7 +103,7 @@ class RoleActor:
         log = Path(launch.log_dir) / f"{self.spec.name}.log"
         prefix, preexec = die_with_parent(signal.SIGKILL)  # the actor's death ends the role
         env = role_env(launch.redis_url, launch.secrets)
-        child = Child(self.spec.name, [*prefix, *argv], env, log)
+        child = RoleProcess(self.spec.name, [*prefix, *argv], env, log)
         child.start(preexec_fn=preexec)
         return child
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from rlfleet.common.config import RlfleetConfig, load_config
 from rlfleet.common.endpoints import read_endpoints
 from rlfleet.launch.local import plan_children, report_failure, stop_all
-from rlfleet.launch.process import Child
+from rlfleet.launch.process import RoleProcess
 from rlfleet.launch.session import start_redis
 
 SERVING_ROLES = ("router", "rollout-", "reward")
@@ -84,7 +84,7 @@ def _running(
 
     check_context(config.model.path, config.rollout.max_model_len)
     redis = start_redis(config, Path(config.run_dir))
-    children: list[Child] = []
+    children: list[RoleProcess] = []
     main = threading.current_thread() is threading.main_thread()  # where signals are handled
     previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
     try:
@@ -107,7 +107,7 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
-def _plan(config: RlfleetConfig, config_path, overrides, replicas: int, redis) -> list[Child]:
+def _plan(config: RlfleetConfig, config_path, overrides, replicas: int, redis) -> list[RoleProcess]:
     args = Namespace(
         config=config_path,
         overrides=overrides,
@@ -122,7 +122,11 @@ def _plan(config: RlfleetConfig, config_path, overrides, replicas: int, redis) -
 
 
 async def _wait_ready(
-    config: RlfleetConfig, at: FleetAddresses, children: list[Child], replicas: int, wait_s: float
+    config: RlfleetConfig,
+    at: FleetAddresses,
+    children: list[RoleProcess],
+    replicas: int,
+    wait_s: float,
 ) -> None:
     """Until ``replicas`` replicas serve and reward answers; ``FleetDied`` if a role exits."""
     from rlfleet.reward.client import RewardClient
@@ -153,7 +157,7 @@ async def _serving(router) -> int:
     return sum(r.state == ReplicaState.SERVING for r in listed)
 
 
-def _check_alive(children: list[Child]) -> None:
+def _check_alive(children: list[RoleProcess]) -> None:
     for child in children:
         if (code := child.exited()) is not None:
             report_failure(child, code)

@@ -5,10 +5,10 @@ next and hands each job to ``JobRunner`` as a task ``InFlight`` can find.
 
 - Work arrives on the replica's own stream, read through the shared ``WorkQueue`` as consumer
   ``replica_id`` of group ``rollout``, never more jobs at once than
-  ``rollout.max_concurrency``. Jobs cancelled by a weight update (``Backlog``, still
+  ``rollout.max_concurrency``. Jobs cancelled by a weight update (``HeldJobs``, still
   unacknowledged in Redis) run again before anything new is read.
 - An entry that needs newer weights than ours is parked, unacknowledged, until an update
-  brings that version (``Backlog.unpark``); it is not answered FAILED_PRECONDITION, so a caller
+  brings that version (``HeldJobs.unpark``); it is not answered FAILED_PRECONDITION, so a caller
   retrying under the same id still gets it generated.
 - Callers that give up mark their submission cancelled; ``watch_cancelled`` polls for such
   jobs, cancels the running ones (the engine aborts them; ``JobRunner`` drops them
@@ -35,7 +35,7 @@ READ_BLOCK_MS = 500  # how long one read waits; bounds how fast pause/stop take 
 CANCEL_POLL_S = 0.25  # how often running jobs are checked for callers that gave up
 
 
-class Backlog:
+class HeldJobs:
     """Jobs a replica holds but does not run: to retry (cancelled by an update, still
     unacknowledged) and parked (waiting for the weight version they need)."""
 
@@ -71,7 +71,7 @@ class Backlog:
     def parked(self) -> list[Job]:
         return [job for _, job in self._parked]
 
-    def held(self) -> list[Job]:
+    def all(self) -> list[Job]:
         """Every job held here, to retry and parked."""
         return [*self._retry, *self.parked()]
 
@@ -95,12 +95,12 @@ class JobLoop:
         replica_id: str,
         phase: Phase,
         inflight: InFlight,
-        backlog: Backlog,
+        held_jobs: HeldJobs,
         runner: JobRunner,
         version: Callable[[], int],
     ) -> None:
         self.config, self.queue, self.replica_id = config, queue, replica_id
-        self._phase, self._inflight, self._backlog = phase, inflight, backlog
+        self._phase, self._inflight, self._held_jobs = phase, inflight, held_jobs
         self._runner, self._version = runner, version
 
     async def consume(self) -> None:
@@ -111,21 +111,21 @@ class JobLoop:
             if free <= 0:
                 await self._phase.wait_changed(0.05)
                 continue
-            jobs = self._backlog.take(free) or self._not_held(await self._read(free))
+            jobs = self._held_jobs.take(free) or self._not_held(await self._read(free))
             for job in jobs:
                 if (needed := _needed_version(job)) > self._version():
-                    self._backlog.park(job, needed, self._version())
+                    self._held_jobs.park(job, needed, self._version())
                 elif self._phase.serving.is_set():
                     self._inflight.track(lambda key, job=job: self._runner.run(job, key), job)
                 else:
-                    self._backlog.retry(job)  # read just as an update began: run it after
+                    self._held_jobs.retry(job)  # read just as an update began: run it after
 
     def _not_held(self, jobs: list[Job]) -> list[Job]:
         """``jobs`` less the entries we already run or hold. After a lapse the next read
         replays our pending entries, but a read that was in flight across the lapse (blocked
         in Redis while we were stopped, say) may already have started some of them after the
         held jobs were dropped: they are pending too, and would run a second time here."""
-        held = {job.entry_id for job in (*self._inflight.jobs().values(), *self._backlog.held())}
+        held = {job.entry_id for job in (*self._inflight.jobs().values(), *self._held_jobs.all())}
         return [job for job in jobs if job.entry_id not in held]
 
     async def _read(self, count: int) -> list[Job]:
@@ -141,7 +141,7 @@ class JobLoop:
         are dropped unanswered. One round trip per poll for both."""
         while True:
             await asyncio.sleep(CANCEL_POLL_S)
-            held, parked = self._inflight.jobs(), self._backlog.parked()
+            held, parked = self._inflight.jobs(), self._held_jobs.parked()
             if not held and not parked:
                 continue
             try:
@@ -158,7 +158,7 @@ class JobLoop:
         for job in abandoned:
             log.debug("parked request %s dropped: its callers gave up", job.request_id)
             await with_retries(job.request_id, lambda job=job: self.queue.discard(job))
-        self._backlog.drop_parked(abandoned)
+        self._held_jobs.drop_parked(abandoned)
 
 
 def _needed_version(job: Job) -> int:

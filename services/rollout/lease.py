@@ -33,7 +33,7 @@ from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.heartbeat import HeartbeatThread
 from rlfleet.rollout.inflight import InFlight
-from rlfleet.rollout.job_loop import Backlog
+from rlfleet.rollout.job_loop import HeldJobs
 from rlfleet.rollout.registry import ReplicaInfo, ReplicaRegistry
 
 log = logging.getLogger(__name__)
@@ -48,12 +48,12 @@ class Lease:
         queue: WorkQueue,
         replica_id: str,
         inflight: InFlight,
-        backlog: Backlog,
+        held_jobs: HeldJobs,
         describe: Callable[[], ReplicaInfo],
         pulse: HeartbeatThread,
     ) -> None:
         self.registry, self.queue, self.replica_id = registry, queue, replica_id
-        self._inflight, self._backlog, self._describe = inflight, backlog, describe
+        self._inflight, self._held_jobs, self._describe = inflight, held_jobs, describe
         self._pulse = pulse  # renews the lease from its own thread once we hold one
         self._pulsing = False
         self._lapsed = asyncio.Event()  # set (on the loop) when the thread found it lapsed
@@ -119,14 +119,14 @@ class Lease:
         next read start again with whatever of our stream is still pending for us (what the
         janitor did not move). Unless the loop hung, the dropped jobs get their delivery back
         first: the lapse was not their doing."""
-        held = [*self._inflight.jobs().values(), *self._backlog.held()]
+        held = [*self._inflight.jobs().values(), *self._held_jobs.all()]
         if held and not self._pulse.held_back:
             try:
                 await self.queue.forgive(self.replica_id, held)
             except Exception as exc:  # noqa: BLE001 - then the re-read counts, nothing worse
                 log.warning("could not give back the deliveries of %d jobs: %s", len(held), exc)
         await self._inflight.cancel_jobs()
-        self._backlog.clear()
+        self._held_jobs.clear()
         self.queue.replay(self.replica_id)
 
     async def run(self, engine: Engine, interval_s: float) -> None:
@@ -149,7 +149,7 @@ class Lease:
         """Drained by a router (``DrainReplica``): keep answering what is queued here, and
         once nothing is left (running, to retry, or in our stream) set ``drained`` so the
         process deregisters and exits 0."""
-        if self.drained.is_set() or len(self._inflight) or self._backlog:
+        if self.drained.is_set() or len(self._inflight) or self._held_jobs:
             return
         try:
             if not await self.registry.is_draining(self.replica_id) or await self.queue.length():

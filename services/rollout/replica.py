@@ -6,7 +6,7 @@ No gRPC here: ``server.py`` converts protos to the plain objects this class take
 
 - ``phase.Phase``: the state (starting, serving, paused, updating, ...) and waits on it;
 - ``inflight.InFlight``: the requests running now, one task each, to finish or cancel;
-- ``job_loop.JobLoop`` and ``Backlog``: when queued jobs run (read, park, retry, cancel);
+- ``job_loop.JobLoop`` and ``HeldJobs``: when queued jobs run (read, park, retry, cancel);
 - ``job_runner.JobRunner``: running a request or a queue job and storing its answer;
 - ``weight_updates.WeightUpdater``: the version served, and checking and loading updates;
 - ``update_steps.UpdateSteps``: one update's order (verify and stage while serving, then a
@@ -54,7 +54,7 @@ from rlfleet.model import weights
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.heartbeat import HeartbeatThread
 from rlfleet.rollout.inflight import InFlight
-from rlfleet.rollout.job_loop import Backlog, JobLoop
+from rlfleet.rollout.job_loop import HeldJobs, JobLoop
 from rlfleet.rollout.job_runner import JobRunner
 from rlfleet.rollout.lease import Lease
 from rlfleet.rollout.phase import Phase
@@ -95,8 +95,8 @@ class Replica:
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), GROUP)
         self.phase = Phase(replica_id)
         self.inflight = InFlight(replica_id)
-        self.backlog = Backlog()
-        self.weights = WeightUpdater(config, engine, self.backlog.unpark)
+        self.held_jobs = HeldJobs()
+        self.weights = WeightUpdater(config, engine, self.held_jobs.unpark)
         rollout = config.rollout
         pulse = HeartbeatThread(
             redis,
@@ -107,7 +107,7 @@ class Replica:
             self._info,
         )
         self.lease = Lease(
-            self.registry, self.queue, replica_id, self.inflight, self.backlog, self._info, pulse
+            self.registry, self.queue, replica_id, self.inflight, self.held_jobs, self._info, pulse
         )
         self.runner = JobRunner(
             config, engine, self.queue, replica_id, self.inflight, self._version, self._requeue
@@ -118,7 +118,7 @@ class Replica:
             replica_id,
             self.phase,
             self.inflight,
-            self.backlog,
+            self.held_jobs,
             self.runner,
             self._version,
         )
@@ -282,4 +282,4 @@ class Replica:
         """A job cancelled by an update or shutdown runs again here, unless our lease has
         lapsed (the jobs we held are then forgotten and read again: ``lease.py``)."""
         if self.lease.held:
-            self.backlog.retry(job)
+            self.held_jobs.retry(job)

@@ -10,7 +10,7 @@ import pytest
 from agent_fixtures import ScriptedGenerator, agent_tokenizer
 
 from rlfleet.agent.adapters import load_env_factory
-from rlfleet.agent.env import task_prompt
+from rlfleet.agent.environment import task_prompt
 from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.agent.loop import run_episode
 from rlfleet.agent.render import ChatRenderer

@@ -12,7 +12,7 @@ import pytest
 from agent_fixtures import ScriptedGenerator, agent_tokenizer
 
 from rlfleet.agent.adapters.verl_tools import is_tool_config, load_tool_config, load_toolbox
-from rlfleet.agent.env import ToolEnv
+from rlfleet.agent.environment import ToolEnv
 from rlfleet.agent.episode import EndReason
 from rlfleet.agent.loop import run_episode
 from rlfleet.agent.render import ChatRenderer

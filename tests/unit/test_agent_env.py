@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rlfleet.agent.adapters import load_env_factory
-from rlfleet.agent.env import (
+from rlfleet.agent.environment import (
     EnvError,
     ToolEnv,
     check_step,

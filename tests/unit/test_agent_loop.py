@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from agent_fixtures import ScriptedGenerator, agent_tokenizer, encode
 
-from rlfleet.agent.env import calc_env_factory
+from rlfleet.agent.environment import calc_env_factory
 from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.agent.loop import Router, RouterTurnGenerator, SampledTurn, TurnGenerator, run_episode
 from rlfleet.agent.render import ChatRenderer

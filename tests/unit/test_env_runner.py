@@ -20,7 +20,7 @@ from env_doubles import (  # noqa: F401 - renderer and nowhere are fixtures
     renderer,
 )
 
-from rlfleet.agent.env import ToolEnv
+from rlfleet.agent.environment import ToolEnv
 from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.common.config.agent import AgentConfig
 from rlfleet.env.runner import EpisodeRunner, env_maker

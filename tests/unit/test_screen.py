@@ -7,7 +7,7 @@ import textwrap
 import time
 
 from rlfleet.launch import process, screen
-from rlfleet.launch.process import Child, _pieces
+from rlfleet.launch.process import RoleProcess, _pieces
 from rlfleet.launch.screen import WIPE, Screen
 
 
@@ -98,7 +98,7 @@ def test_a_role_logging_under_its_bar_gives_whole_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(process, "SCREEN", screen.Screen())
     env = {"PYTHONUNBUFFERED": "1"}
-    child = Child("trainer", [sys.executable, "-c", ROLE], env, tmp_path / "trainer.log")
+    child = RoleProcess("trainer", [sys.executable, "-c", ROLE], env, tmp_path / "trainer.log")
     child.start()
     assert child.proc.wait(60) == 0
     deadline = time.monotonic() + 10

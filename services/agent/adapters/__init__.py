@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlfleet.agent.adapters import openenv_client, skyrl_env, trl_env, verifiers_env, workflow
-from rlfleet.agent.env import BUILTIN_ENVS
+from rlfleet.agent.environment import BUILTIN_ENVS
 from rlfleet.agent.tools import load_object
 
 Maker = Callable[[], Any]
@@ -74,9 +74,9 @@ def adapt(made: Any) -> Any:
 
 def load_env_factory(spec: str, env_kwargs: dict[str, Any] | None = None) -> Maker:
     """A maker of one environment per episode from ``agent.env``: a built-in name
-    (``rlfleet.agent.env.BUILTIN_ENVS``), or ``module:attr`` naming a class or factory (called
+    (``rlfleet.agent.environment.BUILTIN_ENVS``), or ``module:attr`` naming a class or factory (called
     with ``env_kwargs``): a TextEnv, or one that an adapter recognises and wraps. Here, not
-    beside the built-ins, because the adapters build on ``rlfleet.agent.env``."""
+    beside the built-ins, because the adapters build on ``rlfleet.agent.environment``."""
     kwargs = dict(env_kwargs or {})
     if spec in BUILTIN_ENVS:
         return BUILTIN_ENVS[spec](**kwargs)

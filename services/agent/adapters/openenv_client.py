@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlfleet.agent.adapters.text import assistant_text, call
-from rlfleet.agent.env import EnvError, Message, StepResult, task_prompt
+from rlfleet.agent.environment import EnvError, Message, StepResult, task_prompt
 from rlfleet.agent.tools import load_object
 
 OPTIONS = ("action_from_text", "action_field", "observation_text")

@@ -21,7 +21,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlfleet.agent.adapters.text import assistant_text, call
-from rlfleet.agent.env import EnvError, Message, StepResult, check_step, task_prompt, task_truth
+from rlfleet.agent.environment import (
+    EnvError,
+    Message,
+    StepResult,
+    check_step,
+    task_prompt,
+    task_truth,
+)
 
 STEP_KEYS = ("observations", "reward", "done")
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from rlfleet.agent.env import EnvError, Message
+from rlfleet.agent.environment import EnvError, Message
 from rlfleet.agent.invoke import invoke
 from rlfleet.agent.tool_calls import CLOSE, OPEN, ToolCallError, errors_of
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlfleet.agent.adapters.text import call, calls_in_order, content_text
-from rlfleet.agent.env import EnvError, Message, StepResult, check_messages
+from rlfleet.agent.environment import EnvError, Message, StepResult, check_messages
 from rlfleet.agent.tools import ToolBox
 
 NOT_TOOLS = frozenset({"reset", "get_reward"})

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rlfleet.agent.adapters.workflow import GatewayRun, WorkflowError, play_in_session
-from rlfleet.agent.env import task_truth
+from rlfleet.agent.environment import task_truth
 from rlfleet.agent.episode import Episode
 from rlfleet.common import tls
 from rlfleet.rollout.types import SamplingParams

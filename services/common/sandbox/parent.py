@@ -73,7 +73,7 @@ def describe_exit(returncode: int | None) -> str:
 
 
 @dataclass
-class Child:
+class Keeper:
     """A started sandbox: its keeper (what we signal and wait for) and its pids cgroup."""
 
     process: Any
@@ -100,7 +100,7 @@ class Child:
 
 async def spawn(
     mode: str, spec: dict[str, Any], limits: SandboxLimits, workdir: str, stderr: int | None
-) -> Child:
+) -> Keeper:
     """A confined child in ``workdir``; stdin and stdout are pipes."""
     group = cgroup.create(limits.processes)
     spec = {
@@ -126,7 +126,7 @@ async def spawn(
         if group is not None:
             await cgroup.remove(group)
         raise
-    return Child(process, group)
+    return Keeper(process, group)
 
 
 @dataclass
@@ -158,7 +158,7 @@ async def run_program(source: str, stdin: str, limits: SandboxLimits) -> RunOutc
             await child.reap()
 
 
-async def _supervise(child: Child, stdin: bytes, limits: SandboxLimits) -> RunOutcome:
+async def _supervise(child: Keeper, stdin: bytes, limits: SandboxLimits) -> RunOutcome:
     process, cap = child.process, limits.output_kb * 1024
     feed = asyncio.create_task(_feed(process, stdin))
     reads = [_read_capped(stream, cap, child) for stream in (process.stdout, process.stderr)]
@@ -189,7 +189,7 @@ async def _feed(process: Any, data: bytes) -> None:
         process.stdin.close()
 
 
-async def _read_capped(stream: Any, cap: int, child: Child) -> tuple[bytes, bool]:
+async def _read_capped(stream: Any, cap: int, child: Keeper) -> tuple[bytes, bool]:
     """Up to ``cap`` bytes, and whether there was more: then the run is killed, and the rest
     drained (asyncio's ``wait`` waits for the pipes to close)."""
     data, over = b"", False
@@ -209,7 +209,7 @@ class SandboxError(RuntimeError):
 class SandboxProcess:
     """One long-lived confined child serving a handler: one JSON line in, one out."""
 
-    def __init__(self, child: Child, workdir: tempfile.TemporaryDirectory, ready: dict) -> None:
+    def __init__(self, child: Keeper, workdir: tempfile.TemporaryDirectory, ready: dict) -> None:
         self.child, self._workdir, self.ready = child, workdir, ready
         self.process = child.process
 

@@ -7,7 +7,9 @@ little-endian uint32 header length, a JSON header (the scalars, and how long eac
 then the arrays back to back, little-endian on every machine, so a router and a replica on
 different hosts agree. ``pack`` writes it; ``unpack`` and ``read_arrays`` read it and raise
 ``PackedError`` for bytes that are not such a record or whose arrays do not fill the body
-exactly, so a damaged entry never decodes into a half-valid record.
+exactly, so a damaged entry never decodes into a half-valid record. An env worker's answer
+(``rlfleet.env.types.EpisodeOutcome``) is the same frame with no arrays and the episode's
+packed bytes as its body.
 
 Array type codes are ``array``'s: ``i`` int32, ``B`` uint8, ``f`` float32, ``q`` int64.
 """

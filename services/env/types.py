@@ -1,10 +1,10 @@
 """Plain objects of the env role, shared by its front door, its workers and its client.
 
 An episode job travels through Redis as JSON (``encode_job``: the job and the batch's
-settings, so a worker needs nothing else); its answer as ``EpisodeOutcome.encode()``: a small
-JSON header (episode id, error, restarts, replicas) and the episode's own bytes
-(``Episode.encode()``), which the front door passes through untouched. Neither side needs
-protobuf; ``convert`` maps these to and from the proto.
+settings, so a worker needs nothing else); its answer as ``EpisodeOutcome.encode()``:
+``rlfleet.common.packed``'s frame with a small header (episode id, error, restarts, replicas)
+and, as its body, the episode's own bytes (``Episode.encode()``), which the front door passes
+through untouched. Neither side needs protobuf; ``convert`` maps these to and from the proto.
 
 Validation (``validate_request``) is the one place a batch is checked, by the client before
 sending and by the service on arrival, so both refuse a bad value the same way: an
@@ -16,12 +16,12 @@ sending and by the service on arrival, so both refuse a bad value the same way: 
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.packed import pack, unpack
 from rlfleet.rollout.types import SamplingParams
 
 MAX_ID_CHARS = 256
@@ -30,7 +30,7 @@ MAX_TASK_BYTES = 1 << 20
 MAX_TURNS = 1024
 MAX_EPISODE_TOKENS = 1 << 20
 INT64_MAX = (1 << 63) - 1
-_HEADER_LEN = struct.Struct("<I")
+OUTCOME_MAGIC = b"\x00EO1"  # never the first bytes of JSON
 
 
 @dataclass
@@ -87,27 +87,23 @@ class EpisodeOutcome:
         return cls(episode_id, failed_episode(episode_id, error).encode(), error, restarts)
 
     def encode(self) -> bytes:
-        """Header length, JSON header, then the episode's bytes."""
-        head = json.dumps(
-            {
-                "episode_id": self.episode_id,
-                "error": self.error,
-                "restarts": self.restarts,
-                "replica_ids": self.replica_ids,
-            }
-        ).encode()
-        return b"".join([_HEADER_LEN.pack(len(head)), head, self.episode])
+        """The packed frame: the scalars as its header, the episode's bytes as its body."""
+        head = {
+            "episode_id": self.episode_id,
+            "error": self.error,
+            "restarts": self.restarts,
+            "replica_ids": self.replica_ids,
+        }
+        return pack(OUTCOME_MAGIC, head, []) + self.episode
 
     @classmethod
     def decode(cls, data: bytes) -> EpisodeOutcome:
         """The outcome ``encode`` wrote; InvalidArgument for anything else."""
         try:
-            (size,) = _HEADER_LEN.unpack_from(data)
-            head = json.loads(data[_HEADER_LEN.size : _HEADER_LEN.size + size])
-            outcome = cls(**head, episode=bytes(data[_HEADER_LEN.size + size :]))
-        except (struct.error, ValueError, TypeError) as exc:
+            head, body = unpack(OUTCOME_MAGIC, data)
+            return cls(**head, episode=bytes(body))
+        except (ValueError, TypeError) as exc:  # PackedError is a ValueError
             raise InvalidArgument(f"not an episode outcome: {exc}") from exc
-        return outcome
 
 
 @dataclass

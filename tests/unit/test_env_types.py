@@ -6,9 +6,11 @@ import pytest
 
 from rlfleet.agent.episode import EndReason, Episode
 from rlfleet.common.errors import InvalidArgument
+from rlfleet.common.packed import pack
 from rlfleet.env.types import (
     MAX_JOBS,
     MAX_TASK_BYTES,
+    OUTCOME_MAGIC,
     EpisodeJob,
     EpisodeOutcome,
     EpisodeSettings,
@@ -114,8 +116,11 @@ def test_an_outcome_round_trips_with_its_episode_bytes():
     again = EpisodeOutcome.decode(outcome.encode())
     assert again == outcome
     assert Episode.decode(again.episode).sampled_ids() == [4, 5]
-    with pytest.raises(InvalidArgument):
-        EpisodeOutcome.decode(b"\x00\x00")
+    assert outcome.encode().startswith(OUTCOME_MAGIC)
+    not_outcomes = (b"\x00\x00", episode.encode(), pack(OUTCOME_MAGIC, [1, 2], []))
+    for garbage in not_outcomes:
+        with pytest.raises(InvalidArgument):
+            EpisodeOutcome.decode(garbage)
 
 
 def test_a_failed_outcome_still_carries_an_error_episode():

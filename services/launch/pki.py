@@ -67,20 +67,25 @@ def _builder(subject: x509.Name, issuer: x509.Name, key, days: int) -> x509.Cert
     )
 
 
-def make_ca(common_name: str, days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = new_key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    usage = x509.KeyUsage(
-        digital_signature=False,
+def _key_usage(signs_certificates: bool) -> x509.KeyUsage:
+    """A CA's key signs certificates and revocation lists; a role's key signs handshakes."""
+    return x509.KeyUsage(
+        digital_signature=not signs_certificates,
         content_commitment=False,
         key_encipherment=False,
         data_encipherment=False,
         key_agreement=False,
-        key_cert_sign=True,
-        crl_sign=True,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
         encipher_only=False,
         decipher_only=False,
     )
+
+
+def make_ca(common_name: str, days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = new_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    usage = _key_usage(signs_certificates=True)
     builder = _builder(name, name, key, days)
     builder = builder.add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
     return builder.add_extension(usage, critical=True).sign(key, hashes.SHA256()), key
@@ -96,17 +101,7 @@ def issue(
     """A certificate for ``name`` that serves and dials as every host in ``hosts``."""
     key = new_key()
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    usage = x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=False,
-        crl_sign=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
+    usage = _key_usage(signs_certificates=False)
     both_ways = x509.ExtendedKeyUsage(
         [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     )

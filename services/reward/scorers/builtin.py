@@ -67,17 +67,15 @@ def countdown_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
 
 
 def gsm_symbolic_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
-    found = gsm_symbolic.check(solution_str, ground_truth)
-    return {
-        "score": float(found.correct),
-        "acc": float(found.correct),
-        "extracted": float(found.answer is not None),
-        "marked": float(found.marked),
-    }
+    return _final_number_result(gsm_symbolic.check(solution_str, ground_truth))
 
 
 def basic_math_score(solution_str: str, ground_truth: Any, **_: Any) -> dict:
-    found = basic_math.check(solution_str, ground_truth)
+    return _final_number_result(basic_math.check(solution_str, ground_truth))
+
+
+def _final_number_result(found: gsm_symbolic.Check) -> dict:
+    """A final-number task's score and metrics: correct, an answer found, and marked."""
     return {
         "score": float(found.correct),
         "acc": float(found.correct),

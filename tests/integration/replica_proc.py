@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import signal
 import sys
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import redis
 from procs import ROOT, ServiceProcess
 
@@ -81,3 +84,16 @@ def stop_replica(replica: ReplicaProc, sig: int = signal.SIGTERM) -> None:
     """Stop our own child by its PID (SIGKILL if it lingers), then any engine processes it
     left behind in its process group (vLLM's engine core outlives a SIGKILLed parent)."""
     replica.proc.stop(sig, grace_s=30)
+
+
+def replica_for_module(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, replica_id: str, *extra: str
+) -> Iterator[ReplicaProc]:
+    """A module fixture's body (``yield from``): one replica under a cluster name of its own,
+    its log in a fresh folder, stopped after the module and required to have exited cleanly."""
+    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
+    log_path = tmp_path_factory.mktemp(replica_id) / "replica.log"
+    replica = start_replica(redis_url, keys, replica_id, log_path, *extra)
+    yield replica
+    stop_replica(replica)
+    assert replica.proc.returncode == 0, replica.log_tail()

@@ -19,19 +19,16 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import torch
-from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
-from safetensors.torch import load_file
+from replica_proc import MODEL, ReplicaProc, replica_for_module
+from replica_weights import one_replica_sync, original_weights, replica_transport
 
 from rlfleet.common.errors import FailedPrecondition
-from rlfleet.common.keys import Keys
 from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.model import weights
 from rlfleet.proto import rollout_pb2
 from rlfleet.rollout import convert
-from rlfleet.rollout.client import PreparedUpdate, RolloutClient
-from rlfleet.rollout.types import GenerateRequest, ReplicaStatus, SamplingParams
-from rlfleet.trainer.weight_sync import ReplicaDirectory, WeightSync
-from rlfleet.trainer.weight_transport import GrpcWeightTransport
+from rlfleet.rollout.client import RolloutClient
+from rlfleet.rollout.types import GenerateRequest, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPT = [1, 2, 3, 4, 5, 6]
@@ -46,17 +43,8 @@ pytestmark = [
 def replica(
     request: pytest.FixtureRequest, redis_server: EmbeddedRedis, tmp_path_factory
 ) -> Iterator[ReplicaProc]:
-    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
-    log_path = tmp_path_factory.mktemp("fetch-before-pause") / f"{request.param}.log"
     extra = (f"rollout.backend={request.param}", "trainer.weight_delta=always")
-    proc = start_replica(redis_server.url, keys, REPLICA_ID, log_path, *extra)
-    yield proc
-    stop_replica(proc)
-    assert proc.proc.returncode == 0, proc.log_tail()
-
-
-def original() -> dict[str, torch.Tensor]:
-    return load_file(str(MODEL / "model.safetensors"))
+    yield from replica_for_module(redis_server.url, tmp_path_factory, REPLICA_ID, *extra)
 
 
 async def greedy(client: RolloutClient) -> tuple[list[int], int]:
@@ -84,7 +72,7 @@ async def test_the_replica_serves_while_the_bytes_arrive_and_reports_its_pause(
 ) -> None:
     async with RolloutClient(replica.address) as client:
         version = (await client.status()).weight_version
-        header, payload = weights.encode(original(), version + 1)
+        header, payload = weights.encode(original_weights(), version + 1)
         halfway, release = asyncio.Event(), asyncio.Event()
         update = asyncio.create_task(
             client.send_weight_messages(held_stream(header, payload, halfway, release), 60)
@@ -100,17 +88,6 @@ async def test_the_replica_serves_while_the_bytes_arrive_and_reports_its_pause(
     assert outcome.load_seconds <= outcome.pause_seconds
 
 
-class OneReplica(ReplicaDirectory):
-    def __init__(self, address: str) -> None:
-        self._client = RolloutClient(address)
-
-    async def list_replicas(self) -> list[ReplicaStatus]:
-        return [await self._client.status()]
-
-    async def close(self) -> None:
-        await self._client.close()
-
-
 def moved(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     """``state`` with a few elements of every matrix changed (a delta sends them as pairs)."""
     out = {name: t.clone() for name, t in state.items()}
@@ -124,57 +101,50 @@ def moved(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tenso
 async def test_a_delta_lands_in_the_parameters_and_its_pause_is_in_the_metrics(
     replica: ReplicaProc,
 ) -> None:
-    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 2**20)
-    transport.delta = "always"
-    sync = WeightSync(OneReplica(replica.address), transport)
-    async with RolloutClient(replica.address) as client:
-        try:
-            version = (await client.status()).weight_version + 1
-            await sync.push(original(), version)  # full: forced, the base from now on
-            before, _ = await greedy(client)
-            target = moved(original(), -3.0)
-            metrics = await sync.push(target, version + 1)
-            assert metrics["weight_sync/delta_replicas"] == 1.0
-            assert 0 < metrics[f"weight/pause_s/{REPLICA_ID}"] == metrics["weight/pause_s"] < 5
-            by_delta, under = await greedy(client)
-            assert under == version + 1 and by_delta != before  # the change reached generation
-            await sync.push(target, version + 2, force=True)  # the same weights, pushed full
-            assert (await greedy(client))[0] == by_delta
-        finally:
-            await sync.close()
+    async with (
+        one_replica_sync(replica.address, 2**20, "always") as sync,
+        RolloutClient(replica.address) as client,
+    ):
+        version = (await client.status()).weight_version + 1
+        await sync.push(original_weights(), version)  # full: forced, the base from now on
+        before, _ = await greedy(client)
+        target = moved(original_weights(), -3.0)
+        metrics = await sync.push(target, version + 1)
+        assert metrics["weight_sync/delta_replicas"] == 1.0
+        assert 0 < metrics[f"weight/pause_s/{REPLICA_ID}"] == metrics["weight/pause_s"] < 5
+        by_delta, under = await greedy(client)
+        assert under == version + 1 and by_delta != before  # the change reached generation
+        await sync.push(target, version + 2, force=True)  # the same weights, pushed full
+        assert (await greedy(client))[0] == by_delta
 
 
 async def test_a_refused_delta_changes_nothing_and_the_next_one_lands(
     replica: ReplicaProc,
 ) -> None:
-    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 2**20)
-    transport.delta = "always"
-    sync = WeightSync(OneReplica(replica.address), transport)
-    async with RolloutClient(replica.address) as client:
-        try:
-            version = (await client.status()).weight_version + 1
-            await sync.push(original(), version)
-            before, _ = await greedy(client)
-            # planned from weights the replica does not hold: it refuses, and the trainer
-            # sends it the full push at once (PushResult.delta False)
-            other = original()  # differs from what the replica holds in one 1-D tensor
-            name = next(n for n, t in other.items() if t.dim() == 1)
-            other[name] = other[name] + 1
-            wrong = await _delta_from(other, moved(other, -3.0), version)
-            with pytest.raises(FailedPrecondition, match="differ from the trainer"):
-                await client.push_prepared(await wrong.streamed())
-            assert (await greedy(client)) == (before, version)
-            metrics = await sync.push(moved(original(), 0.5), version + 1)
-            assert metrics["weight_sync/delta_replicas"] == 1.0  # the base was put back
-            assert (await client.status()).weight_version == version + 1
-        finally:
-            await sync.close()
+    async with (
+        one_replica_sync(replica.address, 2**20, "always") as sync,
+        RolloutClient(replica.address) as client,
+    ):
+        version = (await client.status()).weight_version + 1
+        await sync.push(original_weights(), version)
+        before, _ = await greedy(client)
+        # planned from weights the replica does not hold: it refuses, and the trainer
+        # sends it the full push at once (PushResult.delta False)
+        other = original_weights()  # differs from what the replica holds in one 1-D tensor
+        name = next(n for n, t in other.items() if t.dim() == 1)
+        other[name] = other[name] + 1
+        wrong = await _delta_from(other, moved(other, -3.0), version)
+        with pytest.raises(FailedPrecondition, match="differ from the trainer"):
+            await client.push_prepared(await wrong.streamed())
+        assert (await greedy(client)) == (before, version)
+        metrics = await sync.push(moved(original_weights(), 0.5), version + 1)
+        assert metrics["weight_sync/delta_replicas"] == 1.0  # the base was put back
+        assert (await client.status()).weight_version == version + 1
 
 
 async def _delta_from(base: dict, new: dict, base_version: int):
     """An element delta from ``base`` (as ``base_version``) to ``new``, encoded to stream."""
-    planner = GrpcWeightTransport(lambda address: None, PreparedUpdate.of, 2**20)
-    planner.delta = "always"
+    planner = replica_transport(2**20, "always")
     first = planner._encode(base, base_version, True, False, False)
     planner._plan_delta(base, first, base_version, False)  # the base it plans from
     encoded = planner._encode(new, base_version + 1, True, False, False)

@@ -17,11 +17,10 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aioredis
 import torch
-from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
-from safetensors.torch import load_file
+from replica_proc import MODEL, ReplicaProc, replica_for_module
+from replica_weights import original_weights
 
 from rlfleet.common.errors import ErrorCode, InvalidArgument
-from rlfleet.common.keys import Keys
 from rlfleet.common.queue.workqueue import WorkQueue
 from rlfleet.common.redis_server import EmbeddedRedis
 from rlfleet.model import weights
@@ -43,18 +42,8 @@ def replica(
     request: pytest.FixtureRequest, redis_server: EmbeddedRedis, tmp_path_factory
 ) -> Iterator[ReplicaProc]:
     """One replica per backend for the module, on db 0 under its own cluster name."""
-    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
-    log_path = tmp_path_factory.mktemp("replica") / f"{request.param}.log"
-    proc = start_replica(
-        redis_server.url, keys, f"r-{request.param}", log_path, f"rollout.backend={request.param}"
-    )
-    yield proc
-    stop_replica(proc)
-    assert proc.proc.returncode == 0, proc.log_tail()
-
-
-def original_weights() -> dict[str, torch.Tensor]:
-    return load_file(str(MODEL / "model.safetensors"))
+    backend = f"rollout.backend={request.param}"
+    yield from replica_for_module(redis_server.url, tmp_path_factory, f"r-{request.param}", backend)
 
 
 async def greedy_outputs(client: RolloutClient, tag: str) -> tuple[list[list[int]], set[int]]:

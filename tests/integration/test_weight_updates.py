@@ -21,8 +21,8 @@ import psutil
 import pytest
 import torch
 from redis.asyncio import Redis
-from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
-from safetensors.torch import load_file
+from replica_proc import MODEL, ReplicaProc, replica_for_module
+from replica_weights import one_replica_sync, original_weights, replica_transport
 
 from rlfleet.common.config import load_config
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -34,9 +34,7 @@ from rlfleet.rollout import convert
 from rlfleet.rollout.client import PreparedUpdate, RolloutClient
 from rlfleet.rollout.engines.base import Engine
 from rlfleet.rollout.replica import Replica
-from rlfleet.rollout.types import GenerateRequest, ReplicaState, ReplicaStatus, SamplingParams
-from rlfleet.trainer.weight_sync import ReplicaDirectory, WeightSync
-from rlfleet.trainer.weight_transport import GrpcWeightTransport
+from rlfleet.rollout.types import GenerateRequest, ReplicaState, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4)
 pytestmark = [
@@ -47,16 +45,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def replica(redis_server: EmbeddedRedis, tmp_path_factory) -> Iterator[ReplicaProc]:
-    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
-    log_path = tmp_path_factory.mktemp("weight-updates") / "replica.log"
-    proc = start_replica(redis_server.url, keys, "r-weights", log_path, "rollout.backend=hf")
-    yield proc
-    stop_replica(proc)
-    assert proc.proc.returncode == 0, proc.log_tail()
-
-
-def original() -> dict[str, torch.Tensor]:
-    return load_file(str(MODEL / "model.safetensors"))
+    yield from replica_for_module(
+        redis_server.url, tmp_path_factory, "r-weights", "rollout.backend=hf"
+    )
 
 
 async def version_and_state(client: RolloutClient) -> tuple[int, str]:
@@ -65,7 +56,7 @@ async def version_and_state(client: RolloutClient) -> tuple[int, str]:
 
 
 async def push(client: RolloutClient, version: int, force: bool = False, state=None) -> int:
-    header, payload = weights.encode(state or original(), version, force=force)
+    header, payload = weights.encode(state or original_weights(), version, force=force)
     return (await client.push_weights(header, payload)).version
 
 
@@ -81,37 +72,20 @@ async def test_versions_only_go_up_unless_forced(replica: ReplicaProc) -> None:
         assert await version_and_state(client) == (current + 1, "serving")
 
 
-class OneReplica(ReplicaDirectory):
-    """A ``ReplicaDirectory`` that lists one replica, asked over gRPC (as a router would)."""
-
-    def __init__(self, address: str) -> None:
-        self._client = RolloutClient(address)
-
-    async def list_replicas(self) -> list[ReplicaStatus]:
-        return [await self._client.status()]
-
-    async def close(self) -> None:
-        await self._client.close()
-
-
 async def test_a_resumed_trainer_rolls_replicas_back_then_only_goes_forward(
     replica: ReplicaProc,
 ) -> None:
     async with RolloutClient(replica.address) as client:
         ahead = (await version_and_state(client))[0] + 5
         assert await push(client, ahead) == ahead  # the replicas outran the checkpoint
-    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 4 * 2**20)
-    sync = WeightSync(OneReplica(replica.address), transport)  # a fresh (resumed) trainer's
-    try:
-        metrics = await sync.push(original(), ahead - 3)  # first push of a (resumed) run
+    async with one_replica_sync(replica.address) as sync:  # a fresh (resumed) trainer's
+        metrics = await sync.push(original_weights(), ahead - 3)  # first push of a (resumed) run
         assert sync.versions == {"r-weights": ahead - 3} and metrics["weight_sync/failed"] == 0
         assert metrics["weight_sync/r-weights/mbytes"] == metrics["weight_sync/mbytes"] > 0
         assert metrics["weight_sync/r-weights/seconds"] > 0
         with pytest.raises(Unavailable, match="no replica accepted"):
-            await sync.push(original(), ahead - 4)  # later pushes are not forced
-        assert (await sync.push(original(), ahead - 2))["weight_sync/replicas"] == 1.0
-    finally:
-        await sync.close()
+            await sync.push(original_weights(), ahead - 4)  # later pushes are not forced
+        assert (await sync.push(original_weights(), ahead - 2))["weight_sync/replicas"] == 1.0
 
 
 async def test_a_shared_memory_push_is_read_from_the_file_and_checked_like_a_stream(
@@ -120,8 +94,8 @@ async def test_a_shared_memory_push_is_read_from_the_file_and_checked_like_a_str
     """Same machine: the header names one /dev/shm file; the replica reads, verifies and loads
     it (NaN weights in the file are refused like streamed ones, and so are absurd finite ones,
     beyond ``rollout.max_weight_abs``), and the file is gone after."""
-    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 4 * 2**20, shared_memory=True)
-    poisoned, absurd = original(), original()
+    transport = replica_transport(shared_memory=True)
+    poisoned, absurd = original_weights(), original_weights()
     poisoned["model.norm.weight"][0] = float("inf")
     absurd["model.norm.weight"][1] = -1e30
     async with RolloutClient(replica.address) as client:
@@ -133,7 +107,7 @@ async def test_a_shared_memory_push_is_read_from_the_file_and_checked_like_a_str
         assert not bad.ok and "NaN or inf" in bad.error
         [bad] = await transport.push(absurd, current + 1, True, [target])
         assert not bad.ok and "'model.norm.weight'" in bad.error and "max_weight_abs" in bad.error
-        [good] = await transport.push(original(), current + 1, True, [target])
+        [good] = await transport.push(original_weights(), current + 1, True, [target])
         assert good.ok and good.version == current + 1
         request = GenerateRequest(f"shm-{uuid.uuid4().hex[:8]}", GREEDY, prompt_text="12+34=")
         after = await client.generate(request)
@@ -145,7 +119,7 @@ async def test_a_shared_memory_push_is_read_from_the_file_and_checked_like_a_str
 async def test_a_shared_memory_header_naming_no_file_is_not_found_and_takes_no_chunks(
     replica: ReplicaProc,
 ) -> None:
-    header, payload = weights.encode(original(), 10**6)
+    header, payload = weights.encode(original_weights(), 10**6)
     missing = replace(header, shared_memory=f"{weights_shm.PREFIX}1-{uuid.uuid4().hex}")
     async with RolloutClient(replica.address) as client:
         current = await version_and_state(client)
@@ -160,7 +134,7 @@ async def test_a_shared_memory_header_naming_no_file_is_not_found_and_takes_no_c
 
 
 async def test_nan_weights_are_refused_and_the_old_ones_keep_serving(replica: ReplicaProc) -> None:
-    poisoned = original()
+    poisoned = original_weights()
     poisoned["model.norm.weight"][3] = float("nan")
     async with RolloutClient(replica.address) as client:
         current, _ = await version_and_state(client)
@@ -257,19 +231,13 @@ async def test_a_failed_load_leaves_routing_until_a_retry_succeeds(redis_url: st
 @pytest.fixture(scope="module")
 def delta_replica(redis_server: EmbeddedRedis, tmp_path_factory) -> Iterator[ReplicaProc]:
     """A replica that keeps its base weights (``trainer.weight_delta=always``)."""
-    keys = Keys(f"t{uuid.uuid4().hex[:12]}")
-    log_path = tmp_path_factory.mktemp("weight-delta") / "replica.log"
-    proc = start_replica(
+    yield from replica_for_module(
         redis_server.url,
-        keys,
+        tmp_path_factory,
         "r-delta",
-        log_path,
         "rollout.backend=hf",
         "trainer.weight_delta=always",
     )
-    yield proc
-    stop_replica(proc)
-    assert proc.proc.returncode == 0, proc.log_tail()
 
 
 async def greedy(client: RolloutClient) -> tuple[int, list[int]]:
@@ -284,13 +252,14 @@ async def test_a_delta_push_serves_what_the_full_push_serves_and_falls_back_when
     """Only the changed tensor travels, and the replica then answers as after the full push;
     a replica on another version gets the full push; one whose base content differs from the
     trainer's refuses the delta (full checksum) and is sent the full push in the same push."""
-    transport = GrpcWeightTransport(RolloutClient, PreparedUpdate.of, 4 * 2**20)
-    transport.delta = "always"
-    changed = original()
+    transport = replica_transport(delta="always")
+    changed = original_weights()
     changed["model.norm.weight"].mul_(-3.0)  # enough to change what greedy decoding says
     async with RolloutClient(delta_replica.address) as client:
         base = (await version_and_state(client))[0] + 1
-        [first] = await transport.push(original(), base, True, [await client.status()], True)
+        [first] = await transport.push(
+            original_weights(), base, True, [await client.status()], True
+        )
         assert first.ok and not first.delta
         before = await greedy(client)
         [by_delta] = await transport.push(changed, base + 1, True, [await client.status()])
@@ -300,10 +269,12 @@ async def test_a_delta_push_serves_what_the_full_push_serves_and_falls_back_when
         assert after_delta == await greedy(client) and after_delta[1] != before[1]
         # another trainer wrote the same version number with other weights (in a tensor the
         # next delta leaves out): the delta is refused, the full push sent instead
-        other = original()
+        other = original_weights()
         other["model.embed_tokens.weight"].mul_(0.5)
         assert await push(client, base + 1, force=True, state=other) == base + 1
-        [fallback] = await transport.push(original(), base + 2, True, [await client.status()])
+        [fallback] = await transport.push(
+            original_weights(), base + 2, True, [await client.status()]
+        )
         assert fallback.ok and not fallback.delta and fallback.bytes == first.bytes
         assert (await greedy(client))[1] == before[1]
     await transport.close()

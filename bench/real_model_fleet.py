@@ -184,13 +184,16 @@ def _cmdline(proc) -> list[str]:
 
 def finished_run(run: GrpoFleetRun, run_dir: Path) -> dict:
     """The record of a run that ended already (its ``summary.json`` and ``metrics.jsonl``),
-    for a side taken from a user's own ``rlfleet up``; nothing was sampled while it ran, so
-    it has no peak RSS."""
+    for a side taken from a user's own ``rlfleet up``: the peak RSS of its roles is what
+    ``rlfleet up`` recorded in ``peak_rss.json`` (GiB, as ``PeakRss``), when it did."""
     tail = e2e_fleet.MetricsTail(run_dir / "metrics.jsonl")
     tail.poll()
     done = (run_dir / "summary.json").is_file()
     record = _record(run, run_dir, 0 if done else None, "finished" if done else "unknown", tail)
     record["from_run_dir"] = str(run_dir)
+    peaks = run_dir / "peak_rss.json"
+    if peaks.is_file():
+        record["peak_rss_GB"] = json.loads(peaks.read_text())["peak_rss_GiB"]
     return record
 
 
@@ -219,6 +222,7 @@ def _record(run: GrpoFleetRun, run_dir: Path, code, reason, tail) -> dict:
         "steps": [
             {
                 "index": r["step"],
+                "phase": "sft" if any(k.startswith("sft/") for k in r) else "rl",
                 **{
                     k.removeprefix("timing_s/"): v
                     for k, v in r.items()

@@ -17,8 +17,8 @@ default the recipe's ``data.val_size``), ``..._EVAL_EVERY_S`` (TRL's curve, defa
 ``fleet`` or both; a variant not run now is taken from the previous run's partial file, and
 the notes say so and when), ``..._FLEET_FROM`` (the run directory of an ``rlfleet up`` of the
 recipe with the same budget that ended already: the fleet side is read from its
-``summary.json`` and ``metrics.jsonl`` instead of run again, said so in the notes; no peak
-RSS then).
+``summary.json`` and ``metrics.jsonl`` instead of run again, said so in the notes; its peak
+RSS per role is the one ``rlfleet up`` wrote to ``peak_rss.json``).
 """
 
 from __future__ import annotations
@@ -206,12 +206,21 @@ def earlier_records(variants: list[str]) -> tuple[dict[str, dict], list[str]]:
 
 
 def rows_of(variant: str, record: dict) -> list[dict[str, Any]]:
-    """The grpo section's rows (phases, peak RSS per process) plus the gain."""
-    from bench_real_model import _grpo_rows
+    """The grpo section's rows (phases, peak RSS per process) plus the gain.
 
-    rows = _grpo_rows("trl" if variant == "trl" else "fleet-async", record)
-    rows[0]["variant"] = variant
-    for row in rows[1:]:
+    The step columns are GRPO steps only: a fleet run's SFT warm-up steps (``phase`` sft) get
+    a row of their own, so s/step compares GRPO with GRPO (TRL's warm-up is a trainer of its
+    own, outside its steps)."""
+    from bench_real_model import _grpo_rows, _median
+
+    steps = record.get("steps", [])
+    sft = [s for s in steps if s.get("phase") == "sft"]
+    rl_record = {**record, "steps": [s for s in steps if s.get("phase") != "sft"]}
+    rows = _grpo_rows("trl" if variant == "trl" else "fleet-async", rl_record)
+    rows[0]["steps"] = len(steps)
+    if sft:
+        rows.append({"kind": "SFT warm-up step", "n": len(sft), "s_per_step": _median(sft, "step")})
+    for row in rows:
         row["variant"] = variant
     before, after = record.get("val_before"), record.get("val_after")
     if before is not None and after is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.pdeathsig import die_with_parent
+from rlfleet.launch.peak_memory import PeakMemory
 from rlfleet.launch.plan import (
     ADDRESS_KEYS,
     FleetPlan,
@@ -30,7 +31,13 @@ from rlfleet.launch.plan import (
     plan_from_args,
 )
 from rlfleet.launch.process import RoleProcess, free_port, role_argv, role_env, split_secrets
-from rlfleet.launch.session import print_run_summary, say, start_redis, stop_on_signals
+from rlfleet.launch.session import (
+    fleet_redis_url,
+    print_run_summary,
+    say,
+    start_redis,
+    stop_on_signals,
+)
 
 STOP_GRACE_S = 10.0
 
@@ -50,7 +57,9 @@ def plan_children(config: RlfleetConfig, args, redis_url: str, log_dir: Path) ->
     http_port = config.router.http_port or free_port()  # the OpenAI-compatible API
     say(config, f"rlfleet up: router HTTP at {tls.scheme(config.tls)}://127.0.0.1:{http_port}/v1")
     record_endpoints(config, plan, ports, http_port, redis_url)
-    ports["dashboard"], replica_metrics = dashboard_ports(config, args.rollout_replicas)
+    dashboard, replica_metrics = dashboard_ports(config, args.rollout_replicas)
+    if dashboard is not None:
+        ports["dashboard"] = dashboard
     local = LocalRoles(config, ports, http_port, replica_metrics)
     children = []
     for member in plan.members:
@@ -74,7 +83,7 @@ class LocalRoles:
     replica's ``/metrics`` port and CPU binding, the env role's gateway."""
 
     config: RlfleetConfig
-    ports: dict[str, int | None]
+    ports: dict[str, int]
     http_port: int
     replica_metrics: list[int]
 
@@ -145,15 +154,19 @@ def stop_all(children: list[RoleProcess]) -> None:
             child.proc.wait()
 
 
-def supervise(children: list[RoleProcess], replica_restarts: int = 0) -> int:
+def supervise(
+    children: list[RoleProcess], replica_restarts: int = 0, peaks: PeakMemory | None = None
+) -> int:
     """Wait for the trainer (or any failure); return the exit code for ``rlfleet up``.
 
     Rollout replicas are expendable: one that dies is started again (same replica id) up to
     ``replica_restarts`` times each while the run goes on; any other service's exit stops
-    the fleet."""
+    the fleet. ``peaks`` reads the roles' peak memory as it goes."""
     trainer = next((c for c in children if c.name == "trainer"), None)
     restarts: dict[str, int] = {}
     while True:
+        if peaks is not None:
+            peaks.sample(live_groups(children))
         if trainer is not None and (code := trainer.exited()) is not None:
             if code:
                 report_failure(trainer, code)
@@ -179,6 +192,11 @@ def supervise(children: list[RoleProcess], replica_restarts: int = 0) -> int:
         time.sleep(0.2)
 
 
+def live_groups(children: list[RoleProcess]) -> dict[str, int]:
+    """Role name -> process group id (its leader's pid) of the children still running."""
+    return {c.name: c.proc.pid for c in children if c.proc is not None and c.exited() is None}
+
+
 def is_replica(child: RoleProcess) -> bool:
     return child.name.startswith("rollout-")
 
@@ -190,10 +208,7 @@ def restart_replica(child: RoleProcess, code: int, attempt: int, limit: int) -> 
         file=sys.stderr,
         flush=True,
     )
-    try:  # what is left of its process group (vLLM's engine core) goes with it
-        os.killpg(child.proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    child.kill_group()  # what is left of its process group (vLLM's engine core) goes with it
     child.start()
 
 
@@ -212,16 +227,19 @@ def run_local(config: RlfleetConfig, args) -> int:
     log_dir = run_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     redis = start_redis(config, run_dir)
-    redis_url = redis.url if redis else config.redis_url
+    redis_url = fleet_redis_url(config, redis)
     children: list[RoleProcess] = []
     with stop_on_signals():
         try:
             children = plan_children(config, args, redis_url, log_dir)
             for child in children:
                 child.start()
-            code = supervise(children, config.rollout.max_restarts)
+            peaks = PeakMemory(run_dir / "peak_rss.json")
+            code = supervise(children, config.rollout.max_restarts, peaks)
             if code == 0 and not args.no_trainer:
                 print_run_summary(run_dir / "summary.json")
+            if peaks.peaks_kib:
+                say(config, f"rlfleet up: {peaks.summary_line()} ({peaks.path})")
             return code
         except KeyboardInterrupt:
             print("\nrlfleet up: interrupted, stopping the fleet", file=sys.stderr)

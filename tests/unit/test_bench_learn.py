@@ -77,3 +77,27 @@ def test_the_plot_is_drawn_from_the_curves(tmp_path):
     path = real_model_learn.plot_curves(records, tmp_path / "learning.png")
     assert path is not None and path.read_bytes()[:4] == b"\x89PNG"
     assert real_model_learn.plot_curves({"fleet": {}}, tmp_path / "none.png") is None
+
+
+def test_warm_up_steps_get_their_own_row_and_the_peaks_come_from_the_run(tmp_path):
+    """SFT steps (metrics ``sft/*``) stay out of the GRPO s/step; ``rlfleet up``'s
+    ``peak_rss.json`` gives the fleet's peak RSS per role."""
+    run_dir = fleet_run_dir(tmp_path)
+    sft = [{"step": 0, "timing_s/step": 3.0, "sft/trained_tokens": 100.0}] * 3
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sft + rows))
+    peaks = {"peak_rss_GiB": {"trainer": 3.5, "rollout-0": 2.9}}
+    (run_dir / "peak_rss.json").write_text(json.dumps(peaks))
+    run = real_model_fleet.GrpoFleetRun("async", 10, 8, 0.0, [], real_model_learn.CONFIG, KEY)
+
+    fleet_rows = real_model_learn.rows_of("fleet", real_model_fleet.finished_run(run, run_dir))
+
+    main, *rest = fleet_rows
+    assert main["s_per_step"] == 12.5 and main["steps"] == 6  # GRPO steps 2-3; all 6 counted
+    assert main["peak_rss_GB"] == 3.5
+    warm_up = next(r for r in rest if r["kind"] == "SFT warm-up step")
+    assert (warm_up["n"], warm_up["s_per_step"]) == (3, 3.0)
+    assert {r["kind"]: r["peak_rss_GB"] for r in rest if "peak" in r["kind"]} == {
+        "trainer peak RSS": 3.5,
+        "rollout-0 peak RSS": 2.9,
+    }

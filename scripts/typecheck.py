@@ -45,6 +45,7 @@ FAKES = (
     "tests/unit/test_health_runs.py",
     "tests/integration/test_ddp_actor.py",
     "tests/integration/test_weight_updates.py",
+    "tests/integration/replica_weights.py",
 )
 """Test modules whose doubles stand in for a Protocol of the package (the trainer's services,
 its step writer, a turn generator, a replica directory, a progress bar): each subclasses the

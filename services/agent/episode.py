@@ -153,7 +153,7 @@ def _branch_lengths(head: object) -> list[list[int]]:
 
 def _end_reason(value: object) -> EndReason:
     try:
-        return EndReason(value)
+        return EndReason(str(value))
     except ValueError as exc:
         raise EpisodeError(f"unknown end_reason {value!r}") from exc
 

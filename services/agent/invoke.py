@@ -37,7 +37,7 @@ def _in_thread(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> a
 
     def run() -> None:
         try:
-            outcome = (fn(*args, **kwargs), None)
+            outcome: tuple[Any, BaseException | None] = (fn(*args, **kwargs), None)
         except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine
             outcome = (None, exc)
         with contextlib.suppress(RuntimeError):  # the loop closed while the call ran

@@ -91,7 +91,7 @@ def _field_problem(field: FieldDescriptor | None, chunk: bytes, prefix: str) -> 
             chunk.decode("utf-8")
         except UnicodeDecodeError:
             return name
-    elif field.type == FieldDescriptor.TYPE_MESSAGE:
+    elif field.type == FieldDescriptor.TYPE_MESSAGE and field.message_type is not None:
         return bad_utf8_field(field.message_type, chunk, name + ".")
     return None
 

@@ -164,7 +164,7 @@ class EmbeddedRedis:
         except BaseException:  # incl. Ctrl-C while waiting: never leave the child behind
             self.stop()
             raise
-        log.info("embedded Redis (pid %d) at %s", self._proc.pid, self.url)
+        log.info("embedded Redis (pid %s) at %s", self._proc and self._proc.pid, self.url)
         atexit.register(self.stop)
         return self
 
@@ -311,20 +311,20 @@ class EmbeddedRedis:
                     self._fail(f"exited with code {self._proc.returncode}")
                 self._proc = None
                 return False
-            if self._answers_as_ours():
+            if self._answers_as_ours(pid):
                 return True
             time.sleep(0.02)
         self.stop()
         self._fail(f"did not answer as pid {pid} within {self.startup_timeout_s:.0f}s")
         return False
 
-    def _answers_as_ours(self) -> bool:
-        """Ready means: it answers, with our child's pid. Another server already on that port
+    def _answers_as_ours(self, pid: int) -> bool:
+        """Ready means: it answers, with our child's ``pid``. Another server already on that port
         must never pass for ours (tests flush what they start). No retries, short timeouts:
         each check is one quick probe; a server still loading its data is not ready yet."""
         client = self._client()
         try:
-            return int(client.info("server")["process_id"]) == self._proc.pid
+            return int(client.info("server")["process_id"]) == pid
         except (redis.ConnectionError, redis.TimeoutError):  # includes BusyLoadingError
             return False
         finally:

@@ -103,7 +103,7 @@ def start_workers(config: RlfleetConfig, keys: Keys, on_crash: Callable[[], None
     lanes = agent.workers * agent.concurrency
     workers = Workers(
         JobWorkerPool(on_crash, stop_after_s=WORKER_STOP_S),
-        connect(config.redis_url, lanes * REDIS_PER_LANE + 4),
+        connect(config.require_redis_url(), lanes * REDIS_PER_LANE + 4),
     )
     read_turn = asyncio.Lock()  # one blocked read per process: processes share batches
     for index in range(agent.workers):
@@ -141,7 +141,7 @@ class Front:
 
 
 async def start_front(config: RlfleetConfig, keys: Keys) -> Front:
-    redis = connect(config.redis_url, REDIS_CONCURRENCY + 8)
+    redis = connect(config.require_redis_url(), REDIS_CONCURRENCY + 8)
     service = EnvService(redis, keys, config.agent)
     await service.start()
     agent = config.agent
@@ -159,7 +159,7 @@ def announce(config: RlfleetConfig, front: Front) -> None:
         "redis": safe_url(config.redis_url),
     }
     try:
-        where = write_endpoints(config.run_dir, "env", addresses)
+        where = str(write_endpoints(config.run_dir, "env", addresses))
     except OSError as exc:
         where = f"not written: {exc}"
     if log.isEnabledFor(logging.INFO):  # quiet (log_level WARNING): warnings only

@@ -202,8 +202,7 @@ def validate_job(job: EpisodeJob, where: str) -> None:
 
 
 def _check_id(name: str, value: object, min_chars: int) -> None:
-    ok = isinstance(value, str) and min_chars <= len(value) <= MAX_ID_CHARS
-    if not ok or "\n" in value:
+    if not (isinstance(value, str) and min_chars <= len(value) <= MAX_ID_CHARS) or "\n" in value:
         raise InvalidArgument(
             f"{name} must be a string of {min_chars}-{MAX_ID_CHARS} "
             f"characters on one line, got {value!r:.80}"

@@ -6,7 +6,9 @@ into its log file). Both backends start the very same command, so a role behaves
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +30,7 @@ class RoleProcess:
     tail: list[str] = field(default_factory=list)
 
     def start(self, preexec_fn=None) -> None:
-        self.proc = subprocess.Popen(
+        proc = subprocess.Popen(
             self.argv,
             env=self.env,
             stdout=subprocess.PIPE,
@@ -37,15 +39,16 @@ class RoleProcess:
             start_new_session=True,
             preexec_fn=preexec_fn,
         )
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.proc = proc
+        threading.Thread(target=self._pump, args=(proc.stdout,), daemon=True).start()
 
-    def _pump(self) -> None:
+    def _pump(self, stdout) -> None:
         """Copy output to our stdout with a prefix (through ``SCREEN``, which keeps a progress
         bar apart from the lines) and into the log file, a bar's redraws as lines there; keep
         the last lines for error reports. Blank redraws (a bar being wiped) go nowhere."""
         prefix = f"[{self.name}] ".encode()
         with self.log_path.open("ab") as log:
-            for text, end in _pieces(self.proc.stdout):
+            for text, end in _pieces(stdout):
                 if self._show(prefix, text, end):
                     log.write(text + b"\n")
                     log.flush()
@@ -71,6 +74,12 @@ class RoleProcess:
                 os.killpg(self.proc.pid, sig)  # its own session: reaches vLLM's engine children
             except ProcessLookupError:
                 pass
+
+    def kill_group(self) -> None:
+        """SIGKILL what is left of its process group (vLLM's engine core), exited or not."""
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def _pieces(stream):

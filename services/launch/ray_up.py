@@ -20,6 +20,7 @@ import time
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rlfleet.common import tls
 from rlfleet.common.config import RlfleetConfig
@@ -43,7 +44,13 @@ from rlfleet.launch.plan import (
 from rlfleet.launch.process import free_port, split_secrets
 from rlfleet.launch.ray_actors import STOP_GRACE_S, FleetControl, Launch, RoleActor, RoleSpec
 from rlfleet.launch.ray_plan import actor_options, local_cpus, role_demand, role_spec, scaled_spec
-from rlfleet.launch.session import print_run_summary, say, start_redis, stop_on_signals
+from rlfleet.launch.session import (
+    fleet_redis_url,
+    print_run_summary,
+    say,
+    start_redis,
+    stop_on_signals,
+)
 
 POLL_S = 1.0
 PLACEMENT_FILE = "ray_placement.json"
@@ -63,11 +70,13 @@ class RayFleet:
         self.address = address
         """The Ray cluster's address, recorded for ``rlfleet scale``."""
         self.plan = plan_from_args(config, args)
-        self.actors: dict[str, object] = {}
+        self.actors: dict[str, Any] = {}
+        """Ray actor handles by member name (Ray is untyped: ``Any``)."""
         self.roles: dict[str, str] = {}
         self.placed: dict[str, dict] = {}
         self.pending: dict = {}
-        self.control = None
+        self.control: Any = None
+        """The ``FleetControl`` actor's handle, once ``start_control`` ran."""
 
     def start_actor(self, spec: RoleSpec, launch: Launch):
         import ray
@@ -326,7 +335,7 @@ def run_on_ray(config: RlfleetConfig, args) -> int:
             run_dir = Path(config.run_dir)
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)
             redis = start_redis(config, run_dir)
-            redis_url = redis.url if redis else config.redis_url
+            redis_url = fleet_redis_url(config, redis)
             launch = launch_settings(config, args, redis_url, host)
             fleet = RayFleet(config, args, launch, groups, cluster.address)
             fleet.start()

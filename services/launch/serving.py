@@ -28,7 +28,7 @@ from rlfleet.common.config import RlfleetConfig, load_config
 from rlfleet.common.endpoints import read_endpoints
 from rlfleet.launch.local import plan_children, report_failure, stop_all
 from rlfleet.launch.process import RoleProcess
-from rlfleet.launch.session import start_redis
+from rlfleet.launch.session import fleet_redis_url, start_redis
 
 SERVING_ROLES = ("router", "rollout-", "reward")
 """Name prefixes of the roles a serving fleet runs (no trainer, refcritic, env, dashboard)."""
@@ -117,7 +117,7 @@ def _plan(config: RlfleetConfig, config_path, overrides, replicas: int, redis) -
     )
     log_dir = Path(config.run_dir) / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    children = plan_children(config, args, redis.url if redis else config.redis_url, log_dir)
+    children = plan_children(config, args, fleet_redis_url(config, redis), log_dir)
     return [c for c in children if c.name.startswith(SERVING_ROLES)]
 
 

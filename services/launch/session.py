@@ -8,8 +8,12 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlfleet.common.config import RlfleetConfig
+
+if TYPE_CHECKING:
+    from rlfleet.common.redis_server import EmbeddedRedis
 
 
 def say(config: RlfleetConfig, message: str) -> None:
@@ -38,7 +42,7 @@ def print_run_summary(path: Path) -> None:
     )
 
 
-def start_redis(config: RlfleetConfig, run_dir: Path):
+def start_redis(config: RlfleetConfig, run_dir: Path) -> EmbeddedRedis | None:
     """Embedded Valkey when no Redis URL is configured; None otherwise."""
     if config.redis_url:
         return None
@@ -49,6 +53,11 @@ def start_redis(config: RlfleetConfig, run_dir: Path):
     server.start()
     say(config, f"rlfleet up: embedded Redis at 127.0.0.1:{server.port}")
     return server
+
+
+def fleet_redis_url(config: RlfleetConfig, embedded: EmbeddedRedis | None) -> str:
+    """The Redis every role dials: the one ``start_redis`` started, else ``redis_url``."""
+    return embedded.url if embedded is not None else config.require_redis_url()
 
 
 def _raise_interrupt(*_) -> None:

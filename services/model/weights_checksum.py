@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from typing import Any
 
 from rlfleet.common.errors import InvalidArgument
 
@@ -48,7 +49,8 @@ class Hasher:
     does not know or that is not installed here (xxhash)."""
 
     def __init__(self, algorithm: str) -> None:
-        self.algorithm, self._crc, self._hash = algorithm, 0, None
+        self.algorithm, self._crc = algorithm, 0
+        self._hash: Any = None  # an xxh3_128 or a sha256: both update() and digest()
         if algorithm not in CHECKSUMS:
             raise InvalidArgument(f"weight update: unsupported checksum {algorithm[:40]!r}")
         if algorithm == "xxh3_128":

@@ -92,7 +92,7 @@ async def start_queue(
     worker_only: bool = False,
 ) -> QueuePath:
     settings, keys = config.refcritic, Keys(config.cluster)
-    redis = connect(config.redis_url, 4 * settings.workers + 64)
+    redis = connect(config.require_redis_url(), 4 * settings.workers + 64)
     compute = QueuedCompute(redis, keys, settings.micro_batch_size, settings.request_timeout_s)
     await compute.start()
     computes: dict[Kind, Compute] = {"ref": models.reference.logprobs}

@@ -77,7 +77,7 @@ async def serve(config: RlfleetConfig, options: Options) -> bool:
     user = await start_sandboxed_user(config.reward)
     registry = build_registry(config.reward, user)
     slots, lanes = WorkerSlots(worker_count(config.reward)), ScoringLanes()
-    worker_redis = redis_client(config.redis_url, slots.count * (READ_COUNT + 3))
+    worker_redis = redis_client(config.require_redis_url(), slots.count * (READ_COUNT + 3))
     pool = start_workers(worker_redis, keys, registry, options, (slots, lanes), stop.set)
     local = slots if slots.count > 0 else None
     front = (
@@ -122,7 +122,7 @@ def announce(config: RlfleetConfig, front: FrontDoors) -> None:
         http = f"{tls.scheme()}://{host}:{front.http.port}"
         addresses |= {"http": http, "metrics": f"{http}/metrics"}
     try:
-        where = write_endpoints(config.run_dir, "reward", addresses)
+        where = str(write_endpoints(config.run_dir, "reward", addresses))
     except OSError as exc:
         where = f"not written: {exc}"
     if log.isEnabledFor(logging.INFO):  # quiet (log_level WARNING): warnings only
@@ -196,7 +196,7 @@ async def start_front_doors(
     shared: tuple[WorkerSlots | None, ScoringLanes],
     options: Options,
 ) -> FrontDoors:
-    redis = redis_client(config.redis_url, REDIS_CONCURRENCY + 8)
+    redis = redis_client(config.require_redis_url(), REDIS_CONCURRENCY + 8)
     slots, lanes = shared
     service = RewardService(
         redis, keys, config.reward, registry, slots, options.item_timeout_s, lanes

@@ -125,6 +125,7 @@ class ThreadLanes:
         done: asyncio.Future[T] = loop.create_future()
 
         def run() -> None:
+            outcome: T | BaseException
             try:
                 outcome, failed = fn(), False
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting coroutine

@@ -56,7 +56,7 @@ class HeartbeatThread:
         self._tick = time.monotonic()  # the loop's last sign of life
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._on_lapse: Callable[[], None] = lambda: None
+        self._on_lapse: Callable[[], object] = lambda: None
         self.last_beat = 0.0  # time.time() of the last renewal that held
         self.stalled = False  # the thread stopped renewing because the loop looked hung
         self.held_back = False  # renewals of the current lease were withheld (loop hung)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from rlfleet.common.queue.workqueue import Job
 from rlfleet.rollout.continuation import UpdateGate
@@ -47,7 +47,7 @@ class InFlight:
         return len(self._running)
 
     def track(
-        self, make: Callable[[str], Awaitable[object]], job: Job | None = None
+        self, make: Callable[[str], Coroutine[Any, Any, object]], job: Job | None = None
     ) -> asyncio.Task:
         """Run ``make(engine_request_id)`` as a task that updates and shutdown can find."""
         key = f"{self._replica_id}-{next(self._ids)}"

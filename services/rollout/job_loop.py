@@ -21,6 +21,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.common.queue.workqueue import Job, WorkQueue
@@ -116,7 +117,7 @@ class JobLoop:
                 if (needed := _needed_version(job)) > self._version():
                     self._held_jobs.park(job, needed, self._version())
                 elif self._phase.serving.is_set():
-                    self._inflight.track(lambda key, job=job: self._runner.run(job, key), job)
+                    self._inflight.track(partial(self._runner.run, job), job)
                 else:
                     self._held_jobs.retry(job)  # read just as an update began: run it after
 
@@ -157,7 +158,7 @@ class JobLoop:
     async def _drop_parked(self, abandoned: list[Job]) -> None:
         for job in abandoned:
             log.debug("parked request %s dropped: its callers gave up", job.request_id)
-            await with_retries(job.request_id, lambda job=job: self.queue.discard(job))
+            await with_retries(job.request_id, partial(self.queue.discard, job))
         self._held_jobs.drop_parked(abandoned)
 
 

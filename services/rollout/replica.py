@@ -198,7 +198,7 @@ class Replica:
             try:
                 result = await task
             except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():
+                if (me := asyncio.current_task()) is not None and me.cancelling():
                     raise
                 continue
             self.runner.served += 1

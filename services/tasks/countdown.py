@@ -119,7 +119,7 @@ def find_expression(response: str) -> tuple[str, Fraction, list[int]] | None:
         if any(ch.isdigit() for ch in candidate) and (value := evaluate(candidate)) is not None
     ]
     compound = [item for item in found if len(item[2]) > 1]
-    return (compound or found or [None])[-1]
+    return (compound or found)[-1] if found else None
 
 
 def check(response: str, numbers: list[int], target: int) -> Check:

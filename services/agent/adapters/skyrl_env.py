@@ -45,7 +45,7 @@ class SkyRLTextEnv:
 
     def __init__(self, env: Any, env_config: dict[str, Any] | None = None) -> None:
         self.env_class = env if isinstance(env, type) else None
-        self.env = None if isinstance(env, type) else env
+        self.env: Any = None if isinstance(env, type) else env
         self.env_config, self.closed = dict(env_config or {}), False
 
     async def reset(self, **task: Any) -> list[Message]:

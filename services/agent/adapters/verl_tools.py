@@ -96,7 +96,11 @@ def make_verl_tool(entry: object, where: str) -> Tool:
 def checked_schema(schema: object, where: str) -> dict[str, Any]:
     """``schema`` if it is an OpenAI function schema (a name; parameters an object schema)."""
     function = schema.get("function") if isinstance(schema, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+    if (
+        not isinstance(schema, dict)
+        or not isinstance(function, dict)
+        or not isinstance(function.get("name"), str)
+    ):
         raise ValueError(
             f"{where}: tool_schema must be {{type: function, function: {{name, ...}}}}"
         )

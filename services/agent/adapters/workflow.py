@@ -208,7 +208,7 @@ async def _end_quietly(
 def _episode(episode_id: str, record: dict | None, outcome: Any, error: str) -> Episode:
     if not error and record is None:
         error = "the gateway session could not be ended (see the worker's log)"
-    if not error:
+    if not error and record is not None:
         try:
             return episode_of(episode_id, record, outcome)
         except WorkflowError as exc:

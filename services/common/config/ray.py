@@ -9,7 +9,7 @@ nothing, so a fleet never half-starts for want of a GPU. Nothing here imports Ra
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import model_validator
 
@@ -91,7 +91,7 @@ class RayConfig(Section):
 
     @model_validator(mode="after")
     def _check_pools(self) -> RayConfig:
-        for role in RayRole.__args__:
+        for role in get_args(RayRole):
             spec = self.role(role)
             if spec.pool is None:
                 continue

@@ -87,6 +87,12 @@ class RlfleetConfig(Section):
             self.redis_url = with_password(self.redis_url, self.redis_password)
         return self
 
+    def require_redis_url(self) -> str:
+        """``redis_url`` for what cannot run without Redis; ValueError saying how to set it."""
+        if not self.redis_url:
+            raise ValueError("no Redis to reach: set redis_url=... or RLFLEET_REDIS_URL")
+        return self.redis_url
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> RlfleetConfig:
         if self.rollout.n < 1:

@@ -12,7 +12,7 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from rlfleet.reward.scorers.base import ScoreFn, Scorer
 
@@ -42,15 +42,21 @@ def load_user_function(path: str | Path, name: str) -> ScoreFn:
     return fn
 
 
-def calling_convention(fn: ScoreFn) -> dict[str, bool]:
+class CallingConvention(TypedDict):
+    batched: bool
+    is_async: bool
+    takes_prompt: bool
+
+
+def calling_convention(fn: ScoreFn) -> CallingConvention:
     """``batched``, ``is_async`` and ``takes_prompt`` as the function's signature says."""
     params = inspect.signature(fn).parameters
     batched = "solution_strs" in params
-    return {
-        "batched": batched,
-        "is_async": inspect.iscoroutinefunction(fn),
-        "takes_prompt": ("prompts" if batched else "prompt") in params,
-    }
+    return CallingConvention(
+        batched=batched,
+        is_async=inspect.iscoroutinefunction(fn),
+        takes_prompt=("prompts" if batched else "prompt") in params,
+    )
 
 
 def user_scorer(config: UserScorerConfig) -> Scorer:

@@ -29,7 +29,9 @@ def admit(
     leave it (as a drained replica does). Raises ``ResourceExhausted`` when the eligible
     replicas together have room for fewer than ``count`` requests. No limit, or no eligible
     replica at all (routing then says why, as ``Unavailable``), changes nothing."""
-    pool = eligible(snap.replicas, min_version, snap.draining) if limit else []
+    if not limit:
+        return snap
+    pool = eligible(snap.replicas, min_version, snap.draining)
     if not pool:
         return snap
     queued = {r.replica_id: max(0, snap.inflight.get(r.replica_id, 0)) for r in pool}

@@ -40,7 +40,7 @@ async def serve(config: RlfleetConfig, port: int) -> None:
     """Run the gRPC server and the janitor until a stop signal arrives."""
     # No socket timeout: redis-py's default (5 s) wraps every write in asyncio.wait_for, which
     # on Python 3.11 can swallow task cancellation; keepalive and health checks catch dead links.
-    redis = connect(config.redis_url)
+    redis = connect(config.require_redis_url())
     core = RouterCore(redis, Keys(config.cluster), config)
     server = GrpcServer(
         registrations(core), config.router.host, port, config.max_message_mb, config.api_key
@@ -83,7 +83,7 @@ async def http_front(
     if cfg.http_port is not None:
         app, port = http.front_app(core, config, redis), cfg.http_port
     else:
-        app, port = http.metrics_app(core, config.api_key), cfg.metrics_port
+        app, port = http.metrics_app(core, config.api_key), cfg.metrics_port or 0
     server = make_http_server(app, cfg.host, port or _free_port())
     task = asyncio.create_task(server.serve(), name="router-http")
     while not server.started and not task.done():

@@ -35,7 +35,7 @@ CLIENT_CONFIG = {
     "sample_join_sampling_session": False,
 }
 """The SDK's feature flags: the plain API-key, JSON-polling paths this server implements."""
-STATUS = [
+STATUS: list[tuple[type[Exception] | tuple[type[Exception], ...], int]] = [
     (errors.Unauthenticated, 401),
     (errors.NotFound, 404),
     (errors.InvalidArgument, 400),

@@ -14,7 +14,7 @@ import asyncio
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,9 @@ class Futures:
         self._tasks: dict[str, asyncio.Task] = {}
         self._outcomes: OrderedDict[str, Outcome] = OrderedDict()
 
-    def submit(self, key: str | None, work: Callable[[], Awaitable[Any]]) -> tuple[str, bool]:
+    def submit(
+        self, key: str | None, work: Callable[[], Coroutine[Any, Any, Any]]
+    ) -> tuple[str, bool]:
         """Start ``work`` under a new request id, or return the id ``key`` already has.
         Returns ``(request_id, started)``; ``started`` is False for a repeat."""
         if key is not None and key in self._by_key:

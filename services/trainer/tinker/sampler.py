@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from rlfleet.rollout.types import GenerateRequest, GenerateResult, SamplingParams
 from rlfleet.trainer.fleet import Generator, WeightPublisher
-from rlfleet.trainer.tinker.types import SampledSequence, SampleSpec
+from rlfleet.trainer.tinker.types import SampledSequence, SampleSpec, StopReason
 
 log = logging.getLogger(__name__)
 
@@ -152,5 +152,5 @@ def sampling_params(spec: SampleSpec, max_tokens: int) -> SamplingParams:
 
 
 def sequence_of(tokens: list[int], logprobs: list[float], finish_reason: str) -> SampledSequence:
-    reason = "length" if finish_reason == "length" else "stop"
+    reason: StopReason = "length" if finish_reason == "length" else "stop"
     return SampledSequence(list(tokens), [float(x) for x in logprobs], reason)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from rlfleet.common.errors import FailedPrecondition, InvalidArgument, NotFound
+from rlfleet.common.host_address import on_this_host
 from rlfleet.model import weights, weights_delta_plan, weights_shm
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
 
@@ -109,16 +110,13 @@ class GrpcWeightTransport:
     ``Rollout.UpdateWeights``: one copy of the weights, one checksum, however many replicas.
 
     With ``shared_memory`` the payload is encoded into one ``/dev/shm`` file instead and each
-    replica gets only a header naming it (``weights_shm``); a replica that answers NOT_FOUND
-    (not on this machine) gets the bytes streamed, then and in every later push.
+    replica on this host gets only a header naming it (``weights_shm``). One at an address of
+    another host (``_streams``), or one that answered NOT_FOUND, gets the bytes streamed.
 
-    The file of a push that every target took is kept and written again by the next push of
-    the same size. Why: a fresh file's pages are allocated and faulted in as they are first
-    written, and on SmolLM2 (257 MiB in bf16) that took 0.73 s against 0.1 s for a copy into
-    warm pages. It is safe because a replica reads the file only until it answers (its engine
-    copies the tensors into its parameters before the reply), and pushes that overlap never
-    share a file; a push with any failed target removes its file instead (that replica may
-    still be reading it)."""
+    The file of a push every target took is written again by the next push of the same size
+    (a fresh file's pages are faulted in as first written: on SmolLM2, 257 MiB in bf16, 0.73 s
+    against 0.1 s into warm pages). Safe: a replica reads it only until it answers, and
+    overlapping pushes never share a file; a push with a failed target removes its file."""
 
     def __init__(
         self,
@@ -169,7 +167,7 @@ class GrpcWeightTransport:
         far when ``targets`` is None, needs the bytes streamed) and plan the delta (in
         ``auto``, only when some target is streamed to)."""
         addresses = [t.address for t in targets] if targets is not None else list(self._clients)
-        streamed = [a in self._streamed for a in addresses]
+        streamed = [self._streams(a) for a in addresses]
         shared = self._shared_memory and not (streamed and all(streamed))
         encoded = await asyncio.to_thread(
             self._encode, state_dict, version, flush_cache, force, shared
@@ -192,7 +190,7 @@ class GrpcWeightTransport:
         return list(await asyncio.gather(*pushes))
 
     def _delta_to(self, target: ReplicaStatus, prepared: Prepared) -> _Encoded | None:
-        by_reference = prepared.encoded.shared is not None and target.address not in self._streamed
+        by_reference = prepared.encoded.shared is not None and not self._streams(target.address)
         return None if by_reference and self.delta == "auto" else _delta_for(target, prepared.delta)
 
     def release(self, prepared: Prepared, reusable: bool) -> None:
@@ -299,7 +297,7 @@ class GrpcWeightTransport:
     async def _deliver(self, target: ReplicaStatus, encoded: _Encoded) -> UpdateOutcome:
         """By reference where the replica may see the file, else (or on NOT_FOUND) streamed."""
         client = self._client(target.address)
-        if encoded.shared is not None and target.address not in self._streamed:
+        if encoded.shared is not None and not self._streams(target.address):
             try:
                 return await client.push_prepared(encoded.by_reference())
             except NotFound as exc:
@@ -310,6 +308,14 @@ class GrpcWeightTransport:
                 )
                 self._streamed.add(target.address)
         return await client.push_prepared(await encoded.streamed())
+
+    def _streams(self, address: str) -> bool:
+        """It answered NOT_FOUND, or no interface of our network namespace holds its address
+        (another machine, container or namespace, even one sharing /dev/shm: host_address)."""
+        if address not in self._streamed and on_this_host(address) is False:
+            log.info("replica at %s is not on this host: streaming weights to it", address)
+            self._streamed.add(address)
+        return address in self._streamed
 
     def _client(self, address: str) -> WeightReceiver:
         if address not in self._clients:

@@ -123,19 +123,31 @@ async def _measure(replicas: list[Replica], model: Path, options: Options) -> di
         targets = [await _wait_serving(c, r) for c, r in zip(clients, replicas, strict=True)]
         pushes = [f"{kind} x{n}" for kind in transports for n in FANOUTS]
         variants = ["memcpy", "encode", *pushes]
-        samples: dict[str, list] = {v: [] for v in variants}
-        version = 0
-        for index, variant in abba(variants, options.pick(full=10, quick=3) + 1):
-            version += 1  # every replica sees versions only go up
-            sample = await _once(variant, state_dict, transports, targets, version)
-            if index:  # round 0 is a warm-up
-                samples[variant].append(sample)
-        return samples
+
+        async def once(variant: str, version: int) -> dict[str, float]:
+            return await _once(variant, state_dict, transports, targets, version)
+
+        return await rounds(variants, options.pick(full=10, quick=3), once)
     finally:
-        for transport in transports.values():
-            await transport.close()
-        for client in clients:
-            await client.close()
+        await close_all([*transports.values(), *clients])
+
+
+async def rounds(variants, count: int, once, version: int = 0) -> dict[str, list]:
+    """``count`` samples of each variant (``await once(variant, version)``) in ABBA order after
+    a warm-up round, each call with the next version (every replica sees versions only go up)."""
+    samples: dict[str, list] = {v: [] for v in variants}
+    for index, variant in abba(variants, count + 1):
+        version += 1
+        sample = await once(variant, version)
+        if index:  # round 0 is a warm-up
+            samples[variant].append(sample)
+    return samples
+
+
+async def close_all(closables) -> None:
+    """Close transports and clients, in order."""
+    for closable in closables:
+        await closable.close()
 
 
 async def _once(variant, state_dict, transports, targets, version: int) -> dict[str, float]:

@@ -35,8 +35,9 @@ BENCHES = {
     "inflight": "bench_inflight",
     "real_model": "bench_real_model",
     "trainer_memory": "bench_trainer_memory",
+    "weights_relay": "bench_weights_relay",
 }
-OPT_IN = {"real_model", "inflight", "trainer_memory"}
+OPT_IN = {"real_model", "inflight", "trainer_memory", "weights_relay"}
 """Run only when named in ``--only``: slow (real_model, trainer_memory: ``make smollm2``, 10-20
 minutes each)."""
 

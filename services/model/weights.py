@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.model.weights_checksum import BytesLike, Hasher, default_algorithm, verify_checksum
 from rlfleet.model.weights_magnitude import Peak, dtype_name
+from rlfleet.model.weights_relay import MAX_RELAY_NODES, RelayTarget, count
 
 if TYPE_CHECKING:
     import torch
@@ -66,6 +67,8 @@ class WeightHeader:
     shared_memory: str = ""
     """The payload is in this ``/dev/shm`` file (``weights_shm``), not in data chunks."""
     extra: dict = field(default_factory=dict)
+    relay: tuple[RelayTarget, ...] = ()
+    """Replicas the receiver forwards the data chunks to as they arrive (``weights_relay``)."""
 
 
 def encode(
@@ -184,6 +187,10 @@ def validate_header(header: WeightHeader) -> None:
         expected_offset += entry.nbytes
     if expected_offset != header.total_bytes:
         raise InvalidArgument("tensor sizes do not add up to total_bytes")
+    if header.relay and (header.shared_memory or count(header.relay) > MAX_RELAY_NODES):
+        raise InvalidArgument(
+            f"a relayed update streams its bytes and names at most {MAX_RELAY_NODES} replicas"
+        )
 
 
 def decode(header: WeightHeader, payload: BytesLike) -> dict[str, torch.Tensor]:

@@ -34,6 +34,7 @@ from rlfleet.rollout.metrics import MeteredReplica, serve_metrics
 from rlfleet.rollout.replica import Replica
 from rlfleet.rollout.replica_id import default_replica_id
 from rlfleet.rollout.server import registration
+from rlfleet.rollout.weight_relay import relay_links
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,11 @@ async def serve(config: RlfleetConfig) -> None:
         config, make_engine(config), redis, Keys(config.cluster), replica_id, ""
     )
     server = GrpcServer(
-        [registration(replica)], rollout.host, rollout.port, config.max_message_mb, config.api_key
+        [registration(replica, relay_links(config))],
+        rollout.host,
+        rollout.port,
+        config.max_message_mb,
+        config.api_key,
     )
     stop = asyncio.Event()
     install_stop_signals(stop)

@@ -11,7 +11,7 @@ that is how the trainer and ``rlfleet status`` learn the fleet without reading R
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlfleet.common import call_counts
 from rlfleet.common.grpc_client import auth_metadata, checked, make_channel, wait_ready
@@ -108,6 +108,15 @@ class RolloutClient:
         call = self._update_raw(iter(update.messages), timeout=timeout_s, metadata=self._metadata)
         return convert.outcome_from_proto(await checked(call))
 
+    async def push_messages(
+        self, messages: AsyncIterator[bytes], timeout_s: float | None = None
+    ) -> UpdateOutcome:
+        """Send serialized ``WeightChunk`` messages as they come (a relaying replica forwards
+        each chunk it receives while the rest is still arriving)."""
+        call_counts.record(UPDATE_WEIGHTS_METHOD)
+        call = self._update_raw(messages, timeout=timeout_s, metadata=self._metadata)
+        return convert.outcome_from_proto(await checked(call))
+
     async def send_weight_messages(
         self, messages: AsyncIterator[rollout_pb2.WeightChunk], timeout_s: float | None = None
     ) -> UpdateOutcome:
@@ -168,9 +177,17 @@ class PreparedUpdate:
     def of(
         cls, header: weights.WeightHeader, payload: weights.BytesLike, chunk_bytes: int
     ) -> PreparedUpdate:
-        first = rollout_pb2.WeightChunk(header=convert.header_to_proto(header))
         data = (_data_message(chunk) for chunk in weights.iter_chunks(payload, chunk_bytes))
-        return cls(header.version, len(payload), (first.SerializeToString(), *data))
+        return cls(header.version, len(payload), (header_message(header), *data))
+
+    def headed(self, header: weights.WeightHeader) -> PreparedUpdate:
+        """The same data messages under another header (the same payload: a relay tree)."""
+        return replace(self, messages=(header_message(header), *self.messages[1:]))
+
+
+def header_message(header: weights.WeightHeader) -> bytes:
+    """A serialized ``WeightChunk(header=...)``, the first message of an update."""
+    return rollout_pb2.WeightChunk(header=convert.header_to_proto(header)).SerializeToString()
 
 
 UPDATE_WEIGHTS_METHOD = "/rlfleet.v1.Rollout/UpdateWeights"

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, fields
 
 from rlfleet.model.weights import TensorEntry, WeightHeader
+from rlfleet.model.weights_relay import RelayResult, RelayTarget
 from rlfleet.proto import common_pb2, rollout_pb2
 from rlfleet.rollout.types import (
     Completion,
@@ -141,6 +142,18 @@ def header_from_proto(msg: rollout_pb2.WeightUpdateHeader) -> WeightHeader:
         msg.flush_cache,
         msg.force,
         msg.shared_memory,
+        relay=tuple(_relay_from_proto(t) for t in msg.relay),
+    )
+
+
+def _relay_from_proto(msg: rollout_pb2.RelayTarget) -> RelayTarget:
+    return RelayTarget(msg.replica_id, msg.address, tuple(map(_relay_from_proto, msg.children)))
+
+
+def _relay_to_proto(target: RelayTarget) -> rollout_pb2.RelayTarget:
+    children = [_relay_to_proto(c) for c in target.children]
+    return rollout_pb2.RelayTarget(
+        replica_id=target.replica_id, address=target.address, children=children
     )
 
 
@@ -159,6 +172,7 @@ def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
         flush_cache=header.flush_cache,
         force=header.force,
         shared_memory=header.shared_memory,
+        relay=[_relay_to_proto(t) for t in header.relay],
     )
 
 
@@ -176,8 +190,16 @@ def outcome_to_proto(outcome: UpdateOutcome) -> rollout_pb2.UpdateWeightsRespons
 
 
 def outcome_from_proto(msg: rollout_pb2.UpdateWeightsResponse) -> UpdateOutcome:
+    relayed = [
+        RelayResult(r.replica_id, r.ok, r.version, r.error, r.pause_seconds) for r in msg.relayed
+    ]
     return UpdateOutcome(
-        msg.version, msg.load_seconds, msg.cache_flushed, msg.pause_seconds, msg.prepare_seconds
+        msg.version,
+        msg.load_seconds,
+        msg.cache_flushed,
+        msg.pause_seconds,
+        msg.prepare_seconds,
+        relayed,
     )
 
 

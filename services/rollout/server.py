@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
+from typing import cast
 
 import grpc
 
@@ -27,13 +29,14 @@ from rlfleet.model import weights, weights_shm
 from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
 from rlfleet.rollout.replica import Replica
+from rlfleet.rollout.weight_relay import Relay, RelayLinks
 
 SERVICE_NAME = "rlfleet.v1.Rollout"
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
-    def __init__(self, replica: Replica) -> None:
-        self._replica = replica
+    def __init__(self, replica: Replica, relays: RelayLinks) -> None:
+        self._replica, self._relays = replica, relays
 
     async def Generate(self, request, context):  # noqa: N802 - gRPC method names
         result = await self._replica.generate_direct(convert.request_from_proto(request))
@@ -47,18 +50,28 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return convert.batch_results_to_proto(results)
 
     async def UpdateWeights(self, request_iterator, context):  # noqa: N802
+        relay = None
         try:
             header = await _receive_header(request_iterator)
             self._replica.check_update(header)  # before allocating anything for the payload
             if header.shared_memory:
                 payload = await _shared_payload(request_iterator, header)
             else:
+                relay = self._relays.start(header)  # forwards chunks as they arrive
                 buffer = weights.PayloadBuffer(header.total_bytes)
-                payload = await _receive_payload(request_iterator, buffer)
-        except RlfleetError:
-            await _discard_rest(request_iterator, REFUSED_STREAM_DRAIN_S)
+                payload = await _receive_payload(request_iterator, buffer, relay)
+        except BaseException as exc:
+            if relay is not None:
+                relay.abort()  # no child may apply a part of it
+            if isinstance(exc, RlfleetError):
+                await _discard_rest(request_iterator, REFUSED_STREAM_DRAIN_S)
             raise
-        return convert.outcome_to_proto(await self._replica.update_weights(header, payload))
+        if relay is None:
+            return convert.outcome_to_proto(await self._replica.update_weights(header, payload))
+        own = asyncio.ensure_future(self._replica.update_weights(header, payload))
+        relayed = await relay.finish()  # the children verify and apply beside us
+        outcome = dataclasses.replace(await own, relayed=relayed)
+        return convert.outcome_to_proto(outcome)
 
     async def FlushCache(self, request, context):  # noqa: N802
         return rollout_pb2.FlushCacheResponse(flushed=await self._replica.flush_cache())
@@ -106,16 +119,21 @@ async def _receive_header(messages: AsyncIterator[UpdateMessage]) -> weights.Wei
 
 
 async def _receive_payload(
-    messages: AsyncIterator[UpdateMessage], buffer: weights.PayloadBuffer
+    messages: AsyncIterator[UpdateMessage], buffer: weights.PayloadBuffer, relay: Relay | None
 ) -> memoryview:
-    """Data chunks written into ``buffer`` (which refuses more than it holds), then the whole."""
+    """Data chunks written into ``buffer`` (which refuses more than it holds), each forwarded
+    as received to the relay's children, then the whole."""
     async for message in messages:
         if isinstance(message, memoryview):
             buffer.write(message)
+            raw = cast(bytes, message.obj)  # the received message (``parse_update_message``)
         elif message.WhichOneof("kind") == "data":
             buffer.write(message.data)
+            raw = message.SerializeToString()
         else:
             raise InvalidArgument("UpdateWeights: only one header, then data chunks")
+        if relay is not None:
+            await relay.forward(raw)
     return buffer.payload()
 
 
@@ -177,5 +195,5 @@ def _check_distinct(request_ids: list[str]) -> None:
         raise InvalidArgument("request ids in a batch must be distinct")
 
 
-def registration(replica: Replica) -> Registration:
-    return Registration(_add_to_server, RolloutServicer(replica), SERVICE_NAME)
+def registration(replica: Replica, relays: RelayLinks) -> Registration:
+    return Registration(_add_to_server, RolloutServicer(replica, relays), SERVICE_NAME)

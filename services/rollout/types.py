@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from rlfleet.common import packed
 from rlfleet.common.errors import InvalidArgument
 from rlfleet.common.trajectory import token_versions
+from rlfleet.model.weights_relay import RelayResult
 
 MAX_SAMPLES = 1024
 MAX_NEW_TOKENS = 1 << 16
@@ -95,6 +96,8 @@ class UpdateOutcome:
     (``rollout.update_policy``), the swap and the flush; the trainer's ``weight/pause_s``."""
     prepare_seconds: float = 0.0
     """Decoding, checking and staging it while the old weights served (receiving excluded)."""
+    relayed: list[RelayResult] = field(default_factory=list)
+    """Every replica below this one in the update's relay tree (``weights_relay``)."""
 
 
 @dataclass

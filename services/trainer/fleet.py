@@ -164,6 +164,8 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
             mb,
             config.trainer.weight_shared_memory,
             config.trainer.weight_delta,
+            config.trainer.weight_transport,
+            config.trainer.relay_fanout,
         ),
         env=EnvClient(
             config.agent.address,

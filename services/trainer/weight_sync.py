@@ -26,6 +26,7 @@ from typing import Protocol
 
 from rlfleet.common.errors import Unavailable
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus
+from rlfleet.trainer.weight_relay import RelayedResult, RelayWeightTransport
 from rlfleet.trainer.weight_transport import (
     DeltaMode,
     GrpcWeightTransport,
@@ -178,17 +179,25 @@ def grpc_weight_sync(
     max_message_mb: int,
     shared_memory: bool = True,
     delta: DeltaMode = "never",
+    transport_kind: str = "auto",
+    relay_fanout: int = 2,
 ) -> WeightSync:
     """Weight sync over gRPC: the router lists replicas, each gets its own stream (or, on this
-    machine and with ``shared_memory``, a header naming one shared payload file); ``delta`` is
-    ``trainer.weight_delta``."""
+    machine and with ``shared_memory``, a header naming one shared payload file; with
+    ``transport_kind`` ``relay``, a tree of ``relay_fanout``); ``delta`` is
+    ``trainer.weight_delta``, ``transport_kind`` ``trainer.weight_transport``."""
     from rlfleet.rollout.client import PreparedUpdate, RolloutClient
 
     def connect(address: str) -> RolloutClient:
         return RolloutClient(address, api_key=api_key, max_message_mb=max_message_mb)
 
     chunk_bytes = min(4, max_message_mb // 2) * 2**20
-    transport = GrpcWeightTransport(connect, PreparedUpdate.of, chunk_bytes, shared_memory)
+    transport: GrpcWeightTransport
+    if transport_kind == "relay":
+        transport = RelayWeightTransport(connect, PreparedUpdate.of, chunk_bytes, relay_fanout)
+    else:
+        shared = shared_memory and transport_kind != "stream"
+        transport = GrpcWeightTransport(connect, PreparedUpdate.of, chunk_bytes, shared)
     transport.delta = delta
     return WeightSync(connect(router_address), transport)
 
@@ -230,7 +239,8 @@ def push_metrics(
     replicas), ``weight/delta_ratio`` the element delta's bytes over the full push's, for a push
     where one was measured (``trainer.weight_delta`` not ``never`` and a base to compare);
     ``weight/pause_s`` the longest a replica stopped taking work for it (each replica's own in
-    ``weight/pause_s/<replica_id>``, as its reply reported it)."""
+    ``weight/pause_s/<replica_id>``, as its reply reported it); ``weight/relay_fallbacks``, in
+    a relay push, the replicas below a relay parent that the trainer pushed to straight."""
     accepted = [r for r in results if r.ok]
     seconds = [r.seconds for r in accepted] or [0.0]
     metrics = {
@@ -245,6 +255,9 @@ def push_metrics(
     }
     if delta_ratio is not None:
         metrics["weight/delta_ratio"] = delta_ratio
+    relays = [r.relay for r in results if isinstance(r, RelayedResult)]
+    if relays:  # a relay push: who the tree missed
+        metrics["weight/relay_fallbacks"] = float(relays.count("fallback"))
     for r in results:
         metrics[f"weight_sync/{r.replica_id}/seconds"] = r.seconds
         metrics[f"weight_sync/{r.replica_id}/mbytes"] = r.bytes / 2**20

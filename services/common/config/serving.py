@@ -211,6 +211,10 @@ class RolloutConfig(Section):
     """Testing aid (``backend: hf``): sleep this long at every decoding step, so requests stay
     in flight while a test acts on them, and stopping them (an update under ``keep``) takes at
     least this long (``rollout/engines/step_delay.py``). Keep 0 in real runs."""
+    debug_relay_delay_s: float = Field(0.0, ge=0)
+    """Testing aid (``trainer.weight_transport: relay``): sleep this long after forwarding each
+    weight chunk to this replica's relay children, so a test can kill the replica while it
+    forwards (``rollout/weight_relay.py``). Keep 0 in real runs."""
     metrics_port: int = 0
     """Port of the replica's Prometheus ``/metrics`` (tokens, queue depth, weight version,
     update time), served on ``host``; 0 = off."""

@@ -259,6 +259,20 @@ class TrainerConfig(Section):
     (the header still travels over ``Rollout.UpdateWeights``) instead of streaming the bytes
     to each; replicas that cannot see the file (other machines, containers with their own
     ``/dev/shm``) get the bytes streamed. False: always stream."""
+    weight_transport: Literal["auto", "shm", "stream", "relay", "broadcast"] = "auto"
+    """How the weight bytes of a push reach the replicas (the control part, the header with
+    version, manifest and checksum, always goes over ``Rollout.UpdateWeights``). ``auto``: as
+    ``shm`` (measured: a relay does not beat it on one host, docs/weight_delta.md). ``shm``: one
+    ``/dev/shm`` file for replicas on the trainer's machine (``weight_shared_memory``), the bytes
+    streamed over gRPC to the others. ``stream``: streamed to every replica. ``relay``: streamed
+    to ``relay_fanout`` replicas, each forwarding the chunks as they arrive to up to
+    ``relay_fanout`` others (a tree), so the trainer's link carries the model ``relay_fanout``
+    times, not once per replica; each replica verifies the checksum before applying, and one a
+    failed parent did not reach is pushed to straight (``weight/relay_fallbacks``).
+    ``broadcast`` (a ``torch.distributed`` group) is not built yet: refused at load."""
+    relay_fanout: int = Field(2, ge=1)
+    """``weight_transport: relay``: replicas the trainer streams to, and the most each replica
+    forwards to."""
     weight_delta: Literal["never", "auto", "always"] = "auto"
     """Send a replica that serves the previous push's version only the elements that changed
     since, as index + value pairs (``rlfleet.model.weights_delta``; compared by their bits in
@@ -300,4 +314,15 @@ class TrainerConfig(Section):
             raise ValueError("trainer.worker_gpus must be 0 or >= 1: NCCL ranks cannot share a GPU")
         if self.weight_check.enable and self.strategy != "single":
             raise ValueError("trainer.weight_check needs trainer.strategy: single (for now)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_weight_transport(self) -> TrainerConfig:
+        if self.weight_transport == "broadcast":  # not a ValueError: nothing to fix in the value
+            raise NotImplementedError(
+                "trainer.weight_transport: broadcast (a torch.distributed group) is not built "
+                "yet; use auto, shm, stream or relay"
+            )
+        if self.weight_transport == "shm" and not self.weight_shared_memory:
+            raise ValueError("trainer.weight_transport: shm needs trainer.weight_shared_memory")
         return self

@@ -104,7 +104,14 @@ async def build_service(config: RlfleetConfig) -> TinkerService:
     served, pool = await asyncio.to_thread(load_base, config, root)
     key, mb, t = config.api_key, config.max_message_mb, config.trainer
     rollout = RolloutClient(config.endpoints.router, api_key=key, max_message_mb=mb)
-    weights = grpc_weight_sync(config.endpoints.router, key, mb, t.weight_shared_memory)
+    weights = grpc_weight_sync(
+        config.endpoints.router,
+        key,
+        mb,
+        t.weight_shared_memory,
+        transport_kind=t.weight_transport,
+        relay_fanout=t.relay_fanout,
+    )
     sampler = Sampler(
         rollout, weights, t.min_replicas, t.replica_wait_s, config.tinker.sample_timeout_s
     )

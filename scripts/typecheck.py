@@ -42,10 +42,13 @@ FAKES = (
     "tests/unit/test_trainer_episodes.py",
     "tests/unit/test_agent_loop.py",
     "tests/unit/test_difficulty_filter.py",
-    "tests/unit/test_health_runs.py",
+    "tests/unit/default_job_inprocess.py",
     "tests/integration/test_ddp_actor.py",
     "tests/integration/test_weight_updates.py",
     "tests/integration/replica_weights.py",
+    "tests/unit/test_weights_shm.py",
+    "tests/unit/test_weight_check.py",
+    "tests/unit/test_weight_check_pushes.py",
 )
 """Test modules whose doubles stand in for a Protocol of the package (the trainer's services,
 its step writer, a turn generator, a replica directory, a progress bar): each subclasses the

@@ -41,7 +41,7 @@ def kib(value: str | None) -> int:
 
 def group_members(pgids: Iterable[int], proc: Path = PROC) -> dict[int, list[int]]:
     """The pids of every process in each of the process groups ``pgids``."""
-    wanted = {pgid: [] for pgid in pgids}
+    wanted: dict[int, list[int]] = {pgid: [] for pgid in pgids}
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue

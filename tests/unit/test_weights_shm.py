@@ -19,6 +19,7 @@ from rlfleet.proto import rollout_pb2
 from rlfleet.rollout import convert
 from rlfleet.rollout.client import PreparedUpdate
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus, UpdateOutcome
+from rlfleet.trainer.weight_sync import ReplicaDirectory
 from rlfleet.trainer.weight_transport import GrpcWeightTransport
 
 pytestmark = pytest.mark.skipif(not weights_shm.available(), reason="no /dev/shm here")
@@ -106,7 +107,9 @@ class FakeReplica:
             if not self.sees:
                 self.refused += 1
                 raise NotFound("not on this machine")
-            payload = weights_shm.open_shared(header.shared_memory, header.total_bytes)
+            payload: bytes | memoryview = weights_shm.open_shared(
+                header.shared_memory, header.total_bytes
+            )
             self.received.append("shm")
         else:
             payload = b"".join(
@@ -188,7 +191,7 @@ async def test_no_room_in_shared_memory_streams_that_push(monkeypatch):
     assert replica.received == ["stream"]
 
 
-class Directory:
+class Directory(ReplicaDirectory):
     """The router's replica list, as ``WeightSync`` asks it."""
 
     def __init__(self, replicas: list[ReplicaStatus]) -> None:

@@ -10,8 +10,9 @@ relay / stream (what the tree costs or saves end to end on this host), and each 
 sendall (the raw transfer of the bytes once, the floor for one link).
 
 Variants, interleaved (ABBA), same replicas, same run: ``sendall`` (a thread reading into a
-warm buffer what one ``sendall`` writes), ``stream xN`` (``GrpcWeightTransport`` without shared
-memory), ``relay kK xN`` (``RelayWeightTransport`` of fanout K: k1 is a chain, k2 two roots).
+warm buffer what one ``sendall`` writes), ``shm xN`` (``GrpcWeightTransport`` through one
+``/dev/shm`` file: today's ``auto`` on the trainer's host, the bar a relay must beat to become
+``auto`` there), ``stream xN`` (without shared memory), ``relay kK xN`` (``RelayWeightTransport`` of fanout K: k1 is a chain, k2 two roots).
 Models: the tiny policy, and SmolLM2-135M in bf16 when ``make smollm2`` has built it. Replicas
 are ``python -m rlfleet.rollout.main`` (hf), started and stopped here.
 
@@ -34,7 +35,16 @@ from common import MODEL_DIR, BenchResult, Options, progress, ratio, stop_child
 NAME = "weights_relay"
 TITLE = "Weight push streamed vs relayed replica to replica, to 2 and 4 replicas, vs sendall"
 CHUNK_BYTES = 4 * 2**20
-VARIANTS = ("sendall", "stream x2", "relay k1 x2", "stream x4", "relay k1 x4", "relay k2 x4")
+VARIANTS = (
+    "sendall",
+    "shm x2",
+    "stream x2",
+    "relay k1 x2",
+    "shm x4",
+    "stream x4",
+    "relay k1 x4",
+    "relay k2 x4",
+)
 
 
 def run(options: Options) -> BenchResult:
@@ -77,6 +87,7 @@ async def _measure(replicas, model: Path, dtype: str, options: Options) -> dict[
 
     state_dict = _state_dict(model, dtype)
     transports = {
+        "shm": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES, True),
         "stream": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES),
         "relay k1": RelayWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES, 1),
         "relay k2": RelayWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES, 2),
@@ -109,6 +120,8 @@ async def _push_once(variant, state_dict, transports, targets, version: int) -> 
     if "fallback" in how:
         raise RuntimeError(f"{variant} push of v{version}: relay fallbacks {how}")
     from_trainer = sum(r.bytes for r, came in zip(results, how, strict=True) if came != "parent")
+    if kind == "shm":  # written once into the file the replicas map
+        from_trainer = results[0].bytes
     return {"seconds": seconds, "bytes": results[0].bytes, "trainer_bytes": from_trainer}
 
 
@@ -162,7 +175,10 @@ def _result(rows: dict[str, dict[str, Any]], options: Options) -> BenchResult:
         ratios[f"{model}: relay k2 / stream, 4 replicas"] = ratio(
             ms[f"{model}/relay k2 x4"], ms[f"{model}/stream x4"]
         )
-        for variant in ("stream x4", "relay k1 x4", "relay k2 x4"):
+        ratios[f"{model}: best relay / shm, 4 replicas"] = ratio(
+            min(ms[f"{model}/relay k1 x4"], ms[f"{model}/relay k2 x4"]), ms[f"{model}/shm x4"]
+        )
+        for variant in ("shm x4", "stream x4", "relay k1 x4", "relay k2 x4"):
             ratios[f"{model}: {variant} / sendall"] = rows[f"{model}/{variant}"]["x_sendall"]
     columns = ["model", "variant", "n", "MiB", "p50_ms", "p90_ms", "x_sendall", "MiB_per_s"]
     columns.append("trainer_MiB")
@@ -176,7 +192,9 @@ NOTES = [
     "the trainer streams to K replicas, each forwards every chunk as it arrives to up to K "
     "others (k1: a chain; k2 x4: two roots with one child each). End to end: encode, send, "
     "forward, every replica's checksum, load and flush, until the last answer.",
-    "trainer_MiB = bytes the trainer itself sent (the model once per replica it streamed to).",
+    "shm xN = the same through one /dev/shm file the replicas map (the header alone is sent).",
+    "trainer_MiB = bytes the trainer itself sent (the model once per replica it streamed to; "
+    "for shm, once into the file).",
     "sendall = one socket.sendall of the payload's size over loopback TCP into a reading "
     "thread (the raw transfer of the model once over one link); x_sendall = p50 / its p50.",
     "One 2-core host: every hop's receive, forward and verify share the same two cores, so "

@@ -262,7 +262,7 @@ class TrainerConfig(Section):
     weight_transport: Literal["auto", "shm", "stream", "relay", "broadcast"] = "auto"
     """How the weight bytes of a push reach the replicas (the control part, the header with
     version, manifest and checksum, always goes over ``Rollout.UpdateWeights``). ``auto``: as
-    ``shm`` (measured: a relay does not beat it on one host, docs/weight_delta.md). ``shm``: one
+    ``shm`` (a relay did not beat shared memory on one host; docs/weight_delta.md). ``shm``: one
     ``/dev/shm`` file for replicas on the trainer's machine (``weight_shared_memory``), the bytes
     streamed over gRPC to the others. ``stream``: streamed to every replica. ``relay``: streamed
     to ``relay_fanout`` replicas, each forwarding the chunks as they arrive to up to

@@ -47,7 +47,7 @@ def run(config: RlfleetConfig) -> None:
 async def serve(config: RlfleetConfig) -> None:
     """Build the replica and its servers, run them, and take them down in order."""
     rollout = config.rollout
-    redis = connect(config.redis_url)
+    redis = connect(config.require_redis_url())
     replica_id = rollout.replica_id or default_replica_id()  # the CLI resolved it already
     replica = MeteredReplica(
         config, make_engine(config), redis, Keys(config.cluster), replica_id, ""

@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -224,7 +225,7 @@ async def poll(collector: ReplicaCollector, interval_s: float = POLL_S) -> None:
 
 def serve_metrics(
     replica: Replica, host: str, port: int, api_key: str | None = None
-) -> tuple[object, asyncio.Task]:
+) -> tuple[WSGIServer, asyncio.Task]:
     """Start ``/metrics`` on ``host:port`` (behind ``api_key`` when one is set) and the
     sampler; returns (server, sampler task): call ``server.shutdown()`` and cancel the task."""
     registry = CollectorRegistry()

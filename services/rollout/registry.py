@@ -14,6 +14,7 @@ them noticing.
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -323,7 +324,7 @@ class ReplicaRegistry:
     async def unlock_janitor(self, token: str) -> None:
         await self._unlock(keys=[self._keys.janitor_lock], args=[token])
 
-    async def live(self, min_version: int = 0) -> list[ReplicaInfo]:
+    async def live(self, min_version: int = 0) -> builtins.list[ReplicaInfo]:
         """Alive replicas that are serving at ``min_version`` or newer."""
         return [
             r

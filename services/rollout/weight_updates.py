@@ -83,9 +83,9 @@ class WeightUpdater:
                 f"this model ({numel} parameters) can take"
             )
 
-    def _check_delta(self, header: weights.WeightHeader) -> None:
-        """FailedPrecondition unless a delta applies here: we keep a base, it is intact, and it
-        is the version the delta was made from (the trainer then pushes the full weights)."""
+    def _check_delta(self, header: weights.WeightHeader) -> dict:
+        """The base a delta applies to; FailedPrecondition unless we keep one, it is intact, and
+        it is the version the delta was made from (the trainer then pushes the full weights)."""
         if header.force:
             raise InvalidArgument("a weight delta cannot be forced (it needs its base)")
         base = weights_delta.base_version(header)
@@ -100,6 +100,7 @@ class WeightUpdater:
                 f"weight delta on v{base} refused: this replica serves "
                 f"v{self.version}; a full push is needed"
             )
+        return self.base
 
     async def stage(self, header: weights.WeightHeader, state_dict: dict) -> Staged:
         """Everything before the swap, with the old weights still serving (the replica's
@@ -110,9 +111,9 @@ class WeightUpdater:
         started = time.perf_counter()
         changes = None
         if weights_delta.is_delta(header):
-            self._check_delta(header)  # another update may have landed since
+            kept = self._check_delta(header)  # another update may have landed since
             changes = weights_delta.changes(state_dict)
-            state_dict = await asyncio.to_thread(weights_delta.apply, state_dict, self.base)
+            state_dict = await asyncio.to_thread(weights_delta.apply, state_dict, kept)
             self.base = None  # it now holds the new values: a base again once they load
         engine = await self.engine.stage_weights(state_dict, changes)
         try:

@@ -157,6 +157,7 @@ class HFEngine(Engine):
         for request in group:
             request.started = True
         self.batches += 1
+        results: list[list[Completion]] | list[Exception]
         try:
             async with self._model_lock:
                 results = await asyncio.to_thread(self._generate_sync, group)

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -54,7 +55,7 @@ class AdapterPool:
 
     def __init__(self, base, lora_alpha: float) -> None:
         self.base, self.lora_alpha = base.eval(), lora_alpha
-        self.model = None
+        self.model: Any = None
         """The peft model, once the first adapter exists."""
         self.modules = linear_modules(base)
         self.optimizers: dict[str, torch.optim.AdamW] = {}

@@ -97,7 +97,7 @@ def _array(what: str, key: str, t: pb.Tensor) -> np.ndarray:
     """A ``Tensor`` message as a numpy array of the key's type (CSR densified with 0)."""
     if t.dtype not in NUMPY:
         raise InvalidArgument(f"{what}: dtype {pb.DType.Name(t.dtype)} is not supported")
-    dtype = np.dtype(NUMPY[t.dtype]).newbyteorder("<")
+    dtype: np.dtype = np.dtype(NUMPY[t.dtype]).newbyteorder("<")
     shape = list(t.shape)
     try:
         if t.WhichOneof("encoding") == "sparse_csr":

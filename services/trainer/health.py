@@ -28,8 +28,8 @@ fires with the numbers that tripped it, and clears when the signal recovers:
 
 A rule whose metric is absent stays silent; none fires in the first ``warmup_steps`` = 10
 steps. The defaults fire on a broken run of the default job and stay quiet on the shipped
-recipes (tests/unit/test_health_runs.py). Everything here is pure over metrics dicts; the
-only side effect is ``HealthMonitor``'s log line.
+recipes (tests/unit/test_health_runs.py, test_health_broken_runs.py). Everything here is
+pure over metrics dicts; the only side effect is ``HealthMonitor``'s log line.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Why config: each rule compares a metric with a bound, and the right bound depends on the
 recipe. The defaults fire on a deliberately broken run of the default job (a learning rate 100x
 too high, a replica that serves stale weights) and stay quiet on the shipped recipes; the tests
-hold both (tests/unit/test_health_runs.py). A threshold of 0 turns its rule off.
+hold both (tests/unit/test_health_runs.py, test_health_broken_runs.py). A threshold of 0 turns
+its rule off.
 """
 
 from __future__ import annotations

@@ -44,8 +44,15 @@ def chat_url(endpoints: dict) -> str:
     return endpoints["router"]["http"].rstrip("/") + "/chat/completions"
 
 
-def lm_eval_argv(url: str, limit: int, out_dir: Path, concurrency: int) -> list[str]:
-    args = f"base_url={url},model=policy,num_concurrent={concurrency},max_retries=3"
+def served_model(url: str) -> str:
+    """The model id the router serves (``GET /v1/models``; the checkpoint directory's name)."""
+    models_url = url.rsplit("/chat/completions", 1)[0] + "/models"
+    with urllib.request.urlopen(models_url, timeout=30) as reply:
+        return json.load(reply)["data"][0]["id"]
+
+
+def lm_eval_argv(url: str, model: str, limit: int, out_dir: Path, concurrency: int) -> list[str]:
+    args = f"base_url={url},model={model},num_concurrent={concurrency},max_retries=3"
     return [
         *[sys.executable, "-m", "lm_eval", "--model", "local-chat-completions"],
         *["--apply_chat_template", "--model_args", f"{args},tokenized_requests=False"],
@@ -82,7 +89,7 @@ def wait_ready(serve_dir: Path, fleet: subprocess.Popen) -> str:
         try:
             url = chat_url(json.loads((serve_dir / "endpoints.json").read_text()))
             body = {
-                "model": "policy",
+                "model": served_model(url),
                 "max_tokens": 1,
                 "messages": [{"role": "user", "content": "1"}],
             }
@@ -119,9 +126,8 @@ def main() -> int:
         fleet = serve(args.config, args.run_dir / "checkpoints" / "final", work / "serve", log)
         try:
             url = wait_ready(work / "serve", fleet)
-            subprocess.run(
-                lm_eval_argv(url, args.limit, work / "out", args.concurrency), check=True
-            )
+            argv = lm_eval_argv(url, served_model(url), args.limit, work / "out", args.concurrency)
+            subprocess.run(argv, check=True)
         finally:
             stop(fleet)
     outside = lm_eval_accuracy(work / "out")

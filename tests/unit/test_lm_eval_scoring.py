@@ -45,8 +45,8 @@ def test_lm_evals_newest_results_file_gives_the_accuracy(scoring, tmp_path):
 
 
 def test_the_lm_eval_command_is_the_readmes(scoring, tmp_path):
-    argv = scoring.lm_eval_argv("http://h/v1/chat/completions", 256, tmp_path, 8)
+    argv = scoring.lm_eval_argv("http://h/v1/chat/completions", "final", 256, tmp_path, 8)
     text = " ".join(argv)
     assert "--model local-chat-completions --apply_chat_template" in text
-    assert "base_url=http://h/v1/chat/completions,model=policy,num_concurrent=8" in text
+    assert "base_url=http://h/v1/chat/completions,model=final,num_concurrent=8" in text
     assert "--tasks rlfleet_basic_math --limit 256" in text

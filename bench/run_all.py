@@ -36,10 +36,11 @@ BENCHES = {
     "real_model": "bench_real_model",
     "trainer_memory": "bench_trainer_memory",
     "weights_relay": "bench_weights_relay",
+    "tinker": "bench_tinker",
 }
-OPT_IN = {"real_model", "inflight", "trainer_memory", "weights_relay"}
+OPT_IN = {"real_model", "inflight", "trainer_memory", "weights_relay", "tinker"}
 """Run only when named in ``--only``: slow (real_model, trainer_memory: ``make smollm2``, 10-20
-minutes each)."""
+minutes each; tinker: a whole ``rlfleet up``, 2-10 minutes)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -14,13 +14,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import urllib.request
 from pathlib import Path
 
 import pytest
 from procs import ROOT, ServiceProcess
-from up_proc import up_argv
+from up_proc import replica_pid, up_argv
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 SCREENSHOT = ROOT / "docs" / "dashboard.png"
@@ -148,13 +147,3 @@ def test_a_killed_replica_is_marked_down_then_up_after_its_restart(fleet, browse
     assert "restarting it" in up.log()
     assert page.inner_text("#conn") == "live"
     page.close()
-
-
-def replica_pid(run_dir: Path, replica_id: str) -> int:
-    found = subprocess.run(
-        ["pgrep", "-f", f"run_dir={run_dir} .*rollout.replica_id={replica_id}"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    assert len(found) == 1, f"expected one {replica_id} process, found {found}"
-    return int(found[0])

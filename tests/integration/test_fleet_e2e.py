@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from procs import ROOT, ServiceProcess
-from up_proc import failure_report, read_metrics, run_up, up_argv
+from up_proc import failure_report, read_metrics, replica_pid, run_up, up_argv
 
 pytestmark = pytest.mark.slow
 
@@ -79,17 +79,6 @@ def trained_steps(run_dir: Path) -> list[dict]:
     if not (run_dir / "metrics.jsonl").is_file():
         return []
     return [m for m in read_metrics(run_dir) if "timing_s/step" in m]
-
-
-def replica_pid(run_dir: Path, replica_id: str) -> int:
-    """The PID of this run's replica process (its argv names the run dir and the id)."""
-    found = subprocess.run(
-        ["pgrep", "-f", f"run_dir={run_dir} .*rollout.replica_id={replica_id}"],
-        capture_output=True,
-        text=True,
-    ).stdout.split()
-    assert len(found) == 1, f"expected one {replica_id} process, found {found}"
-    return int(found[0])
 
 
 def test_up_stops_everything_and_names_the_failed_service(tmp_path):

@@ -11,60 +11,32 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
-import safetensors.numpy
 import tinker
-from procs import ROOT, ServiceProcess, clean_env
+from procs import ROOT
 from tinker import types
+from tinker_proc import (
+    KEY,
+    adapter,
+    assert_trainer_agrees,
+    base_model,
+    run_example,
+    sft_batch,
+    tinker_fleet,
+    train,
+)
 
 pytestmark = pytest.mark.slow
-KEY = "tml-fleet-test-key"
-
-
-def tinker_url(run_dir: Path) -> str | None:
-    """The API's base URL once it answers (``endpoints.json``'s ``tinker`` entry)."""
-    try:
-        url = json.loads((run_dir / "endpoints.json").read_text())["tinker"]["http"]
-        with urllib.request.urlopen(url + "/api/v1/healthz", timeout=2) as reply:
-            return url if reply.status == 200 else None
-    except (OSError, KeyError, ValueError):
-        return None
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tinker")
     run_dir = tmp / "run"
-    argv = [
-        sys.executable,
-        "-m",
-        "rlfleet.cli",
-        "up",
-        "--config",
-        str(ROOT / "configs" / "tinker.yaml"),
-        "--rollout-replicas",
-        "1",
-        f"run_dir={run_dir}",
-        "cluster=tinkertest",
-        "rollout.backend=hf",
-        "dashboard.enabled=false",
-        "trainer.replica_wait_s=240",
-        f"api_key={KEY}",
-        "tinker.max_adapters=16",
-    ]
-    up = ServiceProcess.start(argv, tmp / "up.log", name="rlfleet up", env=clean_env())
-    try:
-        url = up.wait_until(lambda: tinker_url(run_dir), 180, "serving the Tinker API")
+    with tinker_fleet(run_dir, tmp / "up.log", "tinkertest") as (url, _):
         yield url, run_dir
-    finally:
-        up.stop(signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
@@ -72,25 +44,6 @@ def service(fleet):
     client = tinker.ServiceClient(base_url=fleet[0], api_key=KEY)
     yield client
     client.close("success").result()
-
-
-def base_model(url: str) -> str:
-    caps = tinker.RestClient(base_url=url, api_key=KEY).get_server_capabilities().result()
-    return caps.supported_models[0].model_name
-
-
-def run_example(name: str, url: str, *args: str) -> list[dict]:
-    env = {**clean_env(), "TINKER_API_KEY": KEY}
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "tinker" / name), f"base_url={url}", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
 
 
 def test_endpoints_name_the_api_and_the_key_guards_it(fleet) -> None:
@@ -109,42 +62,18 @@ def test_sl_loop_example_learns(fleet, tmp_path) -> None:
 
 
 def test_rl_loop_example_runs_its_steps(fleet) -> None:
-    rows = run_example("rl_loop.py", fleet[0], "max_steps=3", "loss_fn=ppo")
+    lines = run_example("rl_loop.py", fleet[0], "max_steps=3", "loss_fn=ppo", "eval_size=8")
+    evals = [line for line in lines if "eval" in line]
+    assert [(e["eval"], e["n"]) for e in evals] == [("before", 8), ("after", 8)]
+    assert all(0.0 <= e["heldout_accuracy"] <= 1.0 for e in evals)
+    rows = [line for line in lines if "step" in line]
     assert [row["step"] for row in rows] == [0, 1, 2]
     assert any(row["num_datums"] > 0 for row in rows)
     assert all(0.0 <= row["reward/total"] <= 1.0 for row in rows)
 
 
-def adapter(run_dir: Path, model_id: str, name: str) -> dict[str, np.ndarray]:
-    folder = run_dir / "tinker" / model_id.replace(":", "_") / "weights" / name
-    return safetensors.numpy.load_file(str(folder / "adapter.safetensors"))
-
-
 def moved(before: dict, after: dict) -> bool:
     return any(not np.array_equal(before[k], after[k]) for k in before)
-
-
-def sft_batch(tokenizer, n: int = 16) -> list[types.Datum]:
-    data = []
-    for a in range(n):
-        tokens = tokenizer.encode(f"{a}+{a}=") + tokenizer.encode(
-            str(2 * a), add_special_tokens=False
-        )
-        weights = [0.0] * (len(tokens) - 3) + [1.0] * 2
-        data.append(
-            types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
-            )
-        )
-    return data
-
-
-def train(client, tokenizer, steps: int) -> None:
-    for _ in range(steps):
-        fb = client.forward_backward(sft_batch(tokenizer), "cross_entropy")
-        step = client.optim_step(types.AdamParams(learning_rate=1e-2))
-        fb.result(), step.result()
 
 
 def test_two_adapters_train_apart(fleet, service) -> None:
@@ -173,18 +102,6 @@ def test_two_adapters_train_apart(fleet, service) -> None:
     for client, future in zip((a, a, b, b), futures, strict=True):
         for sequence in future.result().sequences:
             assert_trainer_agrees(client, prompt.to_ints(), sequence)
-
-
-def assert_trainer_agrees(client, prompt: list[int], sequence) -> None:
-    """The replica's log-probs of its sample equal the trainer's under the same adapter."""
-    tokens = prompt + list(sequence.tokens)
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [0.0] * (len(tokens) - 1)},
-    )
-    out = client.forward([datum], "cross_entropy").result()
-    mine = out.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
-    np.testing.assert_allclose(mine, sequence.logprobs, atol=2e-3)
 
 
 @pytest.mark.parametrize(

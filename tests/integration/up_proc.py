@@ -3,7 +3,8 @@
 ``run_up`` runs ``python -m rlfleet.cli up`` (embedded Redis, router, two rollout replicas unless
 told otherwise, reward, refcritic when the config needs it, trainer) to the end, on the default
 config with a small batch, and ``read_metrics`` reads the ``metrics.jsonl`` it left in its run
-directory. Shared by the end-to-end tests (``test_fleet_e2e``, ``test_lora_fleet``).
+directory. Shared by the end-to-end tests (``test_fleet_e2e``, ``test_lora_fleet``);
+``replica_pid`` finds a fleet's replica process to kill.
 """
 
 from __future__ import annotations
@@ -59,6 +60,17 @@ def up_argv(
         "dashboard.enabled=false",  # one process less per fleet; the dashboard test turns it on
         *(extra or []),
     ]
+
+
+def replica_pid(run_dir: Path, replica_id: str) -> int:
+    """The PID of this run's replica process (its argv names the run dir and the id)."""
+    found = subprocess.run(
+        ["pgrep", "-f", f"run_dir={run_dir} .*rollout.replica_id={replica_id}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert len(found) == 1, f"expected one {replica_id} process, found {found}"
+    return int(found[0])
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -76,12 +77,15 @@ class TinkerService:
         self.snapshots: dict[str, tuple[Snapshot, str]] = {}
         """Sampling session id -> (its weights, its owner session)."""
         self._ids = itertools.count(1)
+        self._run = uuid.uuid4().hex[:8]
+        """In every session id, so a restarted server's ids (and the checkpoint folders named
+        after its training clients) never repeat an earlier run's."""
         self._compute = ThreadPoolExecutor(1, thread_name_prefix="tinker-compute")
 
     # ---- sessions ---------------------------------------------------------------------
 
     def create_session(self) -> str:
-        session_id = f"session-{next(self._ids)}"
+        session_id = f"session-{self._run}-{next(self._ids)}"
         self.sessions[session_id] = Session(session_id)
         return session_id
 

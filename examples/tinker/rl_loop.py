@@ -9,7 +9,10 @@ Each step: save the adapter and get a sampling client (the fleet's replicas samp
 draw ``group_size`` answers per question, reward 1 for the right sum, center the rewards within
 each group, and take one ``forward_backward`` (``importance_sampling``, ``ppo`` or ``cispo``)
 and ``optim_step``. Settings are ``key=value`` arguments (the fields of ``Config``); each step
-prints one JSON line of metrics.
+prints one JSON line of metrics. Before the first step and after the last, the held-out split
+(``eval_path``, the first ``eval_size`` questions) is answered greedily through a sampling
+client of the adapter as it is then, and its accuracy printed as a JSON line
+(``{"eval": "before"|"after", "heldout_accuracy": ...}``).
 
 Variable naming follows the cookbook: _P problems, _G group members, _T tokens, _D datums.
 """
@@ -38,9 +41,11 @@ class Config:
     log_path: str = "/tmp/tinker-examples/rl-loop"
     model_name: str | None = None  # None: the first model the server lists
     data_path: str = str(ROOT / "data" / "arith" / "train.jsonl")
+    eval_path: str = str(ROOT / "data" / "arith" / "test.jsonl")
+    eval_size: int = 128  # held-out questions answered before and after training (0: none)
     batch_size: int = 16
     group_size: int = 8
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-4
     lora_rank: int = 16
     max_tokens: int = 6
     loss_fn: str = "importance_sampling"  # or "ppo", "cispo"
@@ -66,6 +71,32 @@ def get_reward(response: str, answer: str) -> float:
     return 1.0 if response.strip() == answer else 0.0
 
 
+def evaluate(sampling_client, tokenizer, rows: list[tuple[str, str]], max_tokens: int) -> float:
+    """Accuracy of greedy answers to ``rows``, all sampled at once."""
+    greedy = types.SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    futures = [
+        sampling_client.sample(
+            prompt=types.ModelInput.from_ints(tokenizer.encode(question)),
+            num_samples=1,
+            sampling_params=greedy,
+        )
+        for question, _ in rows
+    ]
+    correct = [
+        get_reward(tokenizer.decode(f.result().sequences[0].tokens, skip_special_tokens=True), a)
+        for f, (_, a) in zip(futures, rows, strict=True)
+    ]
+    return sum(correct) / len(correct)
+
+
+def report_eval(when: str, training_client, tokenizer, rows, config: Config) -> None:
+    if not rows:
+        return
+    sampling_client = training_client.save_weights_and_get_sampling_client().result()
+    accuracy = evaluate(sampling_client, tokenizer, rows, config.max_tokens)
+    print(json.dumps({"eval": when, "heldout_accuracy": accuracy, "n": len(rows)}), flush=True)
+
+
 def main(config: Config) -> None:
     service_client = tinker.ServiceClient(base_url=config.base_url)
     rest_client = tinker.RestClient(base_url=config.base_url)
@@ -79,6 +110,8 @@ def main(config: Config) -> None:
     tokenizer = training_client.get_tokenizer()
     rows = load_rows(config.data_path)
     random.Random(config.seed).shuffle(rows)
+    heldout = load_rows(config.eval_path)[: config.eval_size]
+    report_eval("before", training_client, tokenizer, heldout, config)
     n_train_batches = len(rows) // config.batch_size
     sampling_params = types.SamplingParams(max_tokens=config.max_tokens, temperature=1.0)
     adam_params = types.AdamParams(
@@ -151,6 +184,7 @@ def main(config: Config) -> None:
         metrics["reward/total"] = sum(rewards_P) / len(rewards_P)
         print(json.dumps(metrics), flush=True)
 
+    report_eval("after", training_client, tokenizer, heldout, config)
     service_client.close("success").result()
 
 

@@ -25,9 +25,12 @@ from rlfleet.rollout.router.enqueue import ACTIVE_SESSION_WINDOW_MS
 from rlfleet.rollout.router.request_path import ROUTE_POLL_S
 from rlfleet.rollout.types import Completion, GenerateRequest, GenerateResult, SamplingParams
 
-TTL_S = 1.0
-"""Stand-ins' heartbeat TTL: short, so dead ones expire fast, but above the event-loop stalls of
-a loaded CI machine (at 0.6 s a live stand-in once expired mid-test and its session moved)."""
+LIVE_TTL_S = 5.0
+"""Heartbeat TTL of a stand-in that stays up: far above the event-loop stalls of a loaded CI
+machine (at 1 s a live stand-in once missed its beats for longer, expired mid-test and its
+session moved to the other replica)."""
+DYING_TTL_S = 1.0
+"""Heartbeat TTL of a stand-in that a test kills (or that crashes): short, so it expires fast."""
 
 
 class StandIn:
@@ -35,13 +38,17 @@ class StandIn:
 
     ``answer=False`` takes jobs and never completes them (a replica stuck mid-request);
     ``error`` completes every job with that error message; ``crash=True`` stops heartbeating
-    and serving as soon as it takes a job (a replica killed by its input).
+    and serving as soon as it takes a job (a replica killed by its input). ``ttl_s`` is its
+    heartbeat TTL: long unless it crashes or the test kills it.
     """
 
-    def __init__(self, redis, keys, replica_id, version=0, answer=True, error=None, crash=False):
+    def __init__(
+        self, redis, keys, replica_id, version=0, answer=True, error=None, crash=False, ttl_s=None
+    ):
         self.replica_id, self.version, self.answer, self.error = replica_id, version, answer, error
         self.crash = crash
-        self.registry = ReplicaRegistry(redis, keys, TTL_S)
+        self.ttl_s = ttl_s or (DYING_TTL_S if crash else LIVE_TTL_S)
+        self.registry = ReplicaRegistry(redis, keys, self.ttl_s)
         self.queue = WorkQueue(redis, keys, keys.rollout_stream(replica_id), "rollout")
         self.seen: list[str] = []
         self.tasks: list[asyncio.Task] = []
@@ -64,7 +71,7 @@ class StandIn:
 
     async def _beat(self) -> None:
         while self.alive:
-            await asyncio.sleep(TTL_S / 4)
+            await asyncio.sleep(min(self.ttl_s / 4, 0.25))
             await self.registry.heartbeat(self.replica_id)
 
     async def _serve(self) -> None:
@@ -257,7 +264,7 @@ async def test_request_waits_for_a_replica_to_register(router, spawn):
 
 
 async def test_dead_replicas_queued_work_is_answered_by_another(router, spawn, redis_client, keys):
-    stuck = await spawn("stuck", answer=False)
+    stuck = await spawn("stuck", answer=False, ttl_s=DYING_TTL_S)
     pending = asyncio.create_task(router.generate(make_request("rescued", "s")))
     queued = [router.generate(make_request(f"q{i}")) for i in range(3)]
     queued_tasks = [asyncio.create_task(call) for call in queued]
@@ -324,7 +331,7 @@ async def test_invalid_request_and_timeout(router, spawn, redis_client, keys):
 
 
 async def test_backlog_of_a_replica_that_deregistered_is_rerouted(router, spawn):
-    leaver = await spawn("leaver", answer=False)
+    leaver = await spawn("leaver", answer=False, ttl_s=DYING_TTL_S)
     pending = asyncio.create_task(router.generate(make_request("left-behind")))
     while not leaver.seen:
         await asyncio.sleep(0.02)

@@ -257,6 +257,7 @@ class GrpcWeightTransport:
         if file is None:
             return
         if reusable:
+            file.unmap()  # kept in /dev/shm, not in the trainer's resident memory
             with self._spare_lock:
                 file, self._spare = self._spare, file  # an overlapping push's file goes
         if file is not None:

@@ -223,3 +223,29 @@ async def test_an_async_snapshot_is_the_encoded_payload_not_a_second_copy_of_the
     assert len(our_files()) == 1  # taken by everyone: kept for the next version
     await sync.close()
     assert our_files() == []
+
+
+def mapped_here(name: str) -> bool:
+    return name in open("/proc/self/maps").read()
+
+
+async def test_the_kept_file_is_not_mapped_by_the_trainer_between_pushes():
+    """A spare kept mapped would hold the whole payload in the trainer's resident memory
+    through the next update; unmapped, it is remapped and written again by the next push."""
+    import gc
+
+    replica = FakeReplica(True)
+    transport = GrpcWeightTransport(lambda _: replica, PreparedUpdate.of, 8, shared_memory=True)
+    target = ReplicaStatus("r0", "local:1", 0, ReplicaState.SERVING, 0, "fake", 0, 0.0)
+    assert (await transport.push(state(), 1, True, [target]))[0].ok
+    gc.collect()
+    (kept,) = our_files()
+    assert not mapped_here(kept)
+    changed = {**state(), "b": torch.full((5,), 2.0)}
+    assert (await transport.push(changed, 2, True, [target]))[0].ok
+    assert our_files() == [kept] and replica.received == ["shm", "shm"]
+    header, _ = weights.encode(changed, 2)
+    decoded = weights.decode(header, weights_shm.open_shared(kept, header.total_bytes))
+    assert torch.equal(decoded["b"], changed["b"])
+    await transport.close()
+    assert our_files() == []

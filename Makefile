@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # PYTEST_ARGS=` runs serially.
 PYTEST_ARGS ?= -n 2 --dist loadfile --durations=30
 
-.PHONY: setup run test test-unit test-integration lint layers typecheck format proto proto-check model data smollm2 data-real bench bench-e2e chaos compose-test multihost-test clean
+.PHONY: setup run test test-unit test-integration lint layers typecheck format proto proto-check deploy deploy-check model data smollm2 data-real bench bench-e2e chaos compose-test multihost-test clean
 
 setup:
 	@bash scripts/setup_venv.sh
@@ -19,6 +19,7 @@ run: setup
 # pytest exits 5 when it collects no tests; that is a failure of the suite, not a pass.
 test: setup
 	$(PY) scripts/gen_proto.py --check
+	$(PY) scripts/render_deploy.py --check
 	$(PY) scripts/check_layers.py
 	$(PY) scripts/check_sizes.py
 	$(VENV)/bin/ruff check services tests scripts bench
@@ -57,6 +58,15 @@ proto: setup
 
 proto-check: setup
 	$(PY) scripts/gen_proto.py --check
+
+# docker-compose.yml and deploy/k8s/ are the fleet plan (services/launch/plan.py) rendered for
+# configs/compose.yaml and deploy/k8s/config/rlfleet.yaml: `make deploy` writes them again after
+# a change to the plan, the renderers (services/launch/manifests/) or those configs.
+deploy: setup
+	$(PY) scripts/render_deploy.py
+
+deploy-check: setup
+	$(PY) scripts/render_deploy.py --check
 
 data: setup
 	$(PY) scripts/make_arith_data.py

@@ -4,8 +4,9 @@ Why: the role list used to be written for local processes and again for Ray, so 
 (the env role, the dashboard) was added twice, in two different orders. Now both backends
 start what ``plan_fleet`` lists and add only what they alone know: addresses and ports (local:
 127.0.0.1 and free ports; Ray: the node a member landed on), environment variables, and how
-they wait. The static deployments (docker-compose.yml, deploy/k8s/) are held to this plan by
-tests/unit/test_launch_plan.py.
+they wait. The static deployments (docker-compose.yml, deploy/k8s/) are rendered from it
+(``rlfleet.launch.manifests``, ``scripts/render_deploy.py``), and ``make test`` fails when the
+committed files are not what it renders.
 
 Pure: no backend, no I/O; a plan is the same for the same config and launch choices.
 """
@@ -47,6 +48,9 @@ ADDRESS_KEYS = {
     "env": "agent.address",
 }
 """The override through which every role is told where a role serves."""
+IDENTITY_KEYS = {"rollout": "rollout.replica_id"}
+"""The override through which a member of a scalable role is told its own stable id (a
+static deployment gives it the container's or pod's name instead of ``rollout-<index>``)."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,12 @@ def member_index(name: str) -> int:
 def replica(index: int) -> PlannedRole:
     """Replica ``index``: a stable id, so a restarted one resumes its own request stream."""
     name = member_name("rollout", index)
-    return PlannedRole(name, "rollout", Phase.WORKERS, (f"rollout.replica_id={name}",))
+    return PlannedRole(name, "rollout", Phase.WORKERS, (identity_override("rollout", name),))
+
+
+def identity_override(verb: str, name: str) -> str:
+    """``rollout.replica_id=NAME``: the member's own id."""
+    return f"{IDENTITY_KEYS[verb]}={name}"
 
 
 def env_process(index: int) -> PlannedRole:
@@ -161,15 +170,23 @@ class FleetPlan:
 
 
 def plan_fleet(
-    config: RlfleetConfig, replicas: int, env_processes: int = 1, trainer: bool = True
+    config: RlfleetConfig,
+    replicas: int,
+    env_processes: int = 1,
+    trainer: bool = True,
+    agent: bool | None = None,
 ) -> FleetPlan:
     """The fleet for ``config`` with ``replicas`` rollout replicas, ``env_processes`` env
-    processes (agent mode), and the trainer unless ``trainer`` is False (``--no-trainer``)."""
+    processes (agent mode), and the trainer unless ``trainer`` is False (``--no-trainer``).
+    ``agent``: run the env role; None (every launcher) when ``config.agent.env`` names an
+    environment, True for a static deployment, which describes the role whether or not the
+    config it mounts turns agent mode on."""
     members = [server("router"), server("reward")]
     if config.needs_refcritic:
         members.append(server("refcritic"))
     members += [replica(i) for i in range(replicas)]
-    if config.agent.env:  # agent mode: episodes run in the env role, apart from the trainer
+    with_env = bool(config.agent.env) if agent is None else agent
+    if with_env:  # agent mode: episodes run in the env role, apart from the trainer
         members += [env_process(i) for i in range(env_processes)]
     if trainer:
         min_replicas = (f"trainer.min_replicas={replicas}",)

@@ -33,9 +33,10 @@ def die_with_parent(
 ) -> tuple[list[str], Callable[[], None] | None]:
     """A command prefix and a ``preexec_fn`` for ``subprocess.Popen`` that make the child get
     ``sig`` when the starting thread exits; ``([], None)`` off Linux."""
-    if sys.platform != "linux":
+    prctl = _prctl  # None off Linux
+    if prctl is None:
         return [], None
     setpriv = shutil.which("setpriv")
     if setpriv:
         return [setpriv, "--pdeathsig", sig.name.removeprefix("SIG"), "--"], None
-    return [], lambda: _prctl(PR_SET_PDEATHSIG, sig)
+    return [], lambda: prctl(PR_SET_PDEATHSIG, sig)

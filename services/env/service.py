@@ -20,7 +20,7 @@ stops it (``EnvWorker``), so no worker keeps generating for nobody.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from redis.asyncio import Redis
 
@@ -47,9 +47,13 @@ REDIS_CONCURRENCY = 32  # submits in flight per service
 Side = TypeVar("Side", bound=QueueStream)
 
 
-def env_queue(redis: Redis, keys: Keys, side: type[Side] = Consumer) -> Side:
-    """One side (a worker's ``Consumer``, the service's ``Producer``) of the one queue the
-    service produces to and every env worker consumes from."""
+@overload
+def env_queue(redis: Redis, keys: Keys) -> Consumer: ...
+@overload
+def env_queue(redis: Redis, keys: Keys, side: type[Side]) -> Side: ...
+def env_queue(redis: Redis, keys: Keys, side: type[QueueStream] = Consumer) -> QueueStream:
+    """One side (a worker's ``Consumer``, the default; the service's ``Producer``) of the one
+    queue the service produces to and every env worker consumes from."""
     return side(redis, keys, keys.env_stream, ENV_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
 
 

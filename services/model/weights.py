@@ -239,7 +239,7 @@ def _verify_and_measure(header: WeightHeader, view: memoryview) -> dict[str, flo
         end = entry.offset + entry.nbytes
         for start in range(entry.offset, end, SCAN_CHUNK_BYTES):
             piece = data[start : min(start + SCAN_CHUNK_BYTES, end)]
-            hasher.update(piece)
+            hasher.update(piece.data)
             if peak is not None:
                 peak.add(piece)
         if peak is not None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal, TypeVar, overload
 
 from redis.asyncio import Redis
 
@@ -56,9 +56,15 @@ LocalCompute = Callable[[list[list[int]], list[list[int]]], Awaitable[Rows]]
 Side = TypeVar("Side", bound=QueueStream)
 
 
-def refcritic_queue(redis: Redis, keys: Keys, kind: Kind, side: type[Side] = Consumer) -> Side:
-    """One side (a worker's ``Consumer``, the front door's ``Producer``) of the queue of one
-    kind of job; producers and workers build it the same way."""
+@overload
+def refcritic_queue(redis: Redis, keys: Keys, kind: Kind) -> Consumer: ...
+@overload
+def refcritic_queue(redis: Redis, keys: Keys, kind: Kind, side: type[Side]) -> Side: ...
+def refcritic_queue(
+    redis: Redis, keys: Keys, kind: Kind, side: type[QueueStream] = Consumer
+) -> QueueStream:
+    """One side (a worker's ``Consumer``, the default; the front door's ``Producer``) of the
+    queue of one kind of job; producers and workers build it the same way."""
     stream = keys.refcritic_stream if kind == "ref" else keys.refcritic_values_stream
     return side(redis, keys, stream, REFCRITIC_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
 

@@ -23,6 +23,7 @@ from rlfleet.common.config import SandboxLimits, UserScorerConfig
 from rlfleet.common.sandbox import SandboxError, SandboxProcess
 from rlfleet.reward.lanes import FairLanes
 from rlfleet.reward.scorers.base import Scorer, error_result
+from rlfleet.reward.scorers.user import user_function
 from rlfleet.reward.types import ScoreRequest, ScoreResult
 
 log = logging.getLogger(__name__)
@@ -36,12 +37,7 @@ class SandboxPool:
     """``limits.workers`` children serving one user function."""
 
     def __init__(self, user: UserScorerConfig, limits: SandboxLimits) -> None:
-        self.user = {
-            "path": user.path,
-            "name": user.name,
-            "reward_kwargs": dict(user.reward_kwargs),
-            "data_sources": list(user.data_sources),
-        }
+        self.user = user_function(user)
         self.limits = limits
         self.about: dict[str, Any] = {}
         self.replaced = self.calls = 0

@@ -11,18 +11,17 @@ pool wants to know about it, and the answer to one call: ``{"requests": [...]}``
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
-from rlfleet.reward.scorers.user import user_scorer
+from rlfleet.reward.scorers.user import UserFunction, user_scorer
 from rlfleet.reward.types import ScoreRequest
 
 ABOUT = ("batched", "is_async", "takes_prompt", "description")
 
 
-def load(user: dict[str, Any], loop: Any) -> tuple[dict[str, Any], Callable[[dict], dict]]:
+def load(user: UserFunction, loop: Any) -> tuple[dict[str, Any], Callable[[dict], dict]]:
     """(what the function is, the answer to one call); raises when the function won't load."""
-    scorer = user_scorer(SimpleNamespace(**user))
+    scorer = user_scorer(user)
 
     def answer(message: dict[str, Any]) -> dict[str, Any]:
         requests = [ScoreRequest.from_dict(item) for item in message["requests"]]

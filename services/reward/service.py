@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from typing import TypeVar, overload
 
 from redis.asyncio import Redis
 
@@ -69,9 +69,13 @@ Side = TypeVar("Side", bound=QueueStream)
 R = TypeVar("R")
 
 
-def reward_queue(redis: Redis, keys: Keys, side: type[Side] = Consumer) -> Side:
-    """One side (a worker's ``Consumer``, the service's ``Producer``) of the one queue the
-    service produces to and every worker consumes from."""
+@overload
+def reward_queue(redis: Redis, keys: Keys) -> Consumer: ...
+@overload
+def reward_queue(redis: Redis, keys: Keys, side: type[Side]) -> Side: ...
+def reward_queue(redis: Redis, keys: Keys, side: type[QueueStream] = Consumer) -> QueueStream:
+    """One side (a worker's ``Consumer``, the default; the service's ``Producer``) of the one
+    queue the service produces to and every worker consumes from."""
     return side(redis, keys, keys.reward_stream, REWARD_GROUP, MAX_DELIVERIES, RESULT_TTL_S)
 
 

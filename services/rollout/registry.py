@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.typing import EncodableT, FieldT
 
 from rlfleet.common.keys import HEARTBEAT_SUFFIX, Keys
 from rlfleet.rollout.types import ReplicaState
@@ -107,7 +108,8 @@ class ReplicaInfo:
     def heartbeat_age_s(self) -> float:
         return max(0.0, time.time() - self.heartbeat_at) if self.heartbeat_at else -1.0
 
-    def to_hash(self) -> dict[str, str]:
+    def to_hash(self) -> dict[FieldT, EncodableT]:
+        """The replica's Redis hash, as ``HSET ... mapping=`` takes it (every value text)."""
         return {
             "address": self.address,
             "weight_version": str(self.weight_version),
@@ -193,7 +195,7 @@ class ReplicaRegistry:
 
     async def heartbeat(self, replica_id: str, **fields: object) -> None:
         """Refresh liveness and optionally update fields (state, weight_version, served)."""
-        mapping = {k: str(v) for k, v in fields.items()}
+        mapping: dict[FieldT, EncodableT] = {k: str(v) for k, v in fields.items()}
         mapping["heartbeat_at"] = str(time.time())
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(self._keys.replica(replica_id), mapping=mapping)

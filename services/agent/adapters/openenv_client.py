@@ -26,6 +26,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import BaseModel
+
 from rlfleet.agent.adapters.text import assistant_text, call
 from rlfleet.agent.environment import EnvError, Message, StepResult, task_prompt
 from rlfleet.agent.tools import load_object
@@ -92,17 +94,18 @@ class OpenEnvTextEnv:
         return [{"role": "user", "content": text}] if text else []
 
 
-def action_class(client_class: type) -> type | None:
-    """The Action class of a client class's ``EnvClient[Action, ...]`` base, if it names one."""
+def action_class(client_class: type) -> type[BaseModel] | None:
+    """The Action class (a pydantic model) of a client class's ``EnvClient[Action, ...]`` base,
+    if it names one."""
     for klass in client_class.__mro__:
         for base in getattr(klass, "__orig_bases__", ()):
             args = typing.get_args(base)
-            if args and isinstance(args[0], type) and hasattr(args[0], "model_fields"):
+            if args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
                 return args[0]
     return None
 
 
-def text_action(cls: type | None, field: str | None) -> Callable[[str], Any]:
+def text_action(cls: type[BaseModel] | None, field: str | None) -> Callable[[str], Any]:
     """Text -> action: ``cls(**{field: text})``, the field defaulting to the class's one string
     field; a plain dict when the client takes dicts (``GenericEnvClient``)."""
     if cls is None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+from redis.typing import EncodableT
+
 from rlfleet.common.queue.entries import Job, after, id_key, text
 from rlfleet.common.queue.stream import QueueStream
 
@@ -44,7 +46,7 @@ class Backlog(QueueStream):
         """Move one entry (as ``outstanding`` read it) to ``other`` in one step; True if it
         went there (False: it left meanwhile, or had been answered and is just dropped)."""
         keys = [self.stream, other.stream, self.keys.result(job.request_id)]
-        args = [self.group, job.entry_id, job.deliveries]
+        args: list[EncodableT] = [self.group, job.entry_id, job.deliveries]
         return await self._scripts.move(keys=keys, args=args) == 1
 
     async def move_to(self, other: QueueStream) -> int:

@@ -16,6 +16,8 @@ import asyncio
 import enum
 from typing import Any
 
+from redis.typing import EncodableT, KeyT, StreamIdT
+
 from rlfleet.common.queue.entries import Entry, Job, job_of, stream_entries, text
 from rlfleet.common.queue.results import Failure, encode_result
 from rlfleet.common.queue.stream import QueueStream
@@ -120,7 +122,13 @@ class Consumer(QueueStream):
             k.waiters(job.request_id),
             *(k.result(m) for m in members),
         ]
-        args = [job.epoch, self.result_ttl_s, self._notify_ttl_s, answer, *members.values()]
+        args: list[EncodableT] = [
+            job.epoch,
+            self.result_ttl_s,
+            self._notify_ttl_s,
+            answer,
+            *members.values(),
+        ]
         stored = int(await self._scripts.salvage(keys=keys, args=args))
         return None if stored < 0 else Finish(stored)
 
@@ -131,7 +139,7 @@ class Consumer(QueueStream):
     async def touch(self, consumer: str, jobs: list[Job]) -> None:
         """Reset the idle time of ``consumer``'s jobs, so ``reclaim`` leaves them alone while it
         works on them. ``XCLAIM ... JUSTID`` does not count as a delivery (no dead-lettering)."""
-        ids = [job.entry_id for job in jobs]
+        ids: list[StreamIdT] = [job.entry_id for job in jobs]
         await self._redis.xclaim(self.stream, self.group, consumer, 0, ids, justid=True)
 
     async def reclaim(self, consumer: str, min_idle_ms: int, count: int = 10) -> list[Job]:
@@ -168,7 +176,7 @@ class Consumer(QueueStream):
 
     async def _xread(self, consumer: str, start: str, count: int, block_ms: int) -> list[Entry]:
         block = block_ms if block_ms > 0 else None  # BLOCK 0 would mean "forever"
-        streams = {self.stream: start}
+        streams: dict[KeyT, StreamIdT] = {self.stream: start}
         reply = await self._group_call(
             lambda: self._redis.xreadgroup(self.group, consumer, streams, count=count, block=block)
         )

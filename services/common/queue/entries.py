@@ -9,7 +9,10 @@ submission that queued it (``sub``, absent for a plain ``submit``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from redis.typing import StreamRangeResponse
 
 ID, PAYLOAD, PRIOR, WEIGHT, SUBMISSION = "id", "payload", "prior", "n", "sub"
 """The field names of an entry, in the order they are written."""
@@ -89,4 +92,14 @@ def stream_entries(reply: Any) -> list[Entry]:
     if not reply:
         return []
     per_stream = list(reply.values()) if isinstance(reply, dict) else [pair[1] for pair in reply]
-    return [(text(eid), fields or {}) for eid, fields in per_stream[0]]
+    return range_entries(per_stream[0])
+
+
+def range_entries(raw: StreamRangeResponse | None) -> list[Entry]:
+    """Stream entries as read (XRANGE, one stream of XREADGROUP): ids as text; fields as the
+    bytes of a client without ``decode_responses``, ``{}`` for an entry deleted meanwhile."""
+    return [
+        (text(eid), cast("dict[bytes, bytes]", fields or {}))
+        for eid, fields in raw or ()
+        if eid is not None
+    ]

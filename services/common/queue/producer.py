@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+from redis.typing import EncodableT
+
 from rlfleet.common.errors import ErrorCode
 from rlfleet.common.queue.entries import ID, text
 from rlfleet.common.queue.results import Failure, encode_result
@@ -36,7 +38,7 @@ class Producer(QueueStream):
 
         Check and add are one Lua script, so a retry can never be queued after its answer."""
         keys = [self.stream, self.keys.result(request_id)]
-        args = [request_id, payload, prior_deliveries, weight]
+        args: list[EncodableT] = [request_id, payload, prior_deliveries, weight]
         return bool(await self._scripts.submit(keys=keys, args=args))
 
     async def submit_bound(
@@ -46,7 +48,15 @@ class Producer(QueueStream):
         content) for ``result_ttl_s``, so the same id is queued once while it is outstanding
         or answered, and other content under it is refused (``Bound.CONFLICT``)."""
         keys = [self.stream, self.keys.result(request_id), self.keys.request(request_id)]
-        args = [request_id, payload, 0, fingerprint, self.result_ttl_s, weight, submission]
+        args: list[EncodableT] = [
+            request_id,
+            payload,
+            0,
+            fingerprint,
+            self.result_ttl_s,
+            weight,
+            submission,
+        ]
         return Bound(int(await self._scripts.submit_bound(keys=keys, args=args)))
 
     async def withdraw(self, request_ids: list[str]) -> int:

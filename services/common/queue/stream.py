@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from rlfleet.common.errors import ErrorCode
 from rlfleet.common.keys import Keys
 from rlfleet.common.queue.answers import Answers
-from rlfleet.common.queue.entries import Entry, Job, job_of, text
+from rlfleet.common.queue.entries import Entry, Job, job_of, range_entries, text
 from rlfleet.common.queue.results import Failure, encode_result
 from rlfleet.common.queue.waiting import WaitingBoard
 
@@ -146,8 +146,9 @@ class QueueStream(Answers):
     async def _entries(self) -> AsyncIterator[list[Entry]]:
         """Every entry in the stream, in id order, in batches (no delivery counts)."""
         start = "-"
-        while raw := await self._redis.xrange(self.stream, start, "+", count=SCAN_BATCH):
-            entries = [(text(eid), fields) for eid, fields in raw]
+        while entries := range_entries(
+            await self._redis.xrange(self.stream, start, "+", count=SCAN_BATCH)
+        ):
             yield entries
             start = "(" + entries[-1][0]
 
@@ -169,7 +170,8 @@ class QueueStream(Answers):
     async def _remove(self, entry_ids: list[str]) -> None:
         """Ack and delete (XACK fails harmlessly when the stream never had a group)."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.xack(self.stream, self.group, *entry_ids).xdel(self.stream, *entry_ids)
+            pipe.xack(self.stream, self.group, *entry_ids)
+            pipe.xdel(self.stream, *entry_ids)
             await pipe.execute(raise_on_error=False)
 
     async def _group_call(self, call: Callable[[], Awaitable[Any]]) -> Any:

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,7 +216,7 @@ class SandboxProcess:
 
     @classmethod
     async def start(
-        cls, handler: str, payload: dict[str, Any], limits: SandboxLimits, label: str
+        cls, handler: str, payload: Mapping[str, Any], limits: SandboxLimits, label: str
     ) -> SandboxProcess:
         """Start ``handler`` (a module the child imports, see ``child.serve``) on ``payload``
         and wait until it is loaded; ValueError naming ``label`` when it cannot be."""
@@ -224,7 +225,7 @@ class SandboxProcess:
         child = cls(await spawn("serve", spec, limits, workdir.name, None), workdir, {})
         try:
             line = await asyncio.wait_for(child.process.stdout.readline(), READY_TIMEOUT_S)
-            exited = {"error": describe_exit(child.process.returncode)}
+            exited: dict[str, Any] = {"error": describe_exit(child.process.returncode)}
             child.ready = scrub_tree(json.loads(line)) if line else exited
         except BaseException:
             await child.close()

@@ -14,7 +14,7 @@ from rlfleet.common.errors import NotFound
 from rlfleet.reward.scorers.base import Scorer
 from rlfleet.reward.scorers.builtin import builtin_scorers
 from rlfleet.reward.scorers.code import code_scorer
-from rlfleet.reward.scorers.user import user_scorer
+from rlfleet.reward.scorers.user import user_function, user_scorer
 from rlfleet.reward.types import ScoreRequest, ScorerInfo
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def build_registry(config: RewardConfig, sandboxed_user: Scorer | None = None) -
     for scorer in model_scorers(config):
         registry.add(scorer)
     if config.custom is not None:
-        custom = sandboxed_user or user_scorer(config.custom)
+        custom = sandboxed_user or user_scorer(user_function(config.custom))
         registry.add(custom, default=not config.custom.data_sources)
         log.info("user scorer %s loaded from %s", custom.name, config.custom.path)
     registry.named(config.default_scorer)  # a typo fails at start, not on the first request

@@ -12,7 +12,7 @@ import importlib.util
 import inspect
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from rlfleet.reward.scorers.base import ScoreFn, Scorer
 
@@ -59,16 +59,35 @@ def calling_convention(fn: ScoreFn) -> CallingConvention:
     )
 
 
-def user_scorer(config: UserScorerConfig) -> Scorer:
-    fn = load_user_function(config.path, config.name)
+class UserFunction(TypedDict):
+    """``UserScorerConfig`` as plain data: what the sandbox pool sends a child, which loads
+    the function without pydantic."""
+
+    path: str
+    name: str
+    reward_kwargs: dict[str, Any]
+    data_sources: list[str]
+
+
+def user_function(config: UserScorerConfig) -> UserFunction:
+    return {
+        "path": config.path,
+        "name": config.name,
+        "reward_kwargs": dict(config.reward_kwargs),
+        "data_sources": list(config.data_sources),
+    }
+
+
+def user_scorer(user: UserFunction) -> Scorer:
+    fn = load_user_function(user["path"], user["name"])
     summary = (fn.__doc__ or "").strip().split("\n")[0]
     return Scorer(
-        name=config.name,
+        name=user["name"],
         kind="user",
         fn=fn,
-        data_sources=list(config.data_sources),
-        kwargs=dict(config.reward_kwargs),
-        description=summary or f"{config.name} from {config.path}",
+        data_sources=list(user["data_sources"]),
+        kwargs=dict(user["reward_kwargs"]),
+        description=summary or f"{user['name']} from {user['path']}",
         blocking=True,
         **calling_convention(fn),
     )

@@ -3,9 +3,8 @@ and its gRPC implementation.
 
 ``GrpcWeightTransport`` encodes the weights once and streams them over
 ``Rollout.UpdateWeights`` to every target in parallel, or, for replicas on the trainer's
-machine, sends only the header and lets them read one shared-memory payload; other transports
-(NCCL) fit the same Protocol. Each push answers one ``PushResult`` per target: the version the
-replica reports serving after it (the reply to the push, so no second look-up).
+machine, sends only the header and lets them read one shared-memory payload. Each push answers
+one ``PushResult`` per target: the version the replica reports serving after it (its reply).
 
 With ``trainer.weight_delta`` (``grpc_weight_sync(delta=...)``), a replica serving the version
 of the previous push gets only the elements that changed since (``weights_delta``, planned by
@@ -252,12 +251,12 @@ class GrpcWeightTransport:
         return spare
 
     def _release(self, encoded: _Encoded, reusable: bool) -> None:
-        """Keep this push's file for the next one if every target took it, else remove it."""
-        file = encoded.shared
-        if file is None:
+        """Keep this push's file for the next one if every target took it (unmapped: in
+        /dev/shm, not in the trainer's resident memory), else remove it."""
+        if (file := encoded.shared) is None:
             return
         if reusable:
-            file.unmap()  # kept in /dev/shm, not in the trainer's resident memory
+            file.unmap()
             with self._spare_lock:
                 file, self._spare = self._spare, file  # an overlapping push's file goes
         if file is not None:

@@ -97,6 +97,9 @@ class LossInputs:
     rollout_is_weights: torch.Tensor | None = None
     """Decoupled rollout correction's weights (``rlfleet.rl.rollout_correction.correct``),
     multiplied into the per-token policy loss."""
+    entropy: torch.Tensor | None = None
+    """Per-token entropy already computed with the log-probs (``label_logprobs``, no gradient);
+    None = computed here from ``logits``."""
 
 
 def importance_weights(
@@ -168,7 +171,9 @@ def actor_loss(params: LossParams, x: LossInputs) -> tuple[torch.Tensor, dict[st
         kl_loss = core_algos.agg_loss(kl, mask, mode, scale)
         loss = loss + params.kl_coef * kl_loss
         metrics["actor/kl_loss"] = kl_loss.item()
-    entropies = token_entropy(x.logits, params.entropy_coeff != 0)
+    entropies = (
+        x.entropy if x.entropy is not None else token_entropy(x.logits, bool(params.entropy_coeff))
+    )
     entropy = core_algos.agg_loss(entropies, mask, mode, scale)
     if params.entropy_coeff:
         loss = loss - params.entropy_coeff * entropy

@@ -18,6 +18,7 @@ import torch
 from rlfleet.common.config import RlfleetConfig
 from rlfleet.model.optim import adamw
 from rlfleet.rl import core_algos
+from rlfleet.rl.label_logprobs import label_logprobs
 from rlfleet.rl.losses import LossInputs, LossParams, actor_loss
 from rlfleet.rl.rollout_correction import CorrectionParams
 from rlfleet.rl.sequences import (
@@ -289,16 +290,14 @@ class Actor:
         )
         with self.autocast():
             logits = response_logits(self.train_module, packed, self.share_prompts_in_update)
-        logits = logits.float()  # the log-softmax and the loss in fp32, whatever the forward's
         width = packed.response_width
         if self.objective == "sft":  # the model's own distribution: no sampling temperature
-            logprob = core_algos.logprobs_from_logits(logits, packed.responses)
+            logprob, _ = label_logprobs(logits, packed.responses)
             return sft_loss(
                 logprob, mask[:, :width].to(device), self.loss_params.effective_agg_mode
             )
         temperature = self.config.rollout.temperature or 1.0
-        logits = logits / temperature if temperature != 1.0 else logits
-        logprob = core_algos.logprobs_from_logits(logits, packed.responses)
+        logprob, entropy, logits = self._logprob_and_entropy(logits, packed, temperature)
         rows = {name: value[:, :width].to(device) for name, value in rows.items()}
         # No old log-probs means an on-policy single step: the ratio is 1 by construction.
         rows.setdefault("old_logprob", logprob.detach())
@@ -307,9 +306,22 @@ class Actor:
             logprob=logprob,
             advantages=adv[:, :width].to(device),
             response_mask=mask[:, :width].to(device),
+            entropy=entropy,
             **rows,
         )
         return actor_loss(self.loss_params, inputs)
+
+    def _logprob_and_entropy(self, logits, packed, temperature: float):
+        """``(logprob, entropy, logits)`` of the sampled tokens at ``temperature``: fused
+        (``label_logprobs``: no float32 copies of the ``[B, T, V]`` logits kept for the
+        backward; entropy as a metric) unless the loss has an entropy bonus, which needs the
+        entropy's gradient and so the plain path (then ``logits / T`` in float32 is returned
+        for ``LossInputs``)."""
+        if not self.loss_params.entropy_coeff:
+            logprob, entropy = label_logprobs(logits, packed.responses, temperature, True)
+            return logprob, entropy, logits
+        scaled = logits.float() / temperature
+        return core_algos.logprobs_from_logits(scaled, packed.responses), None, scaled
 
     def _step_optimizer(self, metrics: dict[str, float]) -> dict[str, float]:
         """Clip, step, and record the gradient norm."""

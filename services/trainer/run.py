@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
+from rlfleet.model.heap import set_mmap_threshold
 from rlfleet.trainer.clock import TrainingClock
 from rlfleet.trainer.data import load_records
 from rlfleet.trainer.determinism import DataOrder, seed_process
@@ -33,6 +34,7 @@ def build_actor(config: RlfleetConfig):
     from rlfleet.trainer.checkpoints import resume_path
 
     torch.set_num_threads(config.trainer.torch_threads)
+    set_mmap_threshold(config.trainer.malloc_mmap_threshold_kb)
     seed_process(config.trainer.seed, config.trainer.deterministic)
     resumed = resume_path(config)
     source = str(resumed) if resumed else config.model.path

@@ -55,6 +55,7 @@ KEY = "tml-bench-tinker"
 CONFIG = REPO / "configs" / "tinker.yaml"
 TRAIN_DATA = REPO / "data" / "arith" / "train.jsonl"
 ADAPTERS = (1, 4)
+VARIANTS = ("api", "in-process")
 BATCHES = (1, 64)
 """Datums per ``forward_backward``: one (the fixed cost per call) and 64 (work to amortize it)."""
 RANK, LR = 16, 1e-4
@@ -66,28 +67,30 @@ def run(options: Options) -> BenchResult:
     import tinker
 
     work = options.work_dir / NAME
-    with fleet(work) as (url, router, metrics):
+    with fleet(work) as (url, router, metrics, up_pid):
+        cpu = Cpu(up_pid)
         service = tinker.ServiceClient(base_url=url, api_key=KEY)
         caps = tinker.RestClient(base_url=url, api_key=KEY).get_server_capabilities().result()
         base_model = caps.supported_models[0].model_name
         core = Core(_core_config(work, router))
         try:
-            train = _training(options, service, core, base_model)
-            sample = _sampling(options, service, router, metrics, base_model)
+            train = _training(options, service, core, base_model, cpu)
+            sample = _sampling(options, service, router, metrics, base_model, cpu)
             trip = _round_trip(url, options.pick(200, 50))
+            transport = _sdk_transport(url)
         finally:
             core.close()
             service.close("success").result()
-    return _result(options, train, sample, trip)
+    return _result(options, train, sample, trip, transport)
 
 
 # ---- the fleet and the in-process core ---------------------------------------------------
 
 
 @contextmanager
-def fleet(work: Path) -> Iterator[tuple[str, str, str]]:
+def fleet(work: Path) -> Iterator[tuple[str, str, str, int]]:
     """``rlfleet up`` on configs/tinker.yaml with one HF replica: (API URL, router address,
-    router's ``/metrics`` URL)."""
+    router's ``/metrics`` URL, the ``rlfleet up`` process's PID)."""
     run_dir = work / "run"
     argv = [
         sys.executable,
@@ -110,7 +113,7 @@ def fleet(work: Path) -> Iterator[tuple[str, str, str]]:
             url = _wait_api(proc, run_dir, work / "up.log")
             router = json.loads((run_dir / "endpoints.json").read_text())["router"]
             progress(f"{NAME}: fleet up, API at {url}")
-            yield url, router["grpc"], router["http"].removesuffix("/v1") + "/metrics"
+            yield url, router["grpc"], router["http"].removesuffix("/v1") + "/metrics", proc.pid
         finally:
             stop_child(proc, group=True)
 
@@ -215,11 +218,47 @@ async def _async(fn: Callable, *args: Any) -> Any:
     return fn(*args)
 
 
+class Cpu:
+    """CPU seconds (user + system) used so far by this process (the SDK's threads, the
+    in-process core) and by the fleet's (``rlfleet up`` and every role under it).
+
+    Why: on a shared 2-core machine the wall time of a round moves with other people's load;
+    the CPU a round burns does much less, and it says where the API's extra time comes from
+    (the SDK's client, the server's HTTP handling) when the cores are the bottleneck."""
+
+    def __init__(self, up_pid: int) -> None:
+        import psutil
+
+        self.procs = [psutil.Process(), *psutil.Process(up_pid).children(recursive=True)]
+
+    def seconds(self) -> tuple[float, float]:
+        """(this process's, every process's) CPU seconds so far."""
+        import psutil
+
+        each = []
+        for proc in self.procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:  # a role that exited: its time is gone from both sides
+                continue
+            each.append(times.user + times.system)
+        return each[0], sum(each)
+
+    def measure(self, fn: Callable[[], Any]) -> tuple[Any, float, tuple[float, float]]:
+        """``fn()``'s result, wall seconds and (this process's, every process's) CPU seconds."""
+        (here, total), start = self.seconds(), time.perf_counter()
+        value = fn()
+        seconds = time.perf_counter() - start
+        here_after, total_after = self.seconds()
+        return value, seconds, (here_after - here, total_after - total)
+
+
 # ---- training ------------------------------------------------------------------------------
 
 
-def _training(options: Options, service: Any, core: Core, base_model: str) -> dict:
-    """(batch, adapters, variant) -> [pairs per second of each round]."""
+def _training(options: Options, service: Any, core: Core, base_model: str, cpu: Cpu) -> dict:
+    """(batch, adapters, variant) -> [(pairs per second, CPU ms per pair of this process and
+    of all) of each round]."""
     clients = [
         service.create_lora_training_client(
             base_model=base_model, rank=RANK, seed=0, train_unembed=False
@@ -229,7 +268,7 @@ def _training(options: Options, service: Any, core: Core, base_model: str) -> di
     models = [core.create(base_model, i) for i in range(max(ADAPTERS))]
     tokenizer = clients[0].get_tokenizer()
     rounds, count = options.pick(4, 2), options.pick(3, 2)
-    rates: dict[tuple[int, int, str], list[float]] = {}
+    rates: dict[tuple[int, int, str], list[tuple[float, float, float]]] = {}
     for batch in BATCHES:
         sdk_data, core_data = _data(tokenizer, batch)
         for adapters in ADAPTERS:
@@ -240,8 +279,11 @@ def _training(options: Options, service: Any, core: Core, base_model: str) -> di
             for fn in runs.values():  # warm-up: first calls, allocator, the optimizers' state
                 fn()
             for _, variant in abba(list(runs), rounds):
-                seconds = _seconds(runs[variant])
-                rates.setdefault((batch, adapters, variant), []).append(adapters * count / seconds)
+                _, seconds, (here, used) = cpu.measure(runs[variant])
+                pairs = adapters * count
+                rates.setdefault((batch, adapters, variant), []).append(
+                    (pairs / seconds, 1e3 * here / pairs, 1e3 * used / pairs)
+                )
             progress(f"{NAME}: training batch {batch}, {adapters} adapter(s) done")
     return rates
 
@@ -297,9 +339,12 @@ def _seconds(fn: Callable[[], Any]) -> float:
 # ---- sampling ------------------------------------------------------------------------------
 
 
-def _sampling(options: Options, service: Any, router: str, metrics: str, base_model: str) -> dict:
-    """``tokens``: variant -> [(tokens, seconds) of each round]; ``router_calls``: "variant
-    API" -> [the router's calls of that API during each round]."""
+def _sampling(
+    options: Options, service: Any, router: str, metrics: str, base_model: str, cpu: Cpu
+) -> dict:
+    """``tokens``: variant -> [(tokens, seconds, (CPU seconds here, in all)) of each round];
+    ``router_calls``:
+    "variant API" -> [the router's calls of that API during each round]."""
     from tinker import types
 
     trainer = service.create_lora_training_client(
@@ -320,13 +365,12 @@ def _sampling(options: Options, service: Any, router: str, metrics: str, base_mo
         runs = {"api": api, "router": direct.generate, "router-calls": direct.generate_each}
         for fn in runs.values():  # warm-up (the API's first sample pushes the snapshot)
             fn()
-        samples: dict[str, list[tuple[int, float]]] = {}
+        samples: dict[str, list[tuple[int, float, tuple[float, float]]]] = {}
         calls: dict[str, list[float]] = {}
         for _, variant in abba(list(runs), options.pick(6, 3)):
             before = router_calls(metrics)
-            start = time.perf_counter()
-            tokens = runs[variant]()
-            samples.setdefault(variant, []).append((tokens, time.perf_counter() - start))
+            tokens, seconds, used = cpu.measure(runs[variant])
+            samples.setdefault(variant, []).append((tokens, seconds, used))
             after = router_calls(metrics)
             for api, count in after.items():
                 calls.setdefault(f"{variant} {api}", []).append(count - before.get(api, 0.0))
@@ -403,13 +447,23 @@ def _round_trip(url: str, count: int) -> float:
         return Stats.of([_seconds(lambda: client.get("/api/v1/healthz")) for _ in range(count)]).p50
 
 
+def _sdk_transport(url: str) -> str:
+    """The HTTP transport the server's client config gives the SDK: pyqwest or httpx."""
+    import httpx
+
+    config = httpx.post(f"{url}/api/v1/client/config", headers={"X-API-Key": KEY}).json()
+    return "pyqwest" if config.get("use_pyqwest_transport", True) else "httpx"
+
+
 # ---- the result ----------------------------------------------------------------------------
 
 
-def _result(options: Options, train: dict, sample: dict, trip: float) -> BenchResult:
+def _result(
+    options: Options, train: dict, sample: dict, trip: float, transport: str
+) -> BenchResult:
     rows, ratios = [], {}
-    for (batch, adapters, variant), rates in train.items():
-        stats = Stats.of(rates)
+    for (batch, adapters, variant), rounds in train.items():
+        stats = Stats.of([rate for rate, _, _ in rounds])
         rows.append(
             {
                 "work": f"train batch {batch}",
@@ -419,19 +473,22 @@ def _result(options: Options, train: dict, sample: dict, trip: float) -> BenchRe
                 "median": stats.p50,
                 "unit": "pairs/s",
                 "ms_per_pair": 1e3 / stats.p50,
+                "cpu_ms": Stats.of([used for _, _, used in rounds]).p50,
+                "cpu_ms_here": Stats.of([here for _, here, _ in rounds]).p50,
             }
         )
-    median = {(r["work"], r["adapters"], r["variant"]): r["median"] for r in rows}
+    median = {(r["work"], r["adapters"], r["variant"]): r for r in rows}
     for batch in BATCHES:
         for adapters in ADAPTERS:
-            work = f"train batch {batch}"
-            cost = ratio(median[(work, adapters, "in-process")], median[(work, adapters, "api")])
-            ratios[f"batch {batch}, {adapters} adapter(s): api time / in-process"] = cost
-    tokens_per_s = {}
-    for variant, pairs in sample["tokens"].items():
-        rates = [tokens / seconds for tokens, seconds in pairs]
-        stats = Stats.of(rates)
+            api, core = (median[(f"train batch {batch}", adapters, v)] for v in VARIANTS)
+            name = f"batch {batch}, {adapters} adapter(s): api"
+            ratios[f"{name} time / in-process"] = ratio(core["median"], api["median"])
+            ratios[f"{name} CPU / in-process"] = ratio(api["cpu_ms"], core["cpu_ms"])
+    tokens_per_s, cpu_per_round = {}, {}
+    for variant, rounds in sample["tokens"].items():
+        stats = Stats.of([tokens / seconds for tokens, seconds, _ in rounds])
         tokens_per_s[variant] = stats.p50
+        cpu_per_round[variant] = Stats.of([1e3 * cpu[1] for _, _, cpu in rounds]).p50
         rows.append(
             {
                 "work": f"sample {PROMPTS}x{SAMPLES}",
@@ -441,6 +498,8 @@ def _result(options: Options, train: dict, sample: dict, trip: float) -> BenchRe
                 "median": stats.p50,
                 "unit": "tokens/s",
                 "ms_per_pair": float("nan"),
+                "cpu_ms": cpu_per_round[variant],
+                "cpu_ms_here": Stats.of([1e3 * cpu[0] for _, _, cpu in rounds]).p50,
             }
         )
     ratios["sampling: router tokens/s / api tokens/s"] = ratio(
@@ -449,10 +508,23 @@ def _result(options: Options, train: dict, sample: dict, trip: float) -> BenchRe
     ratios["sampling: router one call per prompt / api tokens/s"] = ratio(
         tokens_per_s["router-calls"], tokens_per_s["api"]
     )
+    ratios["sampling: api CPU / router CPU per round"] = ratio(
+        cpu_per_round["api"], cpu_per_round["router"]
+    )
     return BenchResult(
         name=NAME,
         title=TITLE,
-        columns=["work", "adapters", "variant", "n", "median", "unit", "ms_per_pair"],
+        columns=[
+            "work",
+            "adapters",
+            "variant",
+            "n",
+            "median",
+            "unit",
+            "ms_per_pair",
+            "cpu_ms",
+            "cpu_ms_here",
+        ],
         rows=rows,
         ratios=ratios,
         params={
@@ -463,6 +535,7 @@ def _result(options: Options, train: dict, sample: dict, trip: float) -> BenchRe
             "loss": "cross_entropy",
             "sampling": f"{PROMPTS} prompts x {SAMPLES} samples, max_tokens {MAX_TOKENS}, T=1",
             "http_round_trip_ms": round(trip * 1e3, 2),
+            "sdk_http_transport": transport,
             "router_calls_per_sampling_round": {
                 key: sum(counts) / len(counts) for key, counts in sample["router_calls"].items()
             },
@@ -476,6 +549,11 @@ def _notes() -> list[str]:
         "A training round: every adapter runs its pairs (forward_backward then optim_step, "
         "both submitted, then both awaited), the adapters at once; rate = pairs / seconds.",
         "api time / in-process: how much longer a pair takes through the API (1.10 = 10% more).",
+        "cpu_ms: CPU milliseconds (user + system) of this process (the SDK's client, the "
+        "in-process core) and of every fleet process together, per pair (training) or per "
+        "round (sampling); cpu_ms_here: this process's part (for api rows the SDK's client, "
+        "for in-process rows the core itself); api CPU / in-process: how much more CPU a pair "
+        "costs through the API, which on a loaded 2-core machine turns into wall time.",
         "Both variants run on one torch thread each on the same 2-core machine; the fleet's "
         "replica, router and Redis idle during training rounds.",
     ]

@@ -4,7 +4,8 @@ Why: the SDK sends the chunks of one ``forward_backward`` at once (the first one
 ``optim_step`` right behind them, without waiting for answers; they may arrive in any order,
 but the optimizer step must see every chunk's gradient, and the next step must not start
 before it. The SDK numbers a client's calls 1, 2, 3, ... after ``create_model``; call ``n``
-runs once calls ``1 .. n-1`` have run (or were refused at the door: ``skip``).
+goes once calls ``1 .. n-1`` have gone (or were refused at the door: ``skip``). The service
+lets a call go when it is queued on the compute thread, whose queue runs in order.
 """
 
 from __future__ import annotations

@@ -133,7 +133,8 @@ async def serve(config: RlfleetConfig) -> None:
     )
     await health.start()
     cfg = config.tinker
-    server = make_http_server(create_app(service, config.api_key), cfg.host, cfg.port, config.tls)
+    app = create_app(service, config.api_key, https=tls.scheme(config.tls) == "https")
+    server = make_http_server(app, cfg.host, cfg.port, config.tls)
     serving = asyncio.create_task(server.serve())
     while not server.started and not serving.done():
         await asyncio.sleep(0.05)

@@ -338,11 +338,17 @@ class TinkerService:
             raise
 
     def _ordered(self, model: TrainingModel, seq_id: int | None, fn: Callable, *args) -> str:
-        """Submit ``fn(*args)`` to run on the compute thread in ``seq_id`` order."""
+        """Submit ``fn(*args)`` to run on the compute thread in ``seq_id`` order.
+
+        The turn passes on once the call is queued on the compute thread, not once it has run:
+        that thread runs its queue in order, so the client's next call (the ``optim_step``
+        behind a ``forward_backward``) is queued right behind it and starts the moment it ends,
+        without a round through the event loop, which is busy with HTTP in between."""
 
         async def work() -> Any:
             async with model.gate.turn(seq_id):
-                return await self._on_compute(fn, *args)
+                queued = self._compute.submit(fn, *args)
+            return await asyncio.wrap_future(queued)
 
         key = None if seq_id is None else f"{model.model_id}:{seq_id}"
         return self.futures.submit(key, work)[0]

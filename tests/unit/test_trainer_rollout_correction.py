@@ -141,3 +141,57 @@ def test_async_steps_with_stale_rows_report_the_mismatch(preset):
         assert ("async/importance_weight/mean" in row) == (
             preset is None and row["async/staleness/max"] > 0
         )
+
+
+def test_k3_rejection_drops_whole_responses_and_the_update_trains_the_rest_alone():
+    """Hand-computed ``decoupled_k3_rs`` (seq mean of k3 = r - 1 - log r <= 0.01): row 1's
+    log r = 0.5 on both tokens gives k3 = e^0.5 - 1.5 = 0.1487, rejected whole; row 2's mean
+    is (e^0.1 - 1.1) / 2 = 0.0026, kept. The update with the rejected row masked then moves
+    the weights, with the same gradient, as one on the other rows alone: the mask takes the
+    row out of the loss and its normaliser and changes nothing else (advantages, the other
+    rows, their weight)."""
+    import copy
+
+    from trainer_fakes import tiny_model
+
+    from rlfleet.trainer.actor import Actor
+
+    cfg = config(
+        **{
+            "algorithm.rollout_correction.preset": "decoupled_k3_rs",
+            "trainer.lr": 1e-2,
+            "trainer.ppo_mini_batch_size": 0,
+            "trainer.grad_clip": 1e9,  # the gradients compared as they are, not clipped
+            "trainer.use_kl_loss": False,  # as the default job: zero-advantage rows skipped
+        }
+    )
+    prompts = [[1, 2, 3], [1, 2, 4], [1, 2, 3]]
+    responses = [[5, 6], [8, 9], [5, 7]]
+    model = tiny_model()
+    old = Actor(cfg, copy.deepcopy(model), 0).logprobs(prompts, responses)
+    shift = [[0.0, 0.0], [0.5, 0.5], [0.1, 0.0]]
+    engine = [
+        [o - s for o, s in zip(row, d, strict=True)] for row, d in zip(old, shift, strict=True)
+    ]
+    rows = RolloutBatch(
+        prompts=prompts, responses=responses, engine_logprobs=engine, old_logprobs=old
+    )
+    mask = torch.ones(3, 2)
+    kept, metrics = correct_batch(rows, mask, cfg, actor_old=True)
+    assert kept.tolist() == [[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]]
+    assert metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(1 / 3)
+    assert not rows.rollout_is_weights
+    advantages = torch.tensor([[1.0, 1.0], [-1.0, -1.0], [-0.5, -0.5]])
+    masked = Actor(cfg, copy.deepcopy(model), 0)
+    masked.update(rows, advantages, kept, orders=[[0, 1, 2]])
+    alone = Actor(cfg, copy.deepcopy(model), 0)
+    two = rows.select([0, 2])
+    alone.update(two, advantages[[0, 2]], mask[[0, 2]], orders=[[0, 1]])
+    untouched = Actor(cfg, copy.deepcopy(model), 0)
+    for a, b in zip(masked.model.parameters(), alone.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # Adam's step: blind to scale
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-8)  # not the gradient
+    assert any(
+        not torch.equal(a, c)
+        for a, c in zip(masked.model.parameters(), untouched.model.parameters(), strict=True)
+    )

@@ -12,7 +12,8 @@ with the job in-process as ``bench_presets`` runs it (``tests/unit/default_job_i
    weights: the engine's numerical mismatch alone).
 2. ``control``: held-out accuracy after ``--steps`` for nothing rejected, for k3's rejection
    and for as many responses rejected at random each step, over ``--seeds``; and which
-   advantages k3 rejects (negative against positive responses).
+   advantages k3 rejects (negative against positive responses) and how likely the engine
+   found the responses it keeps and those it rejects (median probability of the response).
 
     nice -n 19 .venv/bin/python bench/bench_rejection.py [--steps 100] [--seeds 0,1,2]
 
@@ -100,8 +101,11 @@ def lag(steps: int, *overrides: str) -> dict[str, dict]:
 def control(steps: int, seed: int) -> dict[str, list]:
     """Held-out accuracy at each validation: nothing rejected, k3, random; and k3's rejected
     share of negative- and positive-advantage responses (rows with a nonzero score spread)."""
+    from rlfleet.rl.sequences import pad_rows
+
     picks = torch.Generator().manual_seed(seed)
     sides = {"negative": [0, 0], "positive": [0, 0]}
+    likely: dict[str, list[float]] = {"kept": [], "rejected": []}
 
     def at_random(batch, mask, kept):
         count = int(((mask > 0) & (kept == 0)).any(-1).sum())
@@ -114,6 +118,9 @@ def control(steps: int, seed: int) -> dict[str, list]:
         groups = torch.tensor(batch.group_ids)
         mean = torch.stack([scores[groups == g].mean() for g in groups])
         rejected = ((mask > 0) & (kept == 0)).any(-1)
+        engine = (pad_rows(batch.engine_logprobs, mask.shape[1]) * mask).sum(-1).exp()
+        likely["kept"] += engine[~rejected].tolist()
+        likely["rejected"] += engine[rejected].tolist()
         for name, rows in (("negative", scores < mean), ("positive", scores > mean)):
             sides[name][0] += int((rows & rejected).sum())
             sides[name][1] += int(rows.sum())
@@ -128,6 +135,9 @@ def control(steps: int, seed: int) -> dict[str, list]:
         "k3": accuracy(run(steps, K3, seeded, hook=sides_of)),
         "random_as_many": accuracy(run(steps, K3, seeded, hook=at_random)),
         "k3_rejected_share": {k: round(r / max(1, n), 3) for k, (r, n) in sides.items()},
+        "k3_median_response_probability": {
+            k: round(float(torch.tensor(v).median()), 3) if v else None for k, v in likely.items()
+        },
     }
 
 

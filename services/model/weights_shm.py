@@ -82,6 +82,13 @@ class SharedPayload:
                 os.close(fd)
         return torch.frombuffer(self._map, dtype=torch.uint8)
 
+    def drop_pages(self) -> None:
+        """Stop holding the written pages in this process (``MADV_DONTNEED`` on a shared
+        file mapping: the bytes stay in the file and fault back in if read again), so a push
+        in flight does not count in the trainer's resident memory while it trains on."""
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
+
     def unmap(self) -> None:
         """Drop this process's mapping, keep the file (unmapped once the last tensor viewing
         it is gone)."""

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from rlfleet.common.config import RlfleetConfig
-from rlfleet.model.heap import set_mmap_threshold
+from rlfleet.model.heap import lean_native_memory
 from rlfleet.trainer.clock import TrainingClock
 from rlfleet.trainer.data import load_records
 from rlfleet.trainer.determinism import DataOrder, seed_process
@@ -33,9 +33,10 @@ def build_actor(config: RlfleetConfig):
     from rlfleet.trainer.actor import Actor
     from rlfleet.trainer.checkpoints import resume_path
 
-    torch.set_num_threads(config.trainer.torch_threads)
-    set_mmap_threshold(config.trainer.malloc_mmap_threshold_kb)
-    seed_process(config.trainer.seed, config.trainer.deterministic)
+    cfg = config.trainer
+    torch.set_num_threads(cfg.torch_threads)
+    lean_native_memory(cfg.malloc_mmap_threshold_kb, cfg.onednn_cache_capacity)
+    seed_process(cfg.seed, cfg.deterministic)
     resumed = resume_path(config)
     source = str(resumed) if resumed else config.model.path
     tokenizer = load_tokenizer(source)
@@ -45,7 +46,7 @@ def build_actor(config: RlfleetConfig):
 
         return tokenizer, build_lora_actor(config, pad_id, resumed)
     model = load_causal_lm(source, config.model.dtype, config.model.attn_implementation)
-    if config.trainer.strategy == "single":
+    if cfg.strategy == "single":
         return tokenizer, Actor(config, model, pad_id)
     from rlfleet.trainer.ddp import parallel_actor
 
@@ -215,8 +216,7 @@ def finished(config, step: int, clock: TrainingClock) -> bool:
 
 
 async def one_step(trainer: Trainer, data, rollouts) -> dict[str, float]:
-    """One training step, plus the gRPC calls the trainer made since the previous one
-    (in async mode these include the background producer's and pushes')."""
+    """One training step, plus the gRPC calls made since the last (async: producer's too)."""
     from rlfleet.common import call_counts
 
     calls_before = call_counts.snapshot()

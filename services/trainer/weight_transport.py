@@ -11,9 +11,8 @@ of the previous push gets only the elements that changed since (``weights_delta`
 ``weights_delta_plan``), streamed: with ``always`` whatever its size, with ``auto`` when it is
 at most ``AUTO_DELTA_FRACTION`` of the full push and only to replicas the bytes are streamed to
 (one reading the shared-memory file takes the full push faster: docs/weight_delta.md). A
-replica that refuses the delta (FAILED_PRECONDITION: another base; INVALID_ARGUMENT: it arrived
-damaged) gets the full push at once, in the same push.
-"""
+replica that refuses the delta (FAILED_PRECONDITION: another base; INVALID_ARGUMENT: damaged)
+gets the full push at once, in the same push."""
 
 from __future__ import annotations
 
@@ -238,8 +237,9 @@ class GrpcWeightTransport:
             for unused in holder:  # never handed to a replica
                 unused.close()
             raise
-        file = holder[0] if holder else None
-        return _Encoded(header, payload, self._prepare, self._chunk_bytes, file)
+        for file in holder:  # written: its bytes live in the file, not in the trainer
+            file.drop_pages()
+        return _Encoded(header, payload, self._prepare, self._chunk_bytes, *holder[:1])
 
     def _take_spare(self, nbytes: int) -> weights_shm.SharedPayload | None:
         """The kept file when it has the size wanted (it is then this push's alone)."""
@@ -368,7 +368,7 @@ def _delta_for(target: ReplicaStatus, delta: _Delta | None) -> _Encoded | None:
 
 class _Encoded:
     """One push's encoded weights: the header-only message for shared memory, and the
-    streamed messages, serialized once (off the event loop) when a replica first needs them."""
+    streamed messages, serialized once (off the event loop) when a replica asks for them."""
 
     def __init__(
         self,

@@ -3,6 +3,7 @@ a piece of malloc's heap (checked in a child process, so this one's malloc is le
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,3 +38,16 @@ def test_a_block_above_the_threshold_gets_its_own_mapping(kib: int, where: str):
 
 def test_zero_leaves_malloc_alone():
     assert set_mmap_threshold(0) is False
+
+
+def test_the_onednn_cache_limit_is_set_unless_the_user_chose(monkeypatch):
+    from rlfleet.model.heap import ONEDNN_CACHE_VARIABLE, limit_onednn_cache
+
+    monkeypatch.delenv(ONEDNN_CACHE_VARIABLE, raising=False)
+    limit_onednn_cache(0)
+    assert ONEDNN_CACHE_VARIABLE not in os.environ
+    limit_onednn_cache(16)
+    assert os.environ[ONEDNN_CACHE_VARIABLE] == "16"
+    monkeypatch.setenv(ONEDNN_CACHE_VARIABLE, "512")
+    limit_onednn_cache(16)
+    assert os.environ[ONEDNN_CACHE_VARIABLE] == "512"

@@ -249,3 +249,26 @@ async def test_the_kept_file_is_not_mapped_by_the_trainer_between_pushes():
     assert torch.equal(decoded["b"], changed["b"])
     await transport.close()
     assert our_files() == []
+
+
+def resident_kib(name: str) -> int:
+    """Resident KiB of this process's mappings of the file ``name``."""
+    total, counting = 0, False
+    for line in open("/proc/self/smaps"):
+        if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+            counting = line.rstrip().endswith(name)
+        elif counting and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_dropped_pages_leave_the_process_and_stay_in_the_file():
+    payload = weights_shm.SharedPayload(4 << 20)
+    try:
+        payload.tensor().fill_(7)
+        assert resident_kib(payload.name) >= 4096
+        payload.drop_pages()
+        assert resident_kib(payload.name) == 0
+        assert int(payload.tensor()[12345]) == 7 and int(payload.tensor()[-1]) == 7
+    finally:
+        payload.close()

@@ -146,6 +146,11 @@ class TrainerConfig(Section):
     freed activations of each micro-batch stay in malloc's heaps and the peak grows step after
     step: on the SmolLM2 recipe's update (micro-batches of 8) 5.21 GiB at 1 MiB, 4.68 at 64
     KiB (bench/bench_trainer_memory.py)."""
+    onednn_cache_capacity: int = Field(16, ge=0)
+    """Compiled oneDNN kernels the trainer keeps (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, unless
+    the environment sets it; 0 = oneDNN's default of 1,024). bf16 matmuls on CPU compile a
+    kernel per shape, 256-512 KiB each, and micro-batches change shape every step: the default
+    cache grew the SmolLM2 recipe's trainer by 0.53 GiB over 80 steps (``rlfleet.model.heap``)."""
     deterministic: bool = False
     """Reproducible runs: two runs of one config with the same ``seed`` write the same
     ``metrics.jsonl`` (timing columns aside). Every sampling request, training and

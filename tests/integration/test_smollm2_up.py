@@ -36,8 +36,10 @@ STEPS = 2
 FULL_FP32_MIB = 134_515_008 * 4 / 2**20
 """Every parameter once (the lm-head is tied to the embedding), float32."""
 SYSTEM_LINE = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-SHORT = [
+SHORT = [  # 2 prompts x 4 samples of 48 tokens a step: what is checked needs no more
     "rollout.max_tokens=48",
+    "data.train_batch_size=2",
+    "trainer.ppo_mini_batch_size=8",
     "data.val_size=4",
     "trainer.test_freq=0",
     "trainer.val_before_train=false",
@@ -89,7 +91,6 @@ def test_vllm_engine_sync_serves_the_actors_weights(tmp_path):
     extra = [
         "trainer.mode=sync",
         "trainer.old_logprob_source=actor",
-        "trainer.ppo_mini_batch_size=8",
     ]
     run_dir, steps, output = run(tmp_path, "vllm", extra)
     assert_trained_the_real_model(run_dir, steps, output)

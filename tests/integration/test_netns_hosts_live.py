@@ -122,5 +122,6 @@ def test_two_hosts_reach_each_other_by_address_and_down_leaves_nothing(two_hosts
         down = hosts("down")
         assert down.returncode == 0, down.stderr
         server.wait(timeout=10)  # `down` ended it: it ran in one of our namespaces
-        sh(*drop_rule("-D"), check=False)
+        if shutil.which("iptables"):  # a machine without it has no drop rule to remove
+            sh(*drop_rule("-D"), check=False)
     assert leftovers() == []

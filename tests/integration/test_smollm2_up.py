@@ -91,6 +91,7 @@ def test_vllm_engine_sync_serves_the_actors_weights(tmp_path):
     extra = [
         "trainer.mode=sync",
         "trainer.old_logprob_source=actor",
+        "trainer.ppo_mini_batch_size=4",  # two updates a step: the actor's old log-probs run
     ]
     run_dir, steps, output = run(tmp_path, "vllm", extra)
     assert_trained_the_real_model(run_dir, steps, output)

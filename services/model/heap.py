@@ -12,7 +12,7 @@ oneDNN (bf16 matmuls on CPU) JIT-compiles a kernel per shape and keeps up to 1,0
 its primitive cache, 256-512 KiB of code each; a trainer whose micro-batches change length
 every step fills it: 0.53 GiB of the SmolLM2 recipe's trainer, 4,300 kernel buffers, after 80
 steps. ``limit_onednn_cache`` keeps fewer; the rows change shape each micro-batch anyway, so a
-smaller cache compiles no more often (update time unchanged in bench/bench_trainer_memory.py).
+smaller cache compiles no more often (same update time in an update-only probe; docs/real_model.md).
 """
 
 from __future__ import annotations

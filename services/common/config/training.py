@@ -145,7 +145,7 @@ class TrainerConfig(Section):
     start-up, so under any launcher); 0 leaves malloc as the environment set it. Without it,
     freed activations of each micro-batch stay in malloc's heaps and the peak grows step after
     step: on the SmolLM2 recipe's update (micro-batches of 8) 5.21 GiB at 1 MiB, 4.68 at 64
-    KiB (bench/bench_trainer_memory.py)."""
+    KiB (an update-only probe on bench_trainer_memory.py's batches; docs/real_model.md)."""
     onednn_cache_capacity: int = Field(16, ge=0)
     """Compiled oneDNN kernels the trainer keeps (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, unless
     the environment sets it; 0 = oneDNN's default of 1,024). bf16 matmuls on CPU compile a

@@ -284,9 +284,25 @@ def down(args) -> int:
         args.prefix, namespaces, [], our_rules(args.prefix), has_bridge(args.prefix)
     )
     execute(commands, args.dry_run)
-    # veths whose namespace was deleted went with it; one left by a failed `up` goes now
-    execute([["ip", "link", "delete", link] for link in our_links(args.prefix)], args.dry_run)
+    if not args.dry_run:
+        remove_leftover_links(args.prefix)
     return 0
+
+
+def remove_leftover_links(prefix: str, settle_s: float = 3.0) -> None:
+    """Delete veth ends a failed ``up`` left behind. The kernel removes a deleted namespace's
+    veth pairs asynchronously, so a link listed a moment ago may be gone by the time we delete
+    it ("Cannot find device"): that is success, not an error. Raises if one stays."""
+    deadline = time.monotonic() + settle_s
+    while (links := our_links(prefix)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # most leftovers are veths still being torn down with their namespace
+    for name in links:
+        print(f"+ ip link delete {name}", flush=True)
+        gone = run(["ip", "link", "delete", name], check=False)
+        if gone.returncode != 0 and "Cannot find device" not in gone.stderr:
+            raise subprocess.CalledProcessError(
+                gone.returncode, gone.args, gone.stdout, gone.stderr
+            )
 
 
 def lose(args) -> int:

@@ -19,6 +19,12 @@ fires with the numbers that tripped it, and clears when the signal recovers:
   the run learns nothing that generalizes (or unlearns).
 - ``zero_variance`` (``batch/zero_variance_fraction``, or DAPO's dropped share, above 0.9):
   groups whose samples all scored alike have zero group-relative advantage (DAPO's argument).
+- ``heavy_rejection`` (``rollout_corr/rollout_rs_masked_fraction``, mean of ``window`` steps,
+  above ``max_rejected_fraction`` = 0.3): rollout-correction rejection (``rollout_rs``) masks
+  most sampled tokens, so the update learns from few of them. Judged from the first ``window``
+  steps, not after the warm-up: a bound too tight for the run's policy lag (verl's k3 and
+  geometric defaults under async staleness) rejects nearly everything from the first step,
+  and every step of the warm-up would be lost.
 - ``stalled`` (``timing_s/step`` over ``stall_factor`` = 10 times the run's median and over
   ``stall_min_s`` = 60 s): a role hangs; the slowest phase names it. ``rlfleet status`` and the
   dashboard also judge the wait for the next row this way.
@@ -49,6 +55,7 @@ PREFIX = "health/"
 ENTROPY, KL, CHI2 = "actor/entropy", "rollout_corr/kl", "rollout_corr/chi2_token"
 REWARD, STEP_S = "critic/score/mean", "timing_s/step"
 ZERO_VAR, TOKENS = "batch/zero_variance_fraction", "perf/total_num_tokens"
+REJECTED = "rollout_corr/rollout_rs_masked_fraction"
 HELDOUT, THROUGHPUT = "heldout", "throughput"
 """Series the trace derives: held-out accuracy, tokens per second."""
 STALL_HISTORY = 50
@@ -132,7 +139,8 @@ class Trace:
 
 def training_values(row: Mapping[str, float]) -> dict[str, float]:
     """The watched metrics of one training row, with the derived ones."""
-    out = {name: float(row[name]) for name in (ENTROPY, KL, CHI2, REWARD, STEP_S) if name in row}
+    watched = (ENTROPY, KL, CHI2, REWARD, STEP_S, REJECTED)
+    out = {name: float(row[name]) for name in watched if name in row}
     zero = zero_variance_share(row)
     if zero is not None:
         out[ZERO_VAR] = zero
@@ -225,6 +233,17 @@ def zero_variance(trace: Trace, cfg: HealthConfig) -> str | None:
     )
 
 
+def heavy_rejection(trace: Trace, cfg: HealthConfig) -> str | None:
+    values, bound = trace.last_values(REJECTED, cfg.window), cfg.max_rejected_fraction
+    if len(values) < cfg.window or not bound or sum(values) / len(values) <= bound:
+        return None
+    return (
+        f"rollout correction rejected {sum(values) / len(values):.0%} of the sampled tokens "
+        f"(mean of the last {len(values)} steps) > {bound:.0%}: widen algorithm."
+        "rollout_correction's rejection bounds or lower the policy lag (trainer.max_staleness)"
+    )
+
+
 def stalled(trace: Trace, cfg: HealthConfig) -> str | None:
     """The last step, against the median of the steps before it."""
     times = trace.last_values(STEP_S, STALL_HISTORY + 1)
@@ -276,15 +295,20 @@ RULES: dict[str, Rule] = {
     "zero_variance": zero_variance,
     "stalled": stalled,
     "throughput_drop": throughput_drop,
+    "heavy_rejection": heavy_rejection,
 }
 """Every rule by name (the ``health/<name>`` flag); each returns its message when it fires."""
 
 
+EARLY_RULES = frozenset({"heavy_rejection"})
+"""Rules judged during the warm-up too: their signal is a setting's fault, not early noise."""
+
+
 def judge(trace: Trace, cfg: HealthConfig) -> dict[str, Finding]:
-    """The rules that fire on what ``trace`` holds (none during the warm-up)."""
-    if trace.steps < cfg.warmup_steps:
-        return {}
-    found = {name: rule(trace, cfg) for name, rule in RULES.items()}
+    """The rules that fire on what ``trace`` holds (only the early ones during the warm-up)."""
+    early = trace.steps < cfg.warmup_steps
+    rules = {name: rule for name, rule in RULES.items() if not early or name in EARLY_RULES}
+    found = {name: rule(trace, cfg) for name, rule in rules.items()}
     return {name: Finding(name, message) for name, message in found.items() if message}
 
 

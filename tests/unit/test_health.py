@@ -132,6 +132,28 @@ def test_nothing_fires_during_the_warm_up():
     assert fired(rows, warmup_steps=5) == {"mismatch_kl"}
 
 
+REJECTED = "rollout_corr__rollout_rs_masked_fraction"
+
+
+def test_heavy_rejection_fires_from_the_first_window_not_after_the_warm_up():
+    # verl's k3 bounds under async lag: 97% of the tokens rejected from the first step
+    rows = [step(i, **{REJECTED: 0.97}) for i in range(1, 6)]
+    assert fired(rows) == {"heavy_rejection"}  # step 5 < warmup_steps 10: still judged
+    assert fired(rows[:4]) == set()  # fewer steps than the window: one noisy step is not it
+    message = assess(rows, HealthConfig())[0].message
+    assert "97%" in message and "rollout_correction" in message
+
+
+def test_heavy_rejection_stays_quiet_at_or_below_its_bound_and_when_off():
+    assert fired([step(i, **{REJECTED: 0.3}) for i in range(1, 30)]) == set()
+    # one step of the window far over the bound: the window's mean is what counts
+    mixed = [step(i, **{REJECTED: 0.7 if i == 20 else 0.2}) for i in range(1, 21)]
+    assert fired(mixed) == set()  # mean of the last 5: (4 * 0.2 + 0.7) / 5 = 0.3
+    heavy = [step(i, **{REJECTED: 0.8}) for i in range(1, 30)]
+    assert fired(heavy, max_rejected_fraction=0) == set()
+    assert fired(heavy, max_rejected_fraction=0.9) == set()
+
+
 def test_the_monitor_warns_once_until_the_rule_clears(caplog):
     monitor = HealthMonitor(HealthConfig(warmup_steps=0, window=1))
     caplog.set_level(logging.INFO, logger="rlfleet.trainer.health")

@@ -48,6 +48,13 @@ class HealthConfig(Section):
     max_zero_variance_fraction: float = Field(0.9, ge=0, le=1)
     """``zero_variance`` fires when more than this share of the batch's groups (mean of the
     last ``window`` steps) scored all alike: their group-relative advantage is 0."""
+    max_rejected_fraction: float = Field(0.3, ge=0, le=1)
+    """``heavy_rejection`` fires when rollout-correction rejection
+    (``algorithm.rollout_correction.rollout_rs``) masked more than this share of the sampled
+    tokens (mean of the last ``window`` steps; judged from the first ``window`` steps, warm-up
+    or not): the update learns from few tokens. Between the preset runs of docs/algorithms.md:
+    the collapsed ones rejected 41-97% of their responses in steps 1-50, the healthy ones
+    2-13%. 0 turns it off."""
     stall_factor: float = Field(10.0, ge=0)
     """``stalled`` fires when a step takes more than this many times the run's median step,
     and more than ``stall_min_s``; ``rlfleet status`` and the dashboard judge the wait for the

@@ -111,12 +111,14 @@ def _start_replica(
 
 async def _measure(replicas: list[Replica], model: Path, options: Options) -> dict[str, list]:
     from rlfleet.rollout.client import PreparedUpdate, RolloutClient
+    from rlfleet.trainer.weight_broadcast import BroadcastWeightTransport
     from rlfleet.trainer.weight_transport import GrpcWeightTransport
 
     state_dict = _state_dict(model, options.dtype)
     transports = {
         "push": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES),
         "shm": GrpcWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES, True),
+        "broadcast": BroadcastWeightTransport(RolloutClient, PreparedUpdate.of, CHUNK_BYTES, 60),
     }
     clients = [RolloutClient(r.address) for r in replicas]
     try:
@@ -157,17 +159,33 @@ async def _once(variant, state_dict, transports, targets, version: int) -> dict[
         return await asyncio.to_thread(_encode_once, state_dict)
     kind, fanout = variant.split(" x")
     transport, fanout = transports[kind], int(fanout)
+    first = await _new_group(transport, state_dict, version, targets[:fanout])
     start = time.perf_counter()
-    results = await transport.push(state_dict, version, True, targets[:fanout])
+    results = await transport.push(state_dict, version, True, targets[:fanout], bool(first))
     seconds = time.perf_counter() - start
     if not all(r.ok and r.version == version for r in results):
         raise RuntimeError(f"push of v{version} failed: {[r.error for r in results]}")
+    if getattr(results[0], "broadcast", "member") != "member":
+        raise RuntimeError(f"broadcast push of v{version}: {[r.broadcast for r in results]}")
     return {
+        **first,
         "seconds": seconds,
         "bytes": results[0].bytes,
         "slowest_replica_s": max(r.seconds for r in results),
         "pause_s_max": max(r.pause_s for r in results),
     }
+
+
+async def _new_group(transport, state_dict, version: int, targets) -> dict[str, float]:
+    """A broadcast to other members than its open group's opens a new one (a store, every
+    member joining): that first push is timed apart (``first_push_s``), and the push measured
+    is the next, on the open group (forced: the same version again)."""
+    members = tuple(t.replica_id for t in targets)
+    if getattr(transport, "group_members", members) == members:
+        return {}
+    start = time.perf_counter()
+    await transport.push(state_dict, version, True, targets)
+    return {"first_push_s": time.perf_counter() - start}
 
 
 def _memcpy_once(state_dict: dict[str, Any]) -> dict[str, float]:
@@ -237,6 +255,9 @@ def _row(model: str, variant: str, samples: list[dict[str, float]]) -> dict[str,
     if "slowest_replica_s" in samples[0]:
         row["slowest_replica_p50_ms"] = Stats.of([s["slowest_replica_s"] for s in samples]).p50
         row["slowest_replica_p50_ms"] *= 1e3
+    firsts = [s["first_push_s"] for s in samples if "first_push_s" in s]
+    if firsts:  # broadcast: the pushes that opened its group (not every sample: ABBA's turn)
+        row["first_push_p50_ms"] = Stats.of(firsts).p50 * 1e3
     if "pause_s_max" in samples[0]:  # the longest replica pause of each push (its reply)
         row["pause_max_p50_ms"] = Stats.of([s["pause_s_max"] for s in samples]).p50 * 1e3
     return row
@@ -262,12 +283,14 @@ def _result(rows: dict[str, dict[str, Any]], options: Options) -> BenchResult:
             "MiB_per_s",
             "slowest_replica_p50_ms",
             "pause_max_p50_ms",
+            "first_push_p50_ms",
         ],
         params={
             "dtype": options.dtype,
             "backend": "hf",
             "chunk_MiB": CHUNK_BYTES // 2**20,
-            "transport": "GrpcWeightTransport: gRPC stream (push), /dev/shm (shm)",
+            "transport": "GrpcWeightTransport: gRPC stream (push), /dev/shm (shm); "
+            "BroadcastWeightTransport: gloo broadcast (broadcast)",
             "quick": options.quick,
         },
     )
@@ -288,6 +311,13 @@ def _ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
         "tiny: 4 replicas / 1 replica": ratio(ms["tiny/push x4"], ms["tiny/push x1"]),
         "tiny shm: 4 replicas / 1 replica": ratio(ms["tiny/shm x4"], ms["tiny/shm x1"]),
         "tiny: push to 1 replica (ms)": ms["tiny/push x1"],
+        "64MiB: broadcast / stream, 4 replicas": ratio(
+            ms["64MiB/broadcast x4"], ms["64MiB/push x4"]
+        ),
+        "64MiB: broadcast / shm, 4 replicas": ratio(ms["64MiB/broadcast x4"], ms["64MiB/shm x4"]),
+        "64MiB broadcast: 4 replicas / 1 replica": ratio(
+            ms["64MiB/broadcast x4"], ms["64MiB/broadcast x1"]
+        ),
     }
 
 
@@ -299,6 +329,10 @@ NOTES = [
     "the flush; UpdateWeightsResponse.pause_seconds), p50 over the pushes.",
     "shm xN = the same, but encoded once into a /dev/shm file and each replica sent only the "
     "header naming it; each maps the file copy-on-write, verifies, loads, flushes.",
+    "broadcast xN = BroadcastWeightTransport.push: the header over gRPC, the payload in one "
+    "gloo broadcast from the trainer (rank 0) on loopback, on a group already open for these "
+    "N members (the same version pushed again, forced); first_push_p50_ms = the push before "
+    "it, which opened that group (a new TCP store, every member joining).",
     "encode = the trainer's once-per-push share of that (weights.encode + PreparedUpdate.of).",
     "memcpy = numpy copy of the same number of bytes into a warm buffer, same run.",
     "x_memcpy = p50 / memcpy p50 of the same model. Before this change a push of the tiny model "

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rlfleet.common.errors import InvalidArgument
+from rlfleet.model.weights_broadcast import BroadcastGroup
 from rlfleet.model.weights_checksum import BytesLike, Hasher, default_algorithm, verify_checksum
 from rlfleet.model.weights_magnitude import Peak, dtype_name
 from rlfleet.model.weights_relay import MAX_RELAY_NODES, RelayTarget, count
@@ -69,6 +70,8 @@ class WeightHeader:
     extra: dict = field(default_factory=dict)
     relay: tuple[RelayTarget, ...] = ()
     """Replicas the receiver forwards the data chunks to as they arrive (``weights_relay``)."""
+    broadcast: BroadcastGroup | None = None
+    """The payload comes on this ``torch.distributed`` group, not in chunks (``weights_broadcast``)."""
 
 
 def encode(
@@ -191,6 +194,8 @@ def validate_header(header: WeightHeader) -> None:
         raise InvalidArgument(
             f"a relayed update streams its bytes and names at most {MAX_RELAY_NODES} replicas"
         )
+    if header.broadcast is not None and (header.relay or header.shared_memory):
+        raise InvalidArgument("a broadcast update's bytes come on its group only")
 
 
 def decode(header: WeightHeader, payload: BytesLike) -> dict[str, torch.Tensor]:

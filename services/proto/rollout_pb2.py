@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rlfleet.proto import common_pb2 as rlfleet_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/rollout.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"\xe9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x15\n\x0bprompt_text\x18\x03 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x14.rlfleet.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.rlfleet.v1.SamplingParams\x12\x1a\n\x12min_weight_version\x18\x06 \x01(\x03\x12\x11\n\ttimeout_s\x18\x07 \x01(\x02\x42\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x99\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x16.rlfleet.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x12\n\nreplica_id\x18\x04 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\x05\"E\n\x14GenerateBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.rlfleet.v1.GenerateRequest\"H\n\x15GenerateBatchResponse\x12/\n\tresponses\x18\x01 \x03(\x0b\x32\x1c.rlfleet.v1.GenerateResponse\"\xe8\x01\n\x12WeightUpdateHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.rlfleet.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x13\n\x0b\x66lush_cache\x18\x05 \x01(\x08\x12\r\n\x05\x66orce\x18\x06 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\t\x12\x15\n\rshared_memory\x18\x08 \x01(\t\x12&\n\x05relay\x18\t \x03(\x0b\x32\x17.rlfleet.v1.RelayTarget\"]\n\x0bRelayTarget\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12)\n\x08\x63hildren\x18\x03 \x03(\x0b\x32\x17.rlfleet.v1.RelayTarget\"d\n\x0bRelayResult\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x15\n\rpause_seconds\x18\x05 \x01(\x01\"W\n\x0bWeightChunk\x12\x30\n\x06header\x18\x01 \x01(\x0b\x32\x1e.rlfleet.v1.WeightUpdateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\xaf\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0cload_seconds\x18\x02 \x01(\x01\x12\x15\n\rcache_flushed\x18\x03 \x01(\x08\x12\x15\n\rpause_seconds\x18\x04 \x01(\x01\x12\x17\n\x0fprepare_seconds\x18\x05 \x01(\x01\x12(\n\x07relayed\x18\x06 \x03(\x0b\x32\x17.rlfleet.v1.RelayResult\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"\xa8\x01\n\rReplicaStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x0e\n\x06served\x18\x07 \x01(\x03\x12\x17\n\x0fheartbeat_age_s\x18\x08 \x01(\x01\"C\n\x14ListReplicasResponse\x12+\n\x08replicas\x18\x01 \x03(\x0b\x32\x19.rlfleet.v1.ReplicaStatus\")\n\x13\x44rainReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"D\n\x0eScoredSequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x18\n\x10target_token_ids\x18\x02 \x03(\x05\"_\n\x12ScoreTokensRequest\x12-\n\tsequences\x18\x01 \x03(\x0b\x32\x1a.rlfleet.v1.ScoredSequence\x12\x1a\n\x12min_weight_version\x18\x02 \x01(\x03\"n\n\x13ScoreTokensResponse\x12+\n\x08logprobs\x18\x01 \x03(\x0b\x32\x19.rlfleet.v1.TokenLogprobs\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x12\n\nreplica_id\x18\x03 \x01(\t\"\x1f\n\rTokenLogprobs\x12\x0e\n\x06values\x18\x01 \x03(\x02\x32\xb0\x04\n\x07Rollout\x12\x45\n\x08Generate\x12\x1b.rlfleet.v1.GenerateRequest\x1a\x1c.rlfleet.v1.GenerateResponse\x12T\n\rGenerateBatch\x12 .rlfleet.v1.GenerateBatchRequest\x1a!.rlfleet.v1.GenerateBatchResponse\x12M\n\rUpdateWeights\x12\x17.rlfleet.v1.WeightChunk\x1a!.rlfleet.v1.UpdateWeightsResponse(\x01\x12?\n\nFlushCache\x12\x11.rlfleet.v1.Empty\x1a\x1e.rlfleet.v1.FlushCacheResponse\x12\x35\n\x05Pause\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.ReplicaStatus\x12\x36\n\x06Resume\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.ReplicaStatus\x12\x39\n\tGetStatus\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.ReplicaStatus\x12N\n\x0bScoreTokens\x12\x1e.rlfleet.v1.ScoreTokensRequest\x1a\x1f.rlfleet.v1.ScoreTokensResponse2\x99\x01\n\x06Router\x12\x43\n\x0cListReplicas\x12\x11.rlfleet.v1.Empty\x1a .rlfleet.v1.ListReplicasResponse\x12J\n\x0c\x44rainReplica\x12\x1f.rlfleet.v1.DrainReplicaRequest\x1a\x19.rlfleet.v1.ReplicaStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18rlfleet/v1/rollout.proto\x12\nrlfleet.v1\x1a\x17rlfleet/v1/common.proto\"\xe9\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x15\n\x0bprompt_text\x18\x03 \x01(\tH\x00\x12\x30\n\x10prompt_token_ids\x18\x04 \x01(\x0b\x32\x14.rlfleet.v1.TokenIdsH\x00\x12,\n\x08sampling\x18\x05 \x01(\x0b\x32\x1a.rlfleet.v1.SamplingParams\x12\x1a\n\x12min_weight_version\x18\x06 \x01(\x03\x12\x11\n\ttimeout_s\x18\x07 \x01(\x02\x42\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x99\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12+\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x16.rlfleet.v1.Completion\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\x12\n\nreplica_id\x18\x04 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\x05\"E\n\x14GenerateBatchRequest\x12-\n\x08requests\x18\x01 \x03(\x0b\x32\x1b.rlfleet.v1.GenerateRequest\"H\n\x15GenerateBatchResponse\x12/\n\tresponses\x18\x01 \x03(\x0b\x32\x1c.rlfleet.v1.GenerateResponse\"\x97\x02\n\x12WeightUpdateHeader\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.rlfleet.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\x12\x13\n\x0b\x66lush_cache\x18\x05 \x01(\x08\x12\r\n\x05\x66orce\x18\x06 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\t\x12\x15\n\rshared_memory\x18\x08 \x01(\t\x12&\n\x05relay\x18\t \x03(\x0b\x32\x17.rlfleet.v1.RelayTarget\x12-\n\tbroadcast\x18\n \x01(\x0b\x32\x1a.rlfleet.v1.BroadcastGroup\"\x83\x01\n\x0e\x42roadcastGroup\x12\r\n\x05store\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\"]\n\x0bRelayTarget\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12)\n\x08\x63hildren\x18\x03 \x03(\x0b\x32\x17.rlfleet.v1.RelayTarget\"d\n\x0bRelayResult\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\r\n\x05\x65rror\x18\x04 \x01(\t\x12\x15\n\rpause_seconds\x18\x05 \x01(\x01\"W\n\x0bWeightChunk\x12\x30\n\x06header\x18\x01 \x01(\x0b\x32\x1e.rlfleet.v1.WeightUpdateHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"\xaf\x01\n\x15UpdateWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x14\n\x0cload_seconds\x18\x02 \x01(\x01\x12\x15\n\rcache_flushed\x18\x03 \x01(\x08\x12\x15\n\rpause_seconds\x18\x04 \x01(\x01\x12\x17\n\x0fprepare_seconds\x18\x05 \x01(\x01\x12(\n\x07relayed\x18\x06 \x03(\x0b\x32\x17.rlfleet.v1.RelayResult\"%\n\x12\x46lushCacheResponse\x12\x0f\n\x07\x66lushed\x18\x01 \x01(\x08\"\xa8\x01\n\rReplicaStatus\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0eweight_version\x18\x03 \x01(\x03\x12\r\n\x05state\x18\x04 \x01(\t\x12\x11\n\tin_flight\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x0e\n\x06served\x18\x07 \x01(\x03\x12\x17\n\x0fheartbeat_age_s\x18\x08 \x01(\x01\"C\n\x14ListReplicasResponse\x12+\n\x08replicas\x18\x01 \x03(\x0b\x32\x19.rlfleet.v1.ReplicaStatus\")\n\x13\x44rainReplicaRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\"D\n\x0eScoredSequence\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x18\n\x10target_token_ids\x18\x02 \x03(\x05\"_\n\x12ScoreTokensRequest\x12-\n\tsequences\x18\x01 \x03(\x0b\x32\x1a.rlfleet.v1.ScoredSequence\x12\x1a\n\x12min_weight_version\x18\x02 \x01(\x03\"n\n\x13ScoreTokensResponse\x12+\n\x08logprobs\x18\x01 \x03(\x0b\x32\x19.rlfleet.v1.TokenLogprobs\x12\x16\n\x0eweight_version\x18\x02 \x01(\x03\x12\x12\n\nreplica_id\x18\x03 \x01(\t\"\x1f\n\rTokenLogprobs\x12\x0e\n\x06values\x18\x01 \x03(\x02\x32\xb0\x04\n\x07Rollout\x12\x45\n\x08Generate\x12\x1b.rlfleet.v1.GenerateRequest\x1a\x1c.rlfleet.v1.GenerateResponse\x12T\n\rGenerateBatch\x12 .rlfleet.v1.GenerateBatchRequest\x1a!.rlfleet.v1.GenerateBatchResponse\x12M\n\rUpdateWeights\x12\x17.rlfleet.v1.WeightChunk\x1a!.rlfleet.v1.UpdateWeightsResponse(\x01\x12?\n\nFlushCache\x12\x11.rlfleet.v1.Empty\x1a\x1e.rlfleet.v1.FlushCacheResponse\x12\x35\n\x05Pause\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.ReplicaStatus\x12\x36\n\x06Resume\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.ReplicaStatus\x12\x39\n\tGetStatus\x12\x11.rlfleet.v1.Empty\x1a\x19.rlfleet.v1.ReplicaStatus\x12N\n\x0bScoreTokens\x12\x1e.rlfleet.v1.ScoreTokensRequest\x1a\x1f.rlfleet.v1.ScoreTokensResponse2\x99\x01\n\x06Router\x12\x43\n\x0cListReplicas\x12\x11.rlfleet.v1.Empty\x1a .rlfleet.v1.ListReplicasResponse\x12J\n\x0c\x44rainReplica\x12\x1f.rlfleet.v1.DrainReplicaRequest\x1a\x19.rlfleet.v1.ReplicaStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -43,33 +43,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEBATCHRESPONSE']._serialized_start=553
   _globals['_GENERATEBATCHRESPONSE']._serialized_end=625
   _globals['_WEIGHTUPDATEHEADER']._serialized_start=628
-  _globals['_WEIGHTUPDATEHEADER']._serialized_end=860
-  _globals['_RELAYTARGET']._serialized_start=862
-  _globals['_RELAYTARGET']._serialized_end=955
-  _globals['_RELAYRESULT']._serialized_start=957
-  _globals['_RELAYRESULT']._serialized_end=1057
-  _globals['_WEIGHTCHUNK']._serialized_start=1059
-  _globals['_WEIGHTCHUNK']._serialized_end=1146
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1149
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1324
-  _globals['_FLUSHCACHERESPONSE']._serialized_start=1326
-  _globals['_FLUSHCACHERESPONSE']._serialized_end=1363
-  _globals['_REPLICASTATUS']._serialized_start=1366
-  _globals['_REPLICASTATUS']._serialized_end=1534
-  _globals['_LISTREPLICASRESPONSE']._serialized_start=1536
-  _globals['_LISTREPLICASRESPONSE']._serialized_end=1603
-  _globals['_DRAINREPLICAREQUEST']._serialized_start=1605
-  _globals['_DRAINREPLICAREQUEST']._serialized_end=1646
-  _globals['_SCOREDSEQUENCE']._serialized_start=1648
-  _globals['_SCOREDSEQUENCE']._serialized_end=1716
-  _globals['_SCORETOKENSREQUEST']._serialized_start=1718
-  _globals['_SCORETOKENSREQUEST']._serialized_end=1813
-  _globals['_SCORETOKENSRESPONSE']._serialized_start=1815
-  _globals['_SCORETOKENSRESPONSE']._serialized_end=1925
-  _globals['_TOKENLOGPROBS']._serialized_start=1927
-  _globals['_TOKENLOGPROBS']._serialized_end=1958
-  _globals['_ROLLOUT']._serialized_start=1961
-  _globals['_ROLLOUT']._serialized_end=2521
-  _globals['_ROUTER']._serialized_start=2524
-  _globals['_ROUTER']._serialized_end=2677
+  _globals['_WEIGHTUPDATEHEADER']._serialized_end=907
+  _globals['_BROADCASTGROUP']._serialized_start=910
+  _globals['_BROADCASTGROUP']._serialized_end=1041
+  _globals['_RELAYTARGET']._serialized_start=1043
+  _globals['_RELAYTARGET']._serialized_end=1136
+  _globals['_RELAYRESULT']._serialized_start=1138
+  _globals['_RELAYRESULT']._serialized_end=1238
+  _globals['_WEIGHTCHUNK']._serialized_start=1240
+  _globals['_WEIGHTCHUNK']._serialized_end=1327
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1330
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1505
+  _globals['_FLUSHCACHERESPONSE']._serialized_start=1507
+  _globals['_FLUSHCACHERESPONSE']._serialized_end=1544
+  _globals['_REPLICASTATUS']._serialized_start=1547
+  _globals['_REPLICASTATUS']._serialized_end=1715
+  _globals['_LISTREPLICASRESPONSE']._serialized_start=1717
+  _globals['_LISTREPLICASRESPONSE']._serialized_end=1784
+  _globals['_DRAINREPLICAREQUEST']._serialized_start=1786
+  _globals['_DRAINREPLICAREQUEST']._serialized_end=1827
+  _globals['_SCOREDSEQUENCE']._serialized_start=1829
+  _globals['_SCOREDSEQUENCE']._serialized_end=1897
+  _globals['_SCORETOKENSREQUEST']._serialized_start=1899
+  _globals['_SCORETOKENSREQUEST']._serialized_end=1994
+  _globals['_SCORETOKENSRESPONSE']._serialized_start=1996
+  _globals['_SCORETOKENSRESPONSE']._serialized_end=2106
+  _globals['_TOKENLOGPROBS']._serialized_start=2108
+  _globals['_TOKENLOGPROBS']._serialized_end=2139
+  _globals['_ROLLOUT']._serialized_start=2142
+  _globals['_ROLLOUT']._serialized_end=2702
+  _globals['_ROUTER']._serialized_start=2705
+  _globals['_ROUTER']._serialized_end=2858
 # @@protoc_insertion_point(module_scope)

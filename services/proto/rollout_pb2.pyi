@@ -174,6 +174,7 @@ class WeightUpdateHeader(_message.Message):
     CHECKSUM_FIELD_NUMBER: _builtins.int
     SHARED_MEMORY_FIELD_NUMBER: _builtins.int
     RELAY_FIELD_NUMBER: _builtins.int
+    BROADCAST_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the version the replica will report after loading"""
     total_bytes: _builtins.int
@@ -193,6 +194,10 @@ class WeightUpdateHeader(_message.Message):
     def relay(self) -> _containers.RepeatedCompositeFieldContainer[Global___RelayTarget]:
         """forward the data chunks, as they arrive, to these replicas (trainer.weight_transport: relay)"""
 
+    @_builtins.property
+    def broadcast(self) -> Global___BroadcastGroup:
+        """the payload comes on this torch.distributed group, not in data chunks (trainer.weight_transport: broadcast)"""
+
     def __init__(
         self,
         *,
@@ -205,14 +210,65 @@ class WeightUpdateHeader(_message.Message):
         checksum: _builtins.str = ...,
         shared_memory: _builtins.str = ...,
         relay: _abc.Iterable[Global___RelayTarget] | None = ...,
+        broadcast: Global___BroadcastGroup | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["broadcast", b"broadcast"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "flush_cache", b"flush_cache", "force", b"force", "relay", b"relay", "sha256", b"sha256", "shared_memory", b"shared_memory", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broadcast", b"broadcast", "checksum", b"checksum", "flush_cache", b"flush_cache", "force", b"force", "relay", b"relay", "sha256", b"sha256", "shared_memory", b"shared_memory", "tensors", b"tensors", "total_bytes", b"total_bytes", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WeightUpdateHeader: _TypeAlias = WeightUpdateHeader  # noqa: Y015
+
+@_typing.final
+class BroadcastGroup(_message.Message):
+    """The trainer's torch.distributed group that carries the payload of an update whose header
+    names it (trainer.weight_transport: broadcast): a fresh group per membership epoch, the
+    trainer rank 0. Before the bytes, each member marks itself ready in the group's store and
+    waits for the trainer's go (or abort: the trainer then streams the update instead).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STORE_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    ROUND_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    BACKEND_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    store: _builtins.str
+    """host:port of the epoch's TCP store (the trainer's)"""
+    epoch: _builtins.int
+    """a new epoch = a new group (other members, or the last one failed)"""
+    round: _builtins.int
+    """this push's number (the store keys of its ready/go handshake)"""
+    rank: _builtins.int
+    """the receiver's rank (1..world_size-1)"""
+    world_size: _builtins.int
+    """the trainer and every member"""
+    backend: _builtins.str
+    """"gloo" (CPU) or "nccl" """
+    timeout_s: _builtins.float
+    """for joining, the handshake and the collective"""
+    def __init__(
+        self,
+        *,
+        store: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        round: _builtins.int = ...,
+        rank: _builtins.int = ...,
+        world_size: _builtins.int = ...,
+        backend: _builtins.str = ...,
+        timeout_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "epoch", b"epoch", "rank", b"rank", "round", b"round", "store", b"store", "timeout_s", b"timeout_s", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BroadcastGroup: _TypeAlias = BroadcastGroup  # noqa: Y015
 
 @_typing.final
 class RelayTarget(_message.Message):

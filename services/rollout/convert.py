@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, fields
 
 from rlfleet.model.weights import TensorEntry, WeightHeader
+from rlfleet.model.weights_broadcast import BroadcastGroup
 from rlfleet.model.weights_relay import RelayResult, RelayTarget
 from rlfleet.proto import common_pb2, rollout_pb2
 from rlfleet.rollout.types import (
@@ -143,7 +144,12 @@ def header_from_proto(msg: rollout_pb2.WeightUpdateHeader) -> WeightHeader:
         msg.force,
         msg.shared_memory,
         relay=tuple(_relay_from_proto(t) for t in msg.relay),
+        broadcast=_broadcast_from_proto(msg.broadcast) if msg.HasField("broadcast") else None,
     )
+
+
+def _broadcast_from_proto(msg: rollout_pb2.BroadcastGroup) -> BroadcastGroup:
+    return BroadcastGroup(**{f.name: getattr(msg, f.name) for f in fields(BroadcastGroup)})
 
 
 def _relay_from_proto(msg: rollout_pb2.RelayTarget) -> RelayTarget:
@@ -173,6 +179,9 @@ def header_to_proto(header: WeightHeader) -> rollout_pb2.WeightUpdateHeader:
         force=header.force,
         shared_memory=header.shared_memory,
         relay=[_relay_to_proto(t) for t in header.relay],
+        broadcast=rollout_pb2.BroadcastGroup(**asdict(header.broadcast))
+        if header.broadcast
+        else None,
     )
 
 

@@ -29,6 +29,7 @@ from rlfleet.model import weights, weights_shm
 from rlfleet.proto import rollout_pb2, rollout_pb2_grpc
 from rlfleet.rollout import convert
 from rlfleet.rollout.replica import Replica
+from rlfleet.rollout.weight_broadcast import BroadcastMember
 from rlfleet.rollout.weight_relay import Relay, RelayLinks
 
 SERVICE_NAME = "rlfleet.v1.Rollout"
@@ -37,6 +38,7 @@ SERVICE_NAME = "rlfleet.v1.Rollout"
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     def __init__(self, replica: Replica, relays: RelayLinks) -> None:
         self._replica, self._relays = replica, relays
+        self._broadcasts = BroadcastMember()  # the trainer's group, when a header names one
 
     async def Generate(self, request, context):  # noqa: N802 - gRPC method names
         result = await self._replica.generate_direct(convert.request_from_proto(request))
@@ -56,6 +58,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             self._replica.check_update(header)  # before allocating anything for the payload
             if header.shared_memory:
                 payload = await _shared_payload(request_iterator, header)
+            elif header.broadcast is not None:  # no chunks: the bytes come on the group
+                payload = await self._broadcasts.receive(header)
             else:
                 relay = self._relays.start(header)  # forwards chunks as they arrive
                 buffer = weights.PayloadBuffer(header.total_bytes)

@@ -166,6 +166,7 @@ async def connect_fleet(config: RlfleetConfig) -> Fleet:
             config.trainer.weight_delta,
             config.trainer.weight_transport,
             config.trainer.relay_fanout,
+            config.trainer.weight_broadcast_timeout_s,
         ),
         env=EnvClient(
             config.agent.address,

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from rlfleet.common.errors import Unavailable
 from rlfleet.rollout.types import ReplicaState, ReplicaStatus
+from rlfleet.trainer.weight_broadcast import BroadcastResult, BroadcastWeightTransport
 from rlfleet.trainer.weight_relay import RelayedResult, RelayWeightTransport
 from rlfleet.trainer.weight_transport import (
     DeltaMode,
@@ -181,10 +182,12 @@ def grpc_weight_sync(
     delta: DeltaMode = "never",
     transport_kind: str = "auto",
     relay_fanout: int = 2,
+    broadcast_timeout_s: float = 30.0,
 ) -> WeightSync:
     """Weight sync over gRPC: the router lists replicas, each gets its own stream (or, on this
     machine and with ``shared_memory``, a header naming one shared payload file; with
-    ``transport_kind`` ``relay``, a tree of ``relay_fanout``); ``delta`` is
+    ``transport_kind`` ``relay``, a tree of ``relay_fanout``; ``broadcast``, a
+    ``torch.distributed`` group with ``broadcast_timeout_s``); ``delta`` is
     ``trainer.weight_delta``, ``transport_kind`` ``trainer.weight_transport``."""
     from rlfleet.rollout.client import PreparedUpdate, RolloutClient
 
@@ -195,6 +198,9 @@ def grpc_weight_sync(
     transport: GrpcWeightTransport
     if transport_kind == "relay":
         transport = RelayWeightTransport(connect, PreparedUpdate.of, chunk_bytes, relay_fanout)
+    elif transport_kind == "broadcast":
+        timeout = broadcast_timeout_s
+        transport = BroadcastWeightTransport(connect, PreparedUpdate.of, chunk_bytes, timeout)
     else:
         shared = shared_memory and transport_kind != "stream"
         transport = GrpcWeightTransport(connect, PreparedUpdate.of, chunk_bytes, shared)
@@ -240,7 +246,8 @@ def push_metrics(
     where one was measured (``trainer.weight_delta`` not ``never`` and a base to compare);
     ``weight/pause_s`` the longest a replica stopped taking work for it (each replica's own in
     ``weight/pause_s/<replica_id>``, as its reply reported it); ``weight/relay_fallbacks``, in
-    a relay push, the replicas below a relay parent that the trainer pushed to straight."""
+    a relay push, the replicas below a relay parent that the trainer pushed to straight;
+    ``weight/broadcast_fallbacks``, in a broadcast push, the group's members it streamed to."""
     accepted = [r for r in results if r.ok]
     seconds = [r.seconds for r in accepted] or [0.0]
     metrics = {
@@ -258,6 +265,9 @@ def push_metrics(
     relays = [r.relay for r in results if isinstance(r, RelayedResult)]
     if relays:  # a relay push: who the tree missed
         metrics["weight/relay_fallbacks"] = float(relays.count("fallback"))
+    casts = [r.broadcast for r in results if isinstance(r, BroadcastResult)]
+    if casts:  # a broadcast push: members the group did not deliver
+        metrics["weight/broadcast_fallbacks"] = float(casts.count("fallback"))
     for r in results:
         metrics[f"weight_sync/{r.replica_id}/seconds"] = r.seconds
         metrics[f"weight_sync/{r.replica_id}/mbytes"] = r.bytes / 2**20

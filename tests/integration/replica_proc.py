@@ -10,7 +10,8 @@ from __future__ import annotations
 import signal
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,22 @@ def start_replica(
         stop_replica(replica, signal.SIGKILL)
         raise
     return replica
+
+
+@contextmanager
+def replicas_started(
+    redis_url: str, keys: Keys, names: Sequence[str], logs: Path, sig: int = signal.SIGTERM
+) -> Iterator[list[ReplicaProc]]:
+    """Replicas ``names`` (each logging to ``logs/<name>.log``), stopped with ``sig`` (by
+    PID) when the block ends, whatever happened."""
+    started: list[ReplicaProc] = []
+    try:
+        for name in names:
+            started.append(start_replica(redis_url, keys, name, logs / f"{name}.log"))
+        yield started
+    finally:
+        for replica in started:
+            stop_replica(replica, sig)
 
 
 def wait_serving(replica: ReplicaProc, timeout_s: float) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from replica_proc import MODEL, ReplicaProc, start_replica, stop_replica
+from replica_proc import MODEL, ReplicaProc, replicas_started, start_replica, stop_replica
 from safetensors.torch import load_file
 
 from rlfleet.common.keys import Keys
@@ -51,14 +51,8 @@ def pair(
 ) -> Iterator[list[ReplicaProc]]:
     """Two replicas for the whole module (b and c)."""
     logs = tmp_path_factory.mktemp("relay")
-    started: list[ReplicaProc] = []
-    try:
-        for name in ("r-b", "r-c"):
-            started.append(start_replica(redis_server.url, cluster, name, logs / f"{name}.log"))
+    with replicas_started(redis_server.url, cluster, ("r-b", "r-c"), logs) as started:
         yield started
-    finally:
-        for proc in started:
-            stop_replica(proc)
 
 
 class Listed:

@@ -88,12 +88,12 @@ def test_a_relay_over_shared_memory_or_too_large_is_refused_from_the_header() ->
         weights.validate_header(header_with(tuple(relay_tree(replicas(4097), 64))))
 
 
-def test_the_transport_is_chosen_in_the_config_and_broadcast_is_not_built() -> None:
+def test_the_transport_is_chosen_in_the_config() -> None:
     trainer = load_config(overrides=["trainer.weight_transport=relay"]).trainer
     assert (trainer.weight_transport, trainer.relay_fanout) == ("relay", 2)
     assert load_config().trainer.weight_transport == "auto"
-    with pytest.raises(NotImplementedError, match="broadcast"):
-        load_config(overrides=["trainer.weight_transport=broadcast"])
+    trainer = load_config(overrides=["trainer.weight_transport=broadcast"]).trainer
+    assert (trainer.weight_transport, trainer.weight_broadcast_timeout_s) == ("broadcast", 30.0)
     with pytest.raises(ValueError, match="weight_shared_memory"):
         load_config(
             overrides=["trainer.weight_transport=shm", "trainer.weight_shared_memory=false"]

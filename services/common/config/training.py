@@ -281,10 +281,18 @@ class TrainerConfig(Section):
     ``relay_fanout`` others (a tree), so the trainer's link carries the model ``relay_fanout``
     times, not once per replica; each replica verifies the checksum before applying, and one a
     failed parent did not reach is pushed to straight (``weight/relay_fallbacks``).
-    ``broadcast`` (a ``torch.distributed`` group) is not built yet: refused at load."""
+    ``broadcast``: one collective of the flat payload on a ``torch.distributed`` group the
+    trainer owns as rank 0 (gloo on CPU; nccl where the trainer has CUDA, not run yet), rebuilt
+    when its members change; element deltas are streamed; a member the group did not deliver
+    (not ready within ``weight_broadcast_timeout_s``, dead, refused) is streamed the full push
+    (``weight/broadcast_fallbacks``)."""
     relay_fanout: int = Field(2, ge=1)
     """``weight_transport: relay``: replicas the trainer streams to, and the most each replica
     forwards to."""
+    weight_broadcast_timeout_s: float = Field(30.0, gt=0)
+    """``weight_transport: broadcast``: how long members have to get ready for a push (then
+    the round is aborted and streamed), to open a new group, and for the collective itself
+    (then the members it missed are streamed); each step, not in total."""
     weight_delta: Literal["never", "auto", "always"] = "auto"
     """Send a replica that serves the previous push's version only the elements that changed
     since, as index + value pairs (``rlfleet.model.weights_delta``; compared by their bits in
@@ -330,11 +338,6 @@ class TrainerConfig(Section):
 
     @model_validator(mode="after")
     def _check_weight_transport(self) -> TrainerConfig:
-        if self.weight_transport == "broadcast":  # not a ValueError: nothing to fix in the value
-            raise NotImplementedError(
-                "trainer.weight_transport: broadcast (a torch.distributed group) is not built "
-                "yet; use auto, shm, stream or relay"
-            )
         if self.weight_transport == "shm" and not self.weight_shared_memory:
             raise ValueError("trainer.weight_transport: shm needs trainer.weight_shared_memory")
         return self

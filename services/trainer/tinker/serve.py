@@ -111,6 +111,7 @@ async def build_service(config: RlfleetConfig) -> TinkerService:
         t.weight_shared_memory,
         transport_kind=t.weight_transport,
         relay_fanout=t.relay_fanout,
+        broadcast_timeout_s=t.weight_broadcast_timeout_s,
     )
     sampler = Sampler(
         rollout, weights, t.min_replicas, t.replica_wait_s, config.tinker.sample_timeout_s

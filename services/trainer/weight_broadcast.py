@@ -33,6 +33,7 @@ from rlfleet.model import weights
 from rlfleet.model import weights_broadcast as wb
 from rlfleet.rollout.client import PreparedUpdate
 from rlfleet.rollout.types import ReplicaStatus
+from rlfleet.trainer.weight_relay import served_anyway
 from rlfleet.trainer.weight_transport import GrpcWeightTransport, Prepared, PushResult, _Encoded
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,10 @@ class BroadcastWeightTransport(GrpcWeightTransport):
 
     async def _stream_to(self, target: ReplicaStatus, prepared: Prepared, how: str):
         delta = self._delta_to(target, prepared) if how == "stream" else None
-        return BroadcastResult.of(await self._push_one(target, prepared.encoded, delta), how)
+        result = await self._push_one(target, prepared.encoded, delta)
+        if how == "fallback" and not result.ok:  # the group delivered, its answer was lost?
+            result = await served_anyway(self._client(target.address), prepared.version, result)
+        return BroadcastResult.of(result, how)
 
     async def _broadcast(
         self, encoded: _Encoded, members: list[ReplicaStatus]

@@ -138,12 +138,19 @@ class RelayWeightTransport(GrpcWeightTransport):
     async def _took_it_anyway(
         self, target: ReplicaStatus, version: int, result: PushResult
     ) -> PushResult:
-        """``result`` as a success when the replica serves ``version`` now (its relay parent
-        delivered it before failing, so it refused the straight push as not newer)."""
-        try:
-            status = await cast(RelayReceiver, self._client(target.address)).status()
-        except Exception:  # noqa: BLE001 - unreachable: the push's own error stands
-            return result
-        if status.weight_version != version or status.state is not ReplicaState.SERVING:
-            return result
-        return dataclasses.replace(result, ok=True, version=version, error="")
+        """Its relay parent delivered ``version`` before failing: see ``served_anyway``."""
+        return await served_anyway(self._client(target.address), version, result)
+
+
+async def served_anyway(client, version: int, result: PushResult) -> PushResult:
+    """``result`` as a success when the replica behind ``client`` (a ``RelayReceiver``) serves
+    ``version`` now: it took the version another way (a relay parent that failed after
+    forwarding, a broadcast whose answer was lost) and so refused a straight push of it as not
+    newer. Unreachable, or on another version: ``result`` as it was."""
+    try:
+        status = await cast(RelayReceiver, client).status()
+    except Exception:  # noqa: BLE001 - unreachable: the push's own error stands
+        return result
+    if status.weight_version != version or status.state is not ReplicaState.SERVING:
+        return result
+    return dataclasses.replace(result, ok=True, version=version, error="")

@@ -101,8 +101,11 @@ class InProcessReplica:
     """A replica's update path in this process: a broadcast header's bytes from its
     ``BroadcastMember``, a streamed one's from the messages; then the checksum."""
 
-    def __init__(self, replica_id: str, refuse: bool = False, dead: bool = False) -> None:
+    def __init__(
+        self, replica_id: str, refuse: bool = False, dead: bool = False, lose_answer: bool = False
+    ) -> None:
         self.replica_id, self.refuse, self.dead = replica_id, refuse, dead
+        self.lose_answer = lose_answer  # applies a broadcast, then its answer never arrives
         self.member, self.version, self.how = BroadcastMember(), 0, ""
         self.state: dict = {}
 
@@ -113,13 +116,20 @@ class InProcessReplica:
         header = convert.header_from_proto(messages[0].header)
         if self.refuse and header.broadcast is not None:
             raise FailedPrecondition("not on the group today")
+        if header.version <= self.version:  # as a real replica: versions only go up
+            raise FailedPrecondition(f"version {header.version} is not newer than {self.version}")
         if header.broadcast is not None:
             payload = await self.member.receive(header)
         else:
             payload = memoryview(b"".join(m.data for m in messages[1:]))
         self.state = {k: v.clone() for k, v in weights.decode(header, payload).items()}
         self.version, self.how = header.version, "broadcast" if header.broadcast else "stream"
+        if self.lose_answer and header.broadcast is not None:
+            raise Unavailable("connection reset (the answer was lost)")
         return UpdateOutcome(header.version, 0.0, False)
+
+    async def status(self) -> ReplicaStatus:
+        return dataclasses.replace(status(self.replica_id), weight_version=self.version)
 
     async def close(self) -> None:
         pass
@@ -176,6 +186,21 @@ async def test_a_member_that_is_not_ready_aborts_the_round_at_once(why: str) -> 
         results = await push(transport, 2, torch.float32, ["r1", "r2"])  # r2 sits out
         assert [r.broadcast for r in results] == ["member", "stream"] and results[0].ok
         assert replicas["r1"].how == "broadcast" and transport._group.epoch == 2
+
+
+async def test_a_member_whose_answer_was_lost_counts_as_delivered_not_failed() -> None:
+    """It applied the broadcast, its answer never came: the fallback push is refused as not
+    newer, and its status (serving the version) makes it a delivery, not a failure."""
+    replicas = {"r1": InProcessReplica("r1"), "r2": InProcessReplica("r2", lose_answer=True)}
+    async with broadcasting(replicas) as transport:
+        results = await push(transport, 1, torch.float32, list(replicas))
+        assert [(r.ok, r.broadcast) for r in results] == [(True, "member"), (True, "fallback")]
+        assert [(x.version, x.how) for x in replicas.values()] == [(1, "broadcast")] * 2
+        assert push_metrics(results)["weight_sync/failed"] == 0.0
+        replicas["r2"].version = 0  # a replica that restarted on no version: a real failure
+        replicas["r2"].dead = True
+        results = await push(transport, 2, torch.float32, list(replicas))
+        assert not results[1].ok and push_metrics(results)["weight_sync/failed"] == 1.0
 
 
 async def test_a_member_that_leaves_mid_collective_fails_it_within_the_timeout() -> None:
